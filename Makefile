@@ -1,0 +1,38 @@
+# The two commands: `make bench` (the main job) and `make test`. Both set themselves up.
+SHELL := /bin/bash
+PY = $(shell tools/env.sh)
+HAS_GPU = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)
+MAX_JOBS ?= $(shell nproc)
+export MAX_JOBS
+
+.PHONY: build test test-gpu bench cmake-build clean
+
+build:
+	@echo "[build] $(PY)"
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
+	@$(PY) -c "import tokenspeed_kernel as t; print('[build] extension:', t.extension_available() or t.extension_error())"
+
+test: build
+ifeq ($(HAS_GPU),1)
+	$(PY) -m pytest -q -ra tests
+else
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -ra tests
+endif
+
+bench: build
+ifeq ($(HAS_GPU),1)
+	$(PY) -m tokenspeed_kernel.bench all
+else
+	@echo "[bench] no GPU here: running a CPU smoke of the reference and Triton (interpreter) backends."
+	@echo "[bench] GPU numbers need a GPU (committed results: bench/results/)."
+	TRITON_INTERPRET=1 $(PY) -m tokenspeed_kernel.bench smoke
+endif
+
+# The same sources built through Torch's CMake config (for C++ users and IDEs).
+cmake-build:
+	cmake -S . -B cmake-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DPython3_EXECUTABLE=$(PY) -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import torch;print(torch.utils.cmake_prefix_path)')"
+	cmake --build cmake-build -j $(MAX_JOBS)
+
+clean:
+	rm -rf build cmake-build python/tokenspeed_kernel/_C*.so *.egg-info python/*.egg-info

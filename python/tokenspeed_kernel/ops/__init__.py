@@ -1,0 +1,2 @@
+"""Public API: validate -> allocate -> pick backend -> call."""
+from .sampling import SampleLogprobsOutput, SampleOutput, sample, sample_with_logprobs  # noqa: F401

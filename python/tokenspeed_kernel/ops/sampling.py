@@ -1,0 +1,229 @@
+"""Exact Gumbel-max sampling from logits: greedy / temperature / top-k / top-p / min-p.
+
+See docs/DESIGN.md for the randomness contract and the filter order; the executable spec is
+``tokenspeed_kernel.reference.sampling``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import _common as C
+
+# flag bits shared with csrc/sampling/sampling_ops.cu
+F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS, F_GENERIC = 1, 2, 4, 8, 16, 32
+FAST_TOP_K_MAX = 256   # csrc/sampling/sampling.cuh kTopKCap: top-k fast path bound
+
+
+class SampleOutput(NamedTuple):
+    tokens: torch.Tensor   # [rows] int64 or int32
+    valid: torch.Tensor    # [rows] bool: False for rows with NaN / +inf / no finite logit
+
+
+class SampleLogprobsOutput(NamedTuple):
+    tokens: torch.Tensor              # [rows]
+    valid: torch.Tensor               # [rows] bool
+    logprobs: torch.Tensor            # [rows] f32: log_softmax(raw logits)[token]
+    processed_logprobs: torch.Tensor  # [rows] f32: log prob under the processed distribution
+    top_ids: torch.Tensor             # [rows, top_n] int64: largest raw logits (ties: lowest id)
+    top_logprobs: torch.Tensor        # [rows, top_n] f32: their raw logprobs
+
+
+def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request,
+             out_dtype, backend, validate, top_k_max):
+    C.check_logits(logits)
+    C.check(isinstance(tokens_per_request, int) and tokens_per_request >= 1,
+            "tokens_per_request", f"must be an int >= 1, got {tokens_per_request!r}")
+    rows, vocab = logits.shape
+    C.check(rows % tokens_per_request == 0, "tokens_per_request",
+            f"rows ({rows}) must be a multiple of tokens_per_request ({tokens_per_request})")
+    C.check(out_dtype in (torch.int64, torch.int32), "out_dtype",
+            f"must be torch.int64 or torch.int32, got {out_dtype}")
+    n = rows // tokens_per_request
+    dev = logits.device
+    seed = C.as_param(seed, "seed", n, torch.int64, dev, allow_none=False)
+    offset = C.as_param(offset, "offset", n, torch.int64, dev, allow_none=False)
+    temperature = C.as_param(temperature, "temperature", n, torch.float32, dev)
+    top_k = C.as_param(top_k, "top_k", n, torch.int32, dev)
+    top_p = C.as_param(top_p, "top_p", n, torch.float32, dev)
+    min_p = C.as_param(min_p, "min_p", n, torch.float32, dev)
+    backend = C.pick_backend(backend, dev, "sample")
+    generic = None
+    if validate and not C.is_tracing() and n > 0:
+        generic = _check_values(vocab, temperature, top_k, top_p, min_p)
+    if generic is None:  # not inspected: trust the caller's promise, else be conservative
+        if top_k_max is not None:
+            C.check(isinstance(top_k_max, int) and 0 < top_k_max, "top_k_max",
+                    f"must be a positive int, got {top_k_max!r}")
+            generic = top_k is None and (top_p is not None or min_p is not None)
+            generic = generic or top_k_max > FAST_TOP_K_MAX
+        else:
+            generic = top_p is not None or min_p is not None or top_k is not None
+    flags = ((F_TEMP if temperature is not None else 0) | (F_TOPK if top_k is not None else 0)
+             | (F_TOPP if top_p is not None else 0) | (F_MINP if min_p is not None else 0)
+             | (F_GENERIC if generic else 0))
+    return seed, offset, temperature, top_k, top_p, min_p, backend, flags
+
+
+def _check_values(vocab, temperature, top_k, top_p, min_p) -> bool:
+    """Range checks with one host sync; returns whether any row needs the generic CUDA path."""
+    checks = []
+    dev = None
+    for t in (temperature, top_k, top_p, min_p):
+        if t is not None:
+            dev = t.device
+    if dev is None:
+        return False
+    f = torch.zeros((), dtype=torch.bool, device=dev)
+    sampled = torch.ones((), dtype=torch.bool, device=dev)
+    if temperature is not None:
+        checks.append(("temperature", "must be finite and >= 0 (0 = greedy)",
+                       ~(torch.isfinite(temperature) & (temperature >= 0)).any()))
+        sampled = temperature > 0
+    if top_p is not None:
+        checks.append(("top_p", "must be in (0, 1] (1 = off)", ~((top_p > 0) & (top_p <= 1)).any()))
+    if min_p is not None:
+        checks.append(("min_p", "must be in [0, 1] (0 = off)", ~((min_p >= 0) & (min_p <= 1)).any()))
+    k_on = (top_k > 0) & (top_k < vocab) if top_k is not None else f
+    p_on = (top_p < 1) if top_p is not None else f
+    mp_on = (min_p > 0) if min_p is not None else f
+    big_k = k_on & (top_k > FAST_TOP_K_MAX) if top_k is not None else f
+    generic = (sampled & (big_k | (~k_on & (p_on | mp_on)))).any()
+    vals = torch.stack([c[2] for c in checks] + [generic]).tolist()
+    for (name, msg, _), bad in zip(checks, vals[:-1]):
+        C.check(not bad, name, msg)
+    return bool(vals[-1])
+
+
+def _run(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
+         backend, flags, want_logprobs):
+    rows = logits.shape[0]
+    dev = logits.device
+    if backend == "reference":
+        from ..reference import sampling as ref
+        tok, valid, lp, plp = ref.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
+                                         tokens_per_request)
+        return tok.to(out_dtype), valid, lp, plp
+    if backend == "triton":
+        from ..triton import sampling as tri
+        tok, valid, lp, plp = tri.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
+                                         tokens_per_request, want_logprobs)
+        return tok.to(out_dtype), valid, lp, plp
+    tokens = torch.empty(rows, dtype=out_dtype, device=dev)
+    valid = torch.empty(rows, dtype=torch.bool, device=dev)
+    lp = torch.empty(rows, dtype=torch.float32, device=dev) if want_logprobs else None
+    plp = torch.empty(rows, dtype=torch.float32, device=dev) if want_logprobs else None
+    torch.ops.tokenspeed_kernel.sample(
+        logits, temperature, top_k, top_p, min_p, seed, offset, tokens_per_request,
+        flags | (F_LOGPROBS if want_logprobs else 0), tokens, valid, lp, plp)
+    return tokens, valid, lp, plp
+
+
+def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, top_p=None,
+           min_p=None, tokens_per_request: int = 1, out_dtype: torch.dtype = torch.int64,
+           backend: str = "auto", validate: bool = True,
+           top_k_max: Optional[int] = None) -> SampleOutput:
+    """Sample one token per row of ``logits`` exactly, by Gumbel-max over the kept set.
+
+    Parameters
+    ----------
+    logits : Tensor [rows, V], float32 / bfloat16 / float16, last dim contiguous (any row
+        stride). Read natively, never copied to fp32. Not modified.
+    seed, offset : int64 [n] (n = rows // tokens_per_request) or Python ints. Row r uses request
+        ``q = r // tokens_per_request`` and Philox offset ``offset[q] + r % tokens_per_request``.
+    temperature : float32 [n] or float or None (= 1). 0 = greedy argmax (ties: lowest id).
+    top_k : int [n] or int or None. ``k <= 0`` or ``k >= V`` = off; any k up to V.
+    top_p : float32 [n] or float or None. In (0, 1]; 1 = off. Applied to the top-k mass.
+    min_p : float32 [n] or float or None. In [0, 1]; 0 = off. Relative to the max probability.
+    tokens_per_request : rows per request (speculative verify samples several positions).
+    out_dtype : torch.int64 or torch.int32.
+    backend : "auto" | "cuda" | "triton" | "reference".
+    validate : range-check parameter values (one host sync; skipped under CUDA-graph capture and
+        torch.compile).
+    top_k_max : optional promise that every active ``k`` is <= this; lets the CUDA backend skip
+        its generic (multi-pass) path under capture. A broken promise marks rows invalid.
+
+    Returns
+    -------
+    SampleOutput(tokens [rows], valid [rows] bool). Invalid rows (NaN / +inf processed logit, or
+    no finite logit) get token 0 and ``valid = False``; other rows are unaffected.
+
+    Randomness: Philox4x32-10, key = seed, counter = (id >> 2, offset, stream 0); stateless, so
+    the call is CUDA-graph safe (seed/offset are device tensors) and the token is the same on every
+    backend, batch layout and eager/graph replay. Increment ``offset`` yourself between steps.
+
+    Example
+    -------
+    >>> out = sample(logits, seed=torch.tensor([7]), offset=torch.tensor([0]),
+    ...              temperature=torch.tensor([0.8]), top_k=torch.tensor([50]),
+    ...              top_p=torch.tensor([0.9]))
+    >>> out.tokens
+    """
+    seed, offset, temperature, top_k, top_p, min_p, backend, flags = _prepare(
+        logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
+        backend, validate, top_k_max)
+    tok, valid, _, _ = _run(logits, seed, offset, temperature, top_k, top_p, min_p,
+                            tokens_per_request, out_dtype, backend, flags, False)
+    return SampleOutput(tok, valid)
+
+
+def sample_with_logprobs(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None,
+                         top_p=None, min_p=None, tokens_per_request: int = 1, top_n: int = 0,
+                         out_dtype: torch.dtype = torch.int64, backend: str = "auto",
+                         validate: bool = True,
+                         top_k_max: Optional[int] = None) -> SampleLogprobsOutput:
+    """``sample`` plus logprobs of the sampled token (raw and processed) and the top-n raw ones.
+
+    Same arguments and tokens as ``sample`` (same seeds give the same tokens). ``top_n >= 0``:
+    the ``top_n`` largest raw logits per row and their log_softmax values (computed with
+    ``torch.topk`` on the logits: one extra read of the row, only when ``top_n > 0``).
+    Processed logprob of a greedy row is 0. Invalid rows: NaN logprobs.
+    """
+    C.check(isinstance(top_n, int) and 0 <= top_n <= logits.shape[-1], "top_n",
+            f"must be an int in [0, V], got {top_n!r}")
+    seed, offset, temperature, top_k, top_p, min_p, backend, flags = _prepare(
+        logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
+        backend, validate, top_k_max)
+    tok, valid, lp, plp = _run(logits, seed, offset, temperature, top_k, top_p, min_p,
+                               tokens_per_request, out_dtype, backend, flags, True)
+    rows = logits.shape[0]
+    if top_n > 0:
+        vals, ids = torch.topk(logits, top_n, dim=1, sorted=True)
+        # raw logprob = z - lse(z); recover lse from the sampled token's logprob
+        lse = logits.gather(1, tok.to(torch.int64)[:, None]).float()[:, 0] - lp
+        top_lp = vals.float() - lse[:, None]
+        # lowest id among equal values (torch.topk does not promise an order for ties)
+        order = torch.argsort(ids, dim=1, stable=True)
+        ids_s, vals_s = ids.gather(1, order), vals.gather(1, order)
+        order2 = torch.argsort(vals_s.float(), dim=1, descending=True, stable=True)
+        ids = ids_s.gather(1, order2)
+        top_lp = top_lp.gather(1, order).gather(1, order2)
+        del vals_s
+    else:
+        ids = torch.empty((rows, 0), dtype=torch.int64, device=logits.device)
+        top_lp = torch.empty((rows, 0), dtype=torch.float32, device=logits.device)
+    return SampleLogprobsOutput(tok, valid, lp, plp, ids, top_lp)
+
+
+def _register_library() -> None:
+    """Fake kernel (out-variant: nothing to allocate) and the CPU kernel (reference)."""
+    import torch.library as L
+
+    @L.register_fake("tokenspeed_kernel::sample")
+    def _fake(logits, temperature, top_k, top_p, min_p, seed, offset, tokens_per_request, flags,
+              tokens, valid, logprobs, processed_logprobs):
+        return None
+
+    @L.impl("tokenspeed_kernel::sample", "CPU")
+    def _cpu(logits, temperature, top_k, top_p, min_p, seed, offset, tokens_per_request, flags,
+             tokens, valid, logprobs, processed_logprobs):
+        from ..reference import sampling as ref
+        tok, ok, lp, plp = ref.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
+                                      tokens_per_request)
+        tokens.copy_(tok)
+        valid.copy_(ok)
+        if logprobs is not None:
+            logprobs.copy_(lp)
+        if processed_logprobs is not None:
+            processed_logprobs.copy_(plp)

@@ -1,0 +1,1 @@
+"""Plain-PyTorch references: the executable spec every backend is tested against."""

@@ -1,0 +1,1 @@
+"""Triton fallbacks (run on the CPU under TRITON_INTERPRET=1 in CI)."""
