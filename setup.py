@@ -18,6 +18,12 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 def _cuda_extension():
     if os.environ.get("TOKENSPEED_KERNEL_NO_EXT") == "1":
         return None, "TOKENSPEED_KERNEL_NO_EXT=1"
+    if "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ:
+        # prefer a real toolkit directory over an nvcc wrapper on PATH
+        for d in ("/usr/local/cuda",):
+            if os.path.exists(os.path.join(d, "bin", "nvcc")):
+                os.environ["CUDA_HOME"] = d
+                break
     try:
         import torch
         from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
@@ -29,16 +35,24 @@ def _cuda_extension():
         return None, "nvcc not found (set CUDA_HOME)"
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
     debug = os.environ.get("DEBUG") == "1"
+    inc = [os.path.join(ROOT, "csrc")]
+    if not os.path.exists(os.path.join(CUDA_HOME, "include", "cusparse.h")):
+        # pip CUDA wheels (nvidia-*-cu13) ship the library headers torch's headers include
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia")
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            for sub in ("cu13/include", "cusparse/include", "cublas/include"):
+                if os.path.exists(os.path.join(d, sub)):
+                    inc.append(os.path.join(d, sub))
     srcs = sorted(glob.glob("csrc/**/*.cu", recursive=True)) + ["csrc/bindings.cpp"]
-    nvcc = ["-O3" if not debug else "-O0", "-std=c++17", "--expt-relaxed-constexpr",
+    nvcc = ["-O3" if not debug else "-O0", "-std=c++20", "--expt-relaxed-constexpr",
             "-Xptxas=-warn-spills", "-DNDEBUG" if not debug else "-G", "-lineinfo"]
-    cxx = ["-O3" if not debug else "-O0", "-std=c++17"]
+    cxx = ["-O3" if not debug else "-O0", "-std=c++20"]
     ext = CUDAExtension(
         name="tokenspeed_kernel._C",
         sources=srcs,
-        include_dirs=[os.path.join(ROOT, "csrc")],
+        include_dirs=inc,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
-        libraries=["cuda"],
     )
     return (ext, BuildExtension.with_options(use_ninja=True)), None
 

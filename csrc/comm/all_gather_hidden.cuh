@@ -1,0 +1,350 @@
+// Tensor-parallel all-gather along the hidden / vocab dimension (push over P2P or multicast).
+//
+// Torch-free: raw pointers, byte strides, a cudaStream_t; returns cudaError_t. The torch adapter
+// is comm_ops.cu; the Python side (workspace, validation, backend choice) is
+// python/tokenspeed_kernel/ops/comm.py; the protocol is written down in docs/COMM.md.
+//
+// Every rank r holds x_r[T, w_r] and wants y[T, H] (H = sum of w) with x_r at column offset
+// off_r. The kernel is dtype-free: it moves 16-byte vectors (every width, offset, row stride and
+// pointer is a multiple of 16 bytes).
+//
+// Workspace of one communicator, identical layout on every rank (symmetric memory):
+//   flags  [kAgFlagBytes]   uint64 words, see below
+//   data   [nbuf][buf_bytes] gather buffers: buffer 0 and 1 rotate by epoch parity (copy-out
+//                           mode), buffer 2 is the view buffer (only when views are enabled).
+// Flag words (on rank p, written by peers with st.release.sys, read by p with ld.acquire.sys):
+//   data  [b][s] = e : rank s has stored its chunk b of call e into p's buffer (e & 1)
+//   ready [b][s] = e : rank s has entered call e (view mode: s is done reading its view buffer)
+// Local (non-symmetric) state, int64[kAgStateWords]: [seq, err, err_block, err_src, err_epoch,
+// ..., done-counter]. seq = number of completed calls; call e = seq + 1 is read on the device,
+// so CUDA-graph replays advance it without the host.
+//
+// Safety argument (why two rotating buffers + monotonic epoch flags, no entry barrier):
+// a rank can run at most one call ahead of any peer. To finish call e a rank needs a data flag
+// of call e from every peer, and a peer only sends those after its own call e-1 kernel ended --
+// including its copy-out of buffer (e-1)&1. So when rank r writes buffer (e+1)&1 of peer p in
+// call e+1, p has finished reading that buffer (call e-1). Flags are monotonic (>= test), so a
+// peer that is one call ahead (flag = e+1) also releases call e's data. View mode returns the
+// buffer itself to the caller, whose reads are not inside our kernel: it uses one fixed buffer
+// and an entry handshake (ready flags) so nobody writes it before its owner entered the next call.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+namespace tokenspeed_kernel::comm {
+
+constexpr int kAgMaxRanks = 16;    // flag slots per block; the widest supported world
+constexpr int kAgMaxBlocks = 256;  // flag slots per rank; grid size cap
+constexpr int kAgThreads = 512;
+constexpr int kAgUnroll = 4;       // 16-byte vectors in flight per thread
+constexpr int64_t kAgReadyOffset = int64_t(kAgMaxBlocks) * kAgMaxRanks;  // in uint64 words
+constexpr int64_t kAgFlagBytes = 2 * kAgReadyOffset * 8;                  // 64 KiB
+
+// int64 state words (local memory of each rank)
+constexpr int kAgStateSeq = 0;
+constexpr int kAgStateErr = 1;
+constexpr int kAgStateErrBlock = 2;
+constexpr int kAgStateErrSrc = 3;
+constexpr int kAgStateErrEpoch = 4;
+constexpr int kAgStateDone = 8;
+constexpr int kAgStateWords = 16;
+
+// error codes (state[kAgStateErr])
+constexpr int kAgErrTimeoutData = 1;
+constexpr int kAgErrTimeoutReady = 2;
+
+// flags
+constexpr int kAgFlagMultimem = 1;  // push through the multicast address (sm_90+, opt-in only)
+constexpr int kAgFlagView = 2;      // no copy-out; result stays in buffer 2 (entry handshake)
+constexpr int kAgFlagTrap = 4;      // __trap() after recording a timeout (default: flag only)
+
+struct AllGatherHiddenParams {
+  const uint8_t* x;  // [rows, my width] (byte row stride ldx)
+  int64_t ldx;
+  uint8_t* out;      // [rows, H] (byte row stride ldo); unused in view mode
+  int64_t ldo;
+  uint8_t* peer_data[kAgMaxRanks];    // data region (buffer 0) of each rank, in this address space
+  uint64_t* peer_flags[kAgMaxRanks];  // flag region of each rank
+  uint8_t* my_data;                   // == peer_data[rank]
+  uint64_t* my_flags;                 // == peer_flags[rank]
+  uint8_t* mc_data;                   // multicast address of the data region (multimem only)
+  int64_t* state;                     // local int64[kAgStateWords]
+  int64_t buf_bytes;                  // bytes of one gather buffer (multiple of 16)
+  int32_t col_vec[kAgMaxRanks + 1];   // column offsets in 16-byte vectors (prefix sums)
+  int32_t rows;                       // T
+  int32_t row_vec;                    // H in 16-byte vectors: the buffer's row pitch
+  int32_t world;
+  int32_t rank;
+  int32_t num_blocks;                 // grid size; the same on every rank for a given call
+  int32_t flags;
+  int64_t timeout_ns;                 // bounded wait; <= 0 waits forever
+};
+
+namespace detail {
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void st_release_sys(uint64_t* addr, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* addr) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ int64_t ld_relaxed_gpu(const int64_t* addr) {
+  int64_t v;
+  asm volatile("ld.relaxed.gpu.global.s64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint4 ld_v4(const uint8_t* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
+
+// Loads of the local gather buffer: written by peers over NVLink, so skip L1 (ld.global.cg).
+__device__ __forceinline__ uint4 ld_v4_cg(const uint8_t* p) {
+  return __ldcg(reinterpret_cast<const uint4*>(p));
+}
+
+__device__ __forceinline__ void st_v4(uint8_t* p, uint4 v) {
+  *reinterpret_cast<uint4*>(p) = v;
+}
+
+// One 16-byte store to the same offset of every rank's buffer, through the multicast address.
+__device__ __forceinline__ void multimem_st_v4(uint8_t* mc, uint4 v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mc),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+#else
+  (void)mc;
+  (void)v;
+  __trap();  // the host never selects multimem below sm_90
+#endif
+}
+
+// Orders this thread's accesses through different virtual aliases of the same memory
+// (multicast vs unicast mapping) before what follows.
+__device__ __forceinline__ void fence_proxy_alias() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("fence.proxy.alias;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t chunk_begin(uint32_t n, int b, int g) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(n) * static_cast<uint64_t>(b)) /
+                               static_cast<uint64_t>(g));
+}
+
+__device__ __noinline__ void record_timeout(const AllGatherHiddenParams& p, int code, int src,
+                                            uint64_t epoch) {
+  unsigned long long* err = reinterpret_cast<unsigned long long*>(p.state + kAgStateErr);
+  if (atomicCAS(err, 0ull, static_cast<unsigned long long>(code)) == 0ull) {
+    p.state[kAgStateErrBlock] = blockIdx.x;
+    p.state[kAgStateErrSrc] = src;
+    p.state[kAgStateErrEpoch] = static_cast<int64_t>(epoch);
+    __threadfence_system();
+    printf("[tokenspeed_kernel] all_gather_hidden: rank %d block %d gave up after %lld ns waiting "
+           "for the %s flag of rank %d (call %llu); the communicator is now unusable\n",
+           p.rank, static_cast<int>(blockIdx.x), static_cast<long long>(p.timeout_ns),
+           code == kAgErrTimeoutData ? "data" : "ready", src,
+           static_cast<unsigned long long>(epoch));
+  }
+  if (p.flags & kAgFlagTrap) __trap();
+}
+
+// Spin until *flag >= target. Bounded: gives up after timeout_ns (%globaltimer) and records the
+// error, or as soon as another block of this rank recorded one.
+__device__ __forceinline__ bool wait_flag_ge(const AllGatherHiddenParams& p, const uint64_t* flag,
+                                             uint64_t target, int code, int src) {
+  if (ld_acquire_sys(flag) >= target) return true;
+  const uint64_t start = globaltimer_ns();
+  for (uint32_t it = 1;; ++it) {
+    if (ld_acquire_sys(flag) >= target) return true;
+    if ((it & 63u) == 0u) {
+      if (ld_relaxed_gpu(p.state + kAgStateErr) != 0) return false;
+      if (p.timeout_ns > 0 && globaltimer_ns() - start > static_cast<uint64_t>(p.timeout_ns)) {
+        record_timeout(p, code, src, target);
+        return false;
+      }
+    }
+  }
+}
+
+// Copies chunk b of source s's columns from the local gather buffer to the caller's output.
+__device__ __forceinline__ void copy_out_chunk(const AllGatherHiddenParams& p, int s,
+                                               int64_t buf_off) {
+  const uint32_t col0 = static_cast<uint32_t>(p.col_vec[s]);
+  const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
+  if (wv == 0) return;
+  const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
+  const uint32_t lo = chunk_begin(n, blockIdx.x, p.num_blocks);
+  const uint32_t hi = chunk_begin(n, blockIdx.x + 1, p.num_blocks);
+  const uint8_t* buf = p.my_data + buf_off;
+  for (uint32_t base = lo + threadIdx.x; base < hi; base += kAgThreads * kAgUnroll) {
+    uint4 v[kAgUnroll];
+    uint8_t* dst[kAgUnroll];
+#pragma unroll
+    for (int u = 0; u < kAgUnroll; ++u) {
+      const uint32_t i = base + u * kAgThreads;
+      if (i < hi) {
+        const uint32_t t = i / wv;
+        const uint32_t c = col0 + (i - t * wv);
+        v[u] = ld_v4_cg(buf + (static_cast<int64_t>(t) * p.row_vec + c) * 16);
+        dst[u] = p.out + static_cast<int64_t>(t) * p.ldo + static_cast<int64_t>(c) * 16;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kAgUnroll; ++u) {
+      if (base + u * kAgThreads < hi) st_v4(dst[u], v[u]);
+    }
+  }
+}
+
+}  // namespace detail
+
+// One CTA per chunk b. Phases: [view: entry handshake] -> push own chunk b to every rank ->
+// release data flag [b][rank] on every rank -> acquire data flags [b][*] -> [copy-out chunk b of
+// every source] -> the last CTA advances seq.
+template <int kW, bool kMultimem>
+__global__ void __launch_bounds__(kAgThreads)
+    all_gather_hidden_kernel(const __grid_constant__ AllGatherHiddenParams p) {
+  __shared__ uint64_t s_epoch;
+  __shared__ int s_abort;
+  __shared__ int s_fail;
+  const int tid = threadIdx.x;
+  const int b = blockIdx.x;
+  if (tid == 0) {
+    s_abort = detail::ld_relaxed_gpu(p.state + kAgStateErr) != 0;  // poisoned communicator
+    s_epoch = static_cast<uint64_t>(detail::ld_relaxed_gpu(p.state + kAgStateSeq)) + 1;
+    s_fail = 0;
+  }
+  __syncthreads();
+  if (s_abort) return;
+  const uint64_t epoch = s_epoch;
+  const bool view = (p.flags & kAgFlagView) != 0;
+  const int64_t buf_off = view ? 2 * p.buf_bytes : static_cast<int64_t>(epoch & 1) * p.buf_bytes;
+
+  if (view) {  // entry handshake: every rank entered call `epoch`, so it is done with its view
+    if (tid < p.world) {
+      detail::st_release_sys(p.peer_flags[tid] + kAgReadyOffset + b * kAgMaxRanks + p.rank, epoch);
+      if (!detail::wait_flag_ge(p, p.my_flags + kAgReadyOffset + b * kAgMaxRanks + tid, epoch,
+                                kAgErrTimeoutReady, tid))
+        s_fail = 1;
+    }
+    __syncthreads();
+  }
+
+  if (!s_fail) {
+    // ---- push: chunk b of my slice, 16-byte vectors, to the same place in every buffer ----
+    const uint32_t wv = static_cast<uint32_t>(p.col_vec[p.rank + 1] - p.col_vec[p.rank]);
+    const uint32_t my_col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
+    const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
+    const uint32_t lo = wv ? detail::chunk_begin(n, b, p.num_blocks) : 0;
+    const uint32_t hi = wv ? detail::chunk_begin(n, b + 1, p.num_blocks) : 0;
+    for (uint32_t base = lo + tid; base < hi; base += kAgThreads * kAgUnroll) {
+      uint4 v[kAgUnroll];
+      int64_t dst[kAgUnroll];
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {
+        const uint32_t i = base + u * kAgThreads;
+        if (i < hi) {
+          const uint32_t t = i / wv;
+          const uint32_t c = i - t * wv;
+          v[u] = detail::ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
+          dst[u] = buf_off + (static_cast<int64_t>(t) * p.row_vec + my_col0 + c) * 16;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {
+        if (base + u * kAgThreads < hi) {
+          if constexpr (kMultimem) {
+            detail::multimem_st_v4(p.mc_data + dst[u], v[u]);
+          } else {
+#pragma unroll
+            for (int q = 0; q < kW; ++q) {
+              if (q < p.world) detail::st_v4(p.peer_data[q] + dst[u], v[u]);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kMultimem) detail::fence_proxy_alias();
+    __syncthreads();  // every thread's stores precede the release below (cumulativity)
+
+    // ---- publish: data flag [b][rank] = epoch on every rank ----
+    if (tid < p.world) {
+      detail::st_release_sys(p.peer_flags[tid] + b * kAgMaxRanks + p.rank, epoch);
+      // ---- wait: data flags [b][*] of this rank reach epoch ----
+      if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + tid, epoch, kAgErrTimeoutData,
+                                tid))
+        s_fail = 1;
+    }
+    __syncthreads();
+
+    // ---- copy-out: chunk b of every source, local buffer -> caller's output ----
+    if (!s_fail && !view) {
+#pragma unroll
+      for (int s = 0; s < kW; ++s) {
+        if (s < p.world) detail::copy_out_chunk(p, s, buf_off);
+      }
+    }
+  }
+
+  // ---- the last CTA to finish advances seq (next call reads seq + 1) ----
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    const unsigned long long prev =
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.state + kAgStateDone), 1ull);
+    if (prev == static_cast<unsigned long long>(p.num_blocks - 1)) {
+      p.state[kAgStateDone] = 0;
+      p.state[kAgStateSeq] = static_cast<int64_t>(epoch);
+    }
+  }
+}
+
+// Host launcher. The caller guarantees (and comm_ops.cu checks) the 16-byte alignment of every
+// pointer, stride and column offset, that the buffers hold rows * row_vec vectors, and that every
+// rank launches the same call (same rows, widths, num_blocks, flags) in the same order.
+inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cudaStream_t stream) {
+  if (p.world < 1 || p.world > kAgMaxRanks || p.rank < 0 || p.rank >= p.world ||
+      p.num_blocks < 1 || p.num_blocks > kAgMaxBlocks || p.rows < 0 || p.state == nullptr)
+    return cudaErrorInvalidValue;
+  const bool view = (p.flags & kAgFlagView) != 0;
+  const bool mm = (p.flags & kAgFlagMultimem) != 0;
+  if ((!view && p.out == nullptr && p.rows > 0) || (mm && p.mc_data == nullptr))
+    return cudaErrorInvalidValue;
+  const dim3 grid(p.num_blocks), block(kAgThreads);
+#define TS_AG_LAUNCH(W)                                                      \
+  do {                                                                       \
+    if (mm)                                                                  \
+      all_gather_hidden_kernel<W, true><<<grid, block, 0, stream>>>(p);      \
+    else                                                                     \
+      all_gather_hidden_kernel<W, false><<<grid, block, 0, stream>>>(p);     \
+  } while (0)
+  if (p.world <= 1)
+    TS_AG_LAUNCH(1);
+  else if (p.world <= 2)
+    TS_AG_LAUNCH(2);
+  else if (p.world <= 4)
+    TS_AG_LAUNCH(4);
+  else if (p.world <= 8)
+    TS_AG_LAUNCH(8);
+  else
+    TS_AG_LAUNCH(16);
+#undef TS_AG_LAUNCH
+  return cudaGetLastError();
+}
+
+}  // namespace tokenspeed_kernel::comm

@@ -1,0 +1,820 @@
+// Exact Gumbel-max sampling kernels (torch-free). See docs/DESIGN.md and
+// python/tokenspeed_kernel/reference/sampling.py (the spec). Launch sequence (sampling_ops.cu):
+//
+//   partial<pass 0>  grid (splits, rows): per split of a row: max key, NaN/+inf flag, lse parts;
+//                    PLAIN rows: Gumbel winner (pruned, exact); TOPK rows (k <= kTopKCap): the
+//                    split's top-k candidate keys.
+//   [generic rows: top-p without top-k, min-p without top-k, k > kTopKCap]
+//   generic_init     grid rows: m, phase, zeroed histograms
+//   level x 10       grid (splits, rows): radix select (12+11+11+11+11 bits of the 56-bit key)
+//                    by count (top-k) then by fixed-point mass (top-p); last CTA decides.
+//   partial<pass 1>  Gumbel winner over {key >= thr} and min-p, kept exp-sum for logprobs
+//   finalize         grid rows: merge partials; TOPK rows: exact top-k of the candidates, top-p
+//                    on their fixed-point mass, min-p, Gumbel; write token / valid / logprobs.
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "common/philox.cuh"
+#include "common/softmath.cuh"
+
+namespace tokenspeed_kernel::sampling {
+
+constexpr int kThreads = 512;
+constexpr int kGroupsPerThread = 2;                           // 4-element groups per iteration
+constexpr int kTile = kThreads * kGroupsPerThread * 4;        // elements per CTA iteration
+constexpr int kTopKCap = 256;                                 // top-k fast path bound
+constexpr int kCandCap = 8192;                                // per-CTA candidate buffer
+constexpr int kMergeCap = 16384;                              // finalize merge buffer (keys)
+constexpr int kHistBins = 4096;
+
+enum RowMode : int { kGreedy = 0, kPlain = 1, kTopK = 2, kGeneric = 3 };
+enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
+                   F_GENERIC = 32 };
+
+struct Params {
+  const void* logits;
+  int64_t row_stride;     // elements
+  int rows, vocab, tpr;   // tokens per request
+  const float* temperature;
+  const int* top_k;
+  const float* top_p;
+  const float* min_p;
+  const int64_t* seed;
+  const int64_t* offset;
+  int flags;
+  int splits, chunk;      // chunk: elements per split (multiple of 8)
+};
+
+struct Partial {
+  unsigned long long max56;  // max key56 of x
+  unsigned long long best;   // (key32(score) << 32) | ~id : larger is better
+  float zmax, zsum;          // raw logits: max and sum exp(z - zmax) (logprobs only)
+  float xsum;                // pass 0: sum exp(x - xmax_split); pass 1: kept sum exp(x - m)
+  unsigned int invalid;
+  unsigned int count;        // TOPK: candidates written
+};
+
+struct RowState {
+  unsigned long long prefix, lower, target, thr;
+  int phase, level, mode, pad;
+  unsigned int arrive, pad2;
+  float m, L;
+};
+
+struct Workspace {
+  Partial* part;                 // [rows][splits] pass 0
+  Partial* part1;                // [rows][splits] pass 1 (generic)
+  unsigned long long* cand;      // [rows][splits][kTopKCap]
+  RowState* state;               // [rows]
+  unsigned int* hcnt;            // [rows][kHistBins]
+  unsigned long long* hmass;     // [rows][kHistBins]
+};
+
+// ------------------------------------------------------------------------------------------
+// per-row parameters
+// ------------------------------------------------------------------------------------------
+struct RowParams {
+  float inv_t, top_p, min_p;
+  int k;
+  bool greedy, k_on, p_on, mp_on;
+  uint64_t seed, offset;
+  int mode;
+};
+
+__device__ __forceinline__ RowParams row_params(const Params& p, int row) {
+  RowParams r;
+  int q = row / p.tpr;
+  float t = (p.flags & F_TEMP) ? p.temperature[q] : 1.0f;
+  r.greedy = !(t > 0.0f);
+  r.inv_t = inv_temperature(t);
+  r.k = (p.flags & F_TOPK) ? p.top_k[q] : 0;
+  r.top_p = (p.flags & F_TOPP) ? p.top_p[q] : 1.0f;
+  r.min_p = (p.flags & F_MINP) ? p.min_p[q] : 0.0f;
+  r.k_on = r.k > 0 && r.k < p.vocab;
+  r.p_on = r.top_p < 1.0f;
+  r.mp_on = r.min_p > 0.0f;
+  r.seed = uint64_t(p.seed[q]);
+  r.offset = uint64_t(p.offset[q]) + uint64_t(row % p.tpr);
+  if (r.greedy) r.mode = kGreedy;
+  else if (r.k_on && r.k <= kTopKCap) r.mode = kTopK;
+  else if (r.k_on || r.p_on || r.mp_on) r.mode = kGeneric;
+  else r.mode = kPlain;
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------
+// loads: 4 consecutive elements as float
+// ------------------------------------------------------------------------------------------
+template <typename T> struct Vec4;
+template <> struct Vec4<float> { using type = float4; };
+template <> struct Vec4<__half> { using type = uint2; };
+template <> struct Vec4<__nv_bfloat16> { using type = uint2; };
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ void load4(const T* row, int i, int vocab, bool aligned, float (&z)[4]) {
+  if (aligned && i + 4 <= vocab) {
+    typename Vec4<T>::type v = __ldg(reinterpret_cast<const typename Vec4<T>::type*>(row + i));
+    const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) z[j] = to_f(e[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) z[j] = (i + j < vocab) ? to_f(row[i + j]) : __int_as_float(0xff800000);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// block reductions
+// ------------------------------------------------------------------------------------------
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    unsigned long long w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+__device__ __forceinline__ float warp_max_f(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum_f(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// online (max, sum exp(. - max)) pair merge
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+  float nm = fmaxf(m, m2);
+  if (nm == -INFINITY) { m = nm; s = 0.0f; return; }
+  s = s * __expf(m - nm) + s2 * __expf(m2 - nm);
+  m = nm;
+}
+__device__ __forceinline__ void warp_lse(float& m, float& s) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_merge(m, s, m2, s2);
+  }
+}
+
+__device__ __forceinline__ unsigned long long pack_best(float score, uint32_t id) {
+  return (uint64_t(key32(score)) << 32) | uint64_t(~id);
+}
+__device__ __forceinline__ uint32_t best_id(unsigned long long b) { return ~uint32_t(b); }
+
+// Radix selection of the k-th largest among n unique 56-bit keys in shared memory.
+// Returns thr such that exactly k keys satisfy key >= thr. All threads of the block call it.
+__device__ unsigned long long block_select_kth(const unsigned long long* keys, int n, int k,
+                                               unsigned int* hist /*256*/, unsigned long long* sh) {
+  unsigned long long prefix = 0, pmask = 0;
+  int remaining = k;
+  const int tid = threadIdx.x;
+  for (int shift = 48; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += blockDim.x) {
+      unsigned long long key = keys[i];
+      if ((key & pmask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+    }
+    __syncthreads();
+    if (tid < 32) {
+      // lane l owns digits [255 - 8l - 7, 255 - 8l], scanned from the top
+      unsigned int c[8], tot = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) { c[j] = hist[255 - 8 * tid - j]; tot += c[j]; }
+      unsigned int incl = tot;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (tid >= o) incl += v;
+      }
+      unsigned int above = incl - tot;
+      if (above < (unsigned)remaining && (unsigned)remaining <= incl) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (above < (unsigned)remaining && (unsigned)remaining <= above + c[j]) {
+            sh[0] = 255 - 8 * tid - j;
+            sh[1] = above;
+            sh[2] = c[j];
+          }
+          above += c[j];
+        }
+      }
+    }
+    __syncthreads();
+    unsigned long long d = sh[0], above = sh[1], cnt = sh[2];
+    __syncthreads();
+    prefix |= d << shift;
+    pmask |= 255ull << shift;
+    remaining -= int(above);
+    if (cnt == (unsigned long long)remaining) break;   // whole bucket kept: thr = bucket floor
+  }
+  return prefix;
+}
+
+// Compact keys >= thr of keys[0..n) into out (order unspecified); returns the count (block-wide).
+__device__ int block_compact(const unsigned long long* keys, int n, unsigned long long thr,
+                             unsigned long long* out, unsigned int* counter) {
+  if (threadIdx.x == 0) *counter = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    unsigned long long key = keys[i];
+    if (key >= thr) out[atomicAdd(counter, 1u)] = key;
+  }
+  __syncthreads();
+  int c = int(*counter);
+  __syncthreads();
+  return c;
+}
+
+// ------------------------------------------------------------------------------------------
+// pass 0 / pass 1 partial kernel
+// ------------------------------------------------------------------------------------------
+struct PartialSmem {
+  unsigned long long buf[kCandCap];
+  unsigned long long kept[kTopKCap];
+  unsigned int hist[256];
+  unsigned long long sh[4];
+  unsigned int count, counter;
+  unsigned long long thr;
+  unsigned long long red_u64[kThreads / 32];
+  unsigned long long red_best[kThreads / 32];
+  float red_f[kThreads / 32][5];
+  unsigned int red_inv[kThreads / 32];
+};
+
+template <typename T, int kPass>
+__global__ void __launch_bounds__(kThreads) partial_kernel(Params p, Workspace ws) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  PartialSmem& sm = *reinterpret_cast<PartialSmem*>(smem_raw);
+  const int row = blockIdx.y, split = blockIdx.x;
+  const RowParams rp = row_params(p, row);
+  if (kPass == 1 && rp.mode != kGeneric) return;
+  const int begin = split * p.chunk;
+  const int end = min(begin + p.chunk, p.vocab);
+  const T* rowp = reinterpret_cast<const T*>(p.logits) + int64_t(row) * p.row_stride;
+  const bool aligned = (reinterpret_cast<uintptr_t>(rowp) % (4 * sizeof(T))) == 0;
+  const bool want_lp = p.flags & F_LOGPROBS;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  // pass 1: threshold and min-p of the generic path
+  unsigned long long thr = 0;
+  float m = 0.0f, L = -INFINITY;
+  if (kPass == 1) {
+    const RowState& st = ws.state[row];
+    thr = st.thr;
+    m = st.m;
+    L = st.L;
+  }
+  const bool sampling = (kPass == 1) || rp.mode == kPlain;
+  const bool topk = (kPass == 0) && rp.mode == kTopK;
+
+  unsigned long long max56 = 0;
+  unsigned int invalid = 0;
+  float zmax = -INFINITY, zsum = 0.0f, xmax = -INFINITY, xsum = 0.0f;
+  float best_s = -INFINITY;
+  uint32_t best_i = 0xffffffffu;
+  float warp_thr = -INFINITY;   // pruning threshold: some token of this warp scores >= it
+
+  if (topk && threadIdx.x == 0) { sm.count = 0; sm.thr = 0; }
+  if (topk) __syncthreads();
+
+  for (int base = begin; base < end; base += kTile) {
+    float z[kGroupsPerThread][4];
+#pragma unroll
+    for (int g = 0; g < kGroupsPerThread; ++g) {
+      int i = base + (g * kThreads + threadIdx.x) * 4;
+      if (i < end) load4<T>(rowp, i, end, aligned, z[g]);
+    }
+    unsigned long long thr_now = topk ? sm.thr : 0;
+#pragma unroll
+    for (int g = 0; g < kGroupsPerThread; ++g) {
+      const int i0 = base + (g * kThreads + threadIdx.x) * 4;
+      const bool live = i0 < end;
+      float x[4];
+      uint32_t k32[4];
+      float gmax = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float zz = live ? z[g][j] : -INFINITY;
+        if (!(i0 + j < end)) zz = -INFINITY;
+        x[j] = fmul(zz, rp.inv_t);
+        k32[j] = key32(x[j]);
+        bool inb = live && (i0 + j < end);
+        if (inb) {
+          invalid |= (x[j] != x[j]) | (x[j] == INFINITY);
+          unsigned long long k56 = key56(k32[j], uint32_t(i0 + j));
+          max56 = k56 > max56 ? k56 : max56;
+          if (want_lp && kPass == 0) {
+            if (zz > zmax) { zsum = zsum * __expf(zmax - zz) + 1.0f; zmax = zz; }
+            else if (zz > -INFINITY) zsum += __expf(zz - zmax);
+          }
+        }
+        gmax = fmaxf(gmax, x[j]);
+      }
+      if (want_lp && kPass == 0 && rp.mode == kPlain && live) {
+        // processed exp-sum over all tokens (PLAIN keeps everything)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (x[j] > xmax) { xsum = xsum * __expf(xmax - x[j]) + 1.0f; xmax = x[j]; }
+          else if (x[j] > -INFINITY) xsum += __expf(x[j] - xmax);
+        }
+      }
+      if (sampling) {
+        bool kept[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          kept[j] = live && (i0 + j < end) && x[j] > -INFINITY;
+          if (kPass == 1) {
+            kept[j] = kept[j] && key56(k32[j], uint32_t(i0 + j)) >= thr &&
+                      (!rp.mp_on || fsub(x[j], m) >= L);
+            if (kept[j] && want_lp) xsum += __expf(x[j] - m);
+          }
+        }
+        // a token can only win if x + 16.7 >= warp_thr (16.7 > the largest Gumbel of the grid)
+        bool any = (kept[0] || kept[1] || kept[2] || kept[3]) && (gmax + 16.75f >= warp_thr);
+        bool cand_any = false;
+        if (any) {
+          Philox4 r = philox_block(rp.seed, rp.offset, uint32_t(i0 >> 2), kStreamSample);
+          uint32_t bits[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if (!kept[j]) continue;
+            // fast, conservative test: G(u) >= d  <=>  u >= exp(-exp(-d))
+            float d = warp_thr - x[j] - 0.01f;
+            float thr_u = __expf(-__expf(-d)) - 1e-5f;
+            float u = uniform_from_bits(bits[j]);
+            if (u >= thr_u || !(d == d)) {
+              float s = fadd(x[j], gumbel_from_bits(bits[j]));
+              uint32_t id = uint32_t(i0 + j);
+              if (better(s, id, best_s, best_i)) { best_s = s; best_i = id; }
+              cand_any = true;
+            }
+          }
+        }
+        if (__any_sync(0xffffffffu, cand_any)) warp_thr = fmaxf(warp_thr, warp_max_f(best_s));
+      }
+      if (topk) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          bool inb = live && (i0 + j < end);
+          unsigned long long k56 = key56(k32[j], uint32_t(i0 + j));
+          bool app = inb && k56 >= thr_now;
+          unsigned int mask = __ballot_sync(0xffffffffu, app);
+          if (mask) {
+            unsigned int leader = __ffs(mask) - 1, pos = 0;
+            if (lane == (int)leader) pos = atomicAdd(&sm.count, __popc(mask));
+            pos = __shfl_sync(0xffffffffu, pos, leader);
+            if (app) sm.buf[pos + __popc(mask & ((1u << lane) - 1))] = k56;
+          }
+        }
+      }
+    }
+    if (topk) {
+      __syncthreads();
+      int n = int(sm.count);
+      __syncthreads();   // everyone has read count before the next appends
+      if (n > kCandCap - kTile) {   // refresh the threshold: keep the current top-k
+        unsigned long long t = block_select_kth(sm.buf, n, rp.k, sm.hist, sm.sh);
+        int c = block_compact(sm.buf, n, t, sm.kept, &sm.counter);
+        for (int i = threadIdx.x; i < c; i += blockDim.x) sm.buf[i] = sm.kept[i];
+        if (threadIdx.x == 0) { sm.count = c; sm.thr = t; }
+        __syncthreads();
+      }
+    }
+  }
+
+  // ---- block reduction of the split's summary ----
+  max56 = warp_max_u64(max56);
+  unsigned long long bpack = (best_i == 0xffffffffu) ? 0ull : pack_best(best_s, best_i);
+  bpack = warp_max_u64(bpack);
+  invalid = __any_sync(0xffffffffu, invalid) ? 1u : 0u;
+  if (want_lp) {
+    warp_lse(zmax, zsum);
+    if (kPass == 0) warp_lse(xmax, xsum); else xsum = warp_sum_f(xsum);
+  }
+  if (lane == 0) {
+    sm.red_u64[warp] = max56; sm.red_best[warp] = bpack; sm.red_inv[warp] = invalid;
+    sm.red_f[warp][0] = zmax; sm.red_f[warp][1] = zsum; sm.red_f[warp][2] = xmax;
+    sm.red_f[warp][3] = xsum;
+  }
+  __syncthreads();
+  if (topk) {
+    int n = int(sm.count);
+    if (n > rp.k) {
+      unsigned long long t = block_select_kth(sm.buf, n, rp.k, sm.hist, sm.sh);
+      n = block_compact(sm.buf, n, t, sm.kept, &sm.counter);
+      unsigned long long* dst = ws.cand + (int64_t(row) * p.splits + split) * kTopKCap;
+      for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = sm.kept[i];
+    } else {
+      unsigned long long* dst = ws.cand + (int64_t(row) * p.splits + split) * kTopKCap;
+      for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = sm.buf[i];
+    }
+    if (threadIdx.x == 0) sm.count = n;
+  }
+  if (threadIdx.x == 0) {
+    Partial out;
+    out.max56 = 0; out.best = 0; out.invalid = 0;
+    out.zmax = -INFINITY; out.zsum = 0.0f; out.xsum = 0.0f;
+    float xm = -INFINITY;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      out.max56 = sm.red_u64[w] > out.max56 ? sm.red_u64[w] : out.max56;
+      out.best = sm.red_best[w] > out.best ? sm.red_best[w] : out.best;
+      out.invalid |= sm.red_inv[w];
+      if (want_lp) {
+        lse_merge(out.zmax, out.zsum, sm.red_f[w][0], sm.red_f[w][1]);
+        if (kPass == 0) lse_merge(xm, out.xsum, sm.red_f[w][2], sm.red_f[w][3]);
+        else out.xsum += sm.red_f[w][3];
+      }
+    }
+    if (kPass == 0 && want_lp && rp.mode == kPlain && xm > -INFINITY) {
+      // rebase the processed sum to the split max (= value of max56)
+      out.xsum = out.xsum * __expf(xm - key56_value(out.max56));
+    }
+    out.count = topk ? sm.count : 0;
+    (kPass == 0 ? ws.part : ws.part1)[int64_t(row) * p.splits + split] = out;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// generic path: init + radix levels
+// ------------------------------------------------------------------------------------------
+__device__ __forceinline__ int level_shift(int level) { return level == 0 ? 44 : 44 - 11 * level; }
+__device__ __forceinline__ int level_bits(int level) { return level == 0 ? 12 : 11; }
+
+__global__ void generic_init_kernel(Params p, Workspace ws) {
+  const int row = blockIdx.x;
+  const RowParams rp = row_params(p, row);
+  if (rp.mode != kGeneric) return;
+  for (int i = threadIdx.x; i < kHistBins; i += blockDim.x) {
+    ws.hcnt[int64_t(row) * kHistBins + i] = 0;
+    ws.hmass[int64_t(row) * kHistBins + i] = 0;
+  }
+  if (threadIdx.x == 0) {
+    unsigned long long mx = 0;
+    for (int s = 0; s < p.splits; ++s) {
+      unsigned long long v = ws.part[int64_t(row) * p.splits + s].max56;
+      mx = v > mx ? v : mx;
+    }
+    RowState st;
+    st.m = key56_value(mx);
+    st.L = rp.mp_on ? soft_ln(rp.min_p) : -INFINITY;
+    st.prefix = 0; st.lower = 0; st.thr = 0; st.level = 0; st.arrive = 0; st.mode = kGeneric;
+    st.pad = 0; st.pad2 = 0;
+    if (rp.k_on) { st.phase = 0; st.target = uint64_t(rp.k); }
+    else if (rp.p_on) { st.phase = 1; st.target = 0; }
+    else { st.phase = 2; st.target = 0; }
+    ws.state[row] = st;
+  }
+}
+
+struct LevelSmem {
+  unsigned int cnt[kHistBins];
+  unsigned long long mass[kHistBins];
+  unsigned int last;
+  unsigned long long sh[4];
+  unsigned long long wsum[kThreads / 32];
+  unsigned int wcnt[kThreads / 32];
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  LevelSmem& sm = *reinterpret_cast<LevelSmem*>(smem_raw);
+  const int row = blockIdx.y, split = blockIdx.x;
+  RowState* stp = ws.state + row;
+  const RowParams rp = row_params(p, row);
+  if (rp.mode != kGeneric) return;
+  const int phase = stp->phase;
+  if (phase == 2) return;
+  const int level = stp->level;
+  const unsigned long long prefix = stp->prefix, lower = stp->lower;
+  const int shift = level_shift(level), bits = level_bits(level);
+  const unsigned long long pmask = level == 0 ? 0ull : (~0ull << (shift + bits)) & ((1ull << 56) - 1);
+  const float m = stp->m;
+  const int nb = 1 << bits;
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) { sm.cnt[i] = 0; sm.mass[i] = 0; }
+  __syncthreads();
+
+  const int begin = split * p.chunk, end = min(begin + p.chunk, p.vocab);
+  const T* rowp = reinterpret_cast<const T*>(p.logits) + int64_t(row) * p.row_stride;
+  const bool aligned = (reinterpret_cast<uintptr_t>(rowp) % (4 * sizeof(T))) == 0;
+  for (int i0 = begin + threadIdx.x * 4; i0 < end; i0 += kThreads * 4) {
+    float z[4];
+    load4<T>(rowp, i0, end, aligned, z);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (i0 + j >= end) continue;
+      float x = fmul(z[j], rp.inv_t);
+      unsigned long long k = key56(key32(x), uint32_t(i0 + j));
+      if (k >= lower && (k & pmask) == prefix) {
+        int d = int((k >> shift) & uint64_t(nb - 1));
+        atomicAdd(&sm.cnt[d], 1u);
+        if (phase == 1) {
+          int64_t e = mass_fixed(fsub(x, m));
+          if (e) atomicAdd(&sm.mass[d], (unsigned long long)e);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  unsigned int* gcnt = ws.hcnt + int64_t(row) * kHistBins;
+  unsigned long long* gmass = ws.hmass + int64_t(row) * kHistBins;
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+    if (sm.cnt[i]) atomicAdd(&gcnt[i], sm.cnt[i]);
+    if (sm.mass[i]) atomicAdd(&gmass[i], sm.mass[i]);
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) sm.last = (atomicAdd(&stp->arrive, 1u) == unsigned(p.splits - 1));
+  __syncthreads();
+  if (!sm.last) return;
+  __threadfence();
+  // ---- last CTA of the row: decide the boundary bucket ----
+  // load global histogram into shared (volatile-free: after the fence, use atomics-free loads)
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+    sm.cnt[i] = __ldcg(&gcnt[i]);
+    sm.mass[i] = __ldcg(&gmass[i]);
+    gcnt[i] = 0;
+    gmass[i] = 0;
+  }
+  __syncthreads();
+  unsigned long long target = stp->target;
+  if (phase == 1 && level == 0) {
+    // S = total mass of the eligible set (the top-k set, or the row): P' = max(1, trunc(p*S))
+    unsigned long long s = 0;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) s += sm.mass[i];
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) sm.wsum[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long tot = 0;
+      for (int w = 0; w < kThreads / 32; ++w) tot += sm.wsum[w];
+      sm.sh[3] = (unsigned long long)top_p_limit(rp.top_p, int64_t(tot));
+    }
+    __syncthreads();
+    target = sm.sh[3];
+  }
+  if (threadIdx.x == 0) {
+    // sequential scan from the top digit (<= 4096 bins, once per level per row)
+    unsigned long long above = 0;
+    int d = 0;
+    unsigned long long v = 0;
+    for (d = nb - 1; d >= 0; --d) {
+      v = phase == 0 ? sm.cnt[d] : sm.mass[d];
+      if (phase == 0 ? (above < target && target <= above + v) : (above + v >= target && v > 0)) break;
+      above += v;
+    }
+    if (d < 0) d = 0;  // unreachable for consistent inputs
+    unsigned long long np = prefix | (uint64_t(d) << shift);
+    unsigned long long remaining = target - above;
+    bool done = (level == 4) || (phase == 0 ? sm.cnt[d] == remaining : sm.cnt[d] == 1);
+    RowState st = *stp;
+    st.arrive = 0;
+    if (!done) {
+      st.prefix = np; st.level = level + 1; st.target = remaining;
+    } else {
+      st.thr = np;
+      if (phase == 0 && rp.p_on) { st.phase = 1; st.lower = np; st.prefix = 0; st.level = 0; st.target = 0; }
+      else st.phase = 2;
+    }
+    *stp = st;
+    __threadfence();
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// finalize: one CTA per row
+// ------------------------------------------------------------------------------------------
+struct FinalSmem {
+  unsigned long long buf[kMergeCap];
+  unsigned long long kept[kTopKCap];
+  long long mass[kTopKCap];
+  unsigned int hist[256];
+  unsigned long long sh[4];
+  unsigned int counter;
+  unsigned long long red[kThreads / 32];
+  float redf[kThreads / 32];
+};
+
+template <typename T, typename TokT>
+__global__ void __launch_bounds__(kThreads) finalize_kernel(Params p, Workspace ws, TokT* tokens,
+                                                           bool* valid, float* logprobs,
+                                                           float* plogprobs) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  FinalSmem& sm = *reinterpret_cast<FinalSmem*>(smem_raw);
+  const int row = blockIdx.x;
+  const RowParams rp = row_params(p, row);
+  const bool want_lp = p.flags & F_LOGPROBS;
+  const Partial* part = ws.part + int64_t(row) * p.splits;
+  // merge split summaries (thread 0; splits is small)
+  __shared__ unsigned long long s_max56, s_best;
+  __shared__ unsigned int s_invalid;
+  __shared__ float s_zmax, s_zsum, s_xsum;
+  if (threadIdx.x == 0) {
+    unsigned long long mx = 0, bb = 0;
+    unsigned int inv = 0;
+    float zm = -INFINITY, zs = 0.0f, xm = -INFINITY, xs = 0.0f;
+    for (int s = 0; s < p.splits; ++s) {
+      const Partial& q = part[s];
+      mx = q.max56 > mx ? q.max56 : mx;
+      bb = q.best > bb ? q.best : bb;
+      inv |= q.invalid;
+      if (want_lp) {
+        lse_merge(zm, zs, q.zmax, q.zsum);
+        if (rp.mode == kPlain && q.max56) lse_merge(xm, xs, key56_value(q.max56), q.xsum);
+      }
+    }
+    if (rp.mode == kGeneric) {
+      bb = 0; xs = 0.0f;
+      if (p.flags & F_GENERIC) {
+        const Partial* p1 = ws.part1 + int64_t(row) * p.splits;
+        for (int s = 0; s < p.splits; ++s) { bb = p1[s].best > bb ? p1[s].best : bb; xs += p1[s].xsum; }
+      } else {
+        inv = 1;  // the caller promised no generic rows (top_k_max): cannot sample exactly
+      }
+    } else if (rp.mode == kPlain && want_lp) {
+      xs = xs * __expf(xm - key56_value(mx));  // relative to m
+    }
+    s_max56 = mx; s_best = bb; s_invalid = inv; s_zmax = zm; s_zsum = zs; s_xsum = xs;
+  }
+  __syncthreads();
+  const float m = key56_value(s_max56);
+  uint32_t tok = 0;
+  float kept_sum = s_xsum;   // sum over kept of exp(x - m)
+  if (rp.mode == kTopK) {
+    // gather candidates of all splits (splits <= kMergeCap / kTopKCap = 64)
+    if (threadIdx.x == 0) {
+      unsigned int acc = 0;
+      for (int s = 0; s < p.splits; ++s) { sm.hist[s] = acc; acc += part[s].count; }
+      sm.counter = acc;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x >> 5; s < p.splits; s += kThreads / 32) {
+      const unsigned long long* src = ws.cand + (int64_t(row) * p.splits + s) * kTopKCap;
+      const int c = int(part[s].count), base = int(sm.hist[s]);
+      for (int i = threadIdx.x & 31; i < c; i += 32) sm.buf[base + i] = src[i];
+    }
+    __syncthreads();
+    int n = int(sm.counter);
+    int k = rp.k < n ? rp.k : n;
+    __syncthreads();
+    if (n > k) {
+      unsigned long long t = block_select_kth(sm.buf, n, k, sm.hist, sm.sh);
+      n = block_compact(sm.buf, n, t, sm.kept, &sm.counter);
+    } else {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) sm.kept[i] = sm.buf[i];
+      __syncthreads();
+    }
+    // sort kept keys descending (bitonic over 256 slots, padding with 0)
+    for (int i = threadIdx.x; i < kTopKCap; i += blockDim.x) if (i >= n) sm.kept[i] = 0;
+    __syncthreads();
+    for (int size = 2; size <= kTopKCap; size <<= 1) {
+      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+        int i = threadIdx.x;
+        if (i < kTopKCap) {
+          int j = i ^ stride;
+          if (j > i) {
+            unsigned long long a = sm.kept[i], b = sm.kept[j];
+            bool desc = (i & size) == 0;
+            if (desc ? (a < b) : (a > b)) { sm.kept[i] = b; sm.kept[j] = a; }
+          }
+        }
+        __syncthreads();
+      }
+    }
+    // fixed-point masses, exclusive prefix (n <= 256: one warp, 8 per lane)
+    if (threadIdx.x < 32) {
+      long long e[8], tot = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        int i = threadIdx.x * 8 + j;
+        e[j] = i < n ? mass_fixed(fsub(key56_value(sm.kept[i]), m)) : 0;
+        tot += e[j];
+      }
+      long long incl = tot;
+      for (int o = 1; o < 32; o <<= 1) {
+        long long v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (threadIdx.x >= o) incl += v;
+      }
+      long long total = __shfl_sync(0xffffffffu, incl, 31);
+      long long lim = rp.p_on ? top_p_limit(rp.top_p, total) : 0;
+      long long before = incl - tot;
+      float L = rp.mp_on ? soft_ln(rp.min_p) : -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        int i = threadIdx.x * 8 + j;
+        bool keep = i < n;
+        if (rp.p_on) keep = keep && before < lim;
+        if (rp.mp_on && keep) keep = fsub(key56_value(sm.kept[i]), m) >= L;
+        sm.mass[i] = keep ? 1 : 0;
+        before += e[j];
+      }
+    }
+    __syncthreads();
+    // Gumbel over the kept candidates
+    float bs = -INFINITY, ks = 0.0f;
+    uint32_t bi = 0xffffffffu;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      if (!sm.mass[i]) continue;
+      uint32_t id = key56_id(sm.kept[i]);
+      float x = key56_value(sm.kept[i]);
+      float s = fadd(x, gumbel_from_bits(philox_word(rp.seed, rp.offset, id, kStreamSample)));
+      if (better(s, id, bs, bi)) { bs = s; bi = id; }
+      if (want_lp) ks += __expf(x - m);
+    }
+    unsigned long long pk = bi == 0xffffffffu ? 0ull : pack_best(bs, bi);
+    pk = warp_max_u64(pk);
+    ks = warp_sum_f(ks);
+    if ((threadIdx.x & 31) == 0) { sm.red[threadIdx.x >> 5] = pk; sm.redf[threadIdx.x >> 5] = ks; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long b = 0;
+      float t = 0.0f;
+      for (int w = 0; w < kThreads / 32; ++w) { b = sm.red[w] > b ? sm.red[w] : b; t += sm.redf[w]; }
+      sm.sh[1] = b;
+      sm.redf[0] = t;
+    }
+    __syncthreads();
+    tok = best_id(sm.sh[1]);
+    kept_sum = sm.redf[0];
+  } else if (rp.mode == kGreedy) {
+    tok = key56_id(s_max56);
+  } else {
+    tok = best_id(s_best);
+  }
+  if (threadIdx.x == 0) {
+    bool ok = !s_invalid && s_max56 >= (uint64_t(key32(-INFINITY)) << 24) + (1ull << 24) &&
+              tok < uint32_t(p.vocab);
+    // (max key above that of -inf: at least one finite logit)
+    if (!ok) tok = 0;
+    tokens[row] = TokT(tok);
+    valid[row] = ok;
+    if (want_lp) {
+      if (ok) {
+        const T* rowp = reinterpret_cast<const T*>(p.logits) + int64_t(row) * p.row_stride;
+        float z = to_f(rowp[tok]);
+        logprobs[row] = z - (s_zmax + logf(s_zsum));
+        float x = fmul(z, rp.inv_t);
+        plogprobs[row] = rp.mode == kGreedy ? 0.0f : (x - m) - logf(kept_sum);
+      } else {
+        logprobs[row] = NAN;
+        plogprobs[row] = NAN;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// host launcher
+// ------------------------------------------------------------------------------------------
+inline size_t partial_smem() { return sizeof(PartialSmem); }
+inline size_t level_smem() { return sizeof(LevelSmem); }
+inline size_t final_smem() { return sizeof(FinalSmem); }
+
+// splits per row: enough CTAs to fill the GPU, chunks of >= 2048 elements, and the TOPK merge
+// buffer (splits * kTopKCap) must fit kMergeCap.
+inline int choose_splits(int rows, int vocab, int num_sms) {
+  int target = 2 * num_sms;
+  int by_rows = (target + rows - 1) / rows;
+  int by_vocab = (vocab + 2047) / 2048;
+  int s = by_rows < by_vocab ? by_rows : by_vocab;
+  int cap = kMergeCap / kTopKCap;
+  if (s > cap) s = cap;
+  return s < 1 ? 1 : s;
+}
+
+template <typename T, typename TokT>
+cudaError_t launch_sample(Params p, Workspace ws, TokT* tokens, bool* valid, float* logprobs,
+                          float* plogprobs, cudaStream_t stream) {
+  static bool attr_set = false;   // per template instance (process-wide; attribute is per function)
+  if (!attr_set) {
+    cudaError_t e;
+    if ((e = cudaFuncSetAttribute(partial_kernel<T, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(partial_smem()))) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(partial_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(partial_smem()))) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(level_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(level_smem()))) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(finalize_kernel<T, TokT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(final_smem()))) != cudaSuccess) return e;
+    attr_set = true;
+  }
+  dim3 grid(p.splits, p.rows);
+  partial_kernel<T, 0><<<grid, kThreads, partial_smem(), stream>>>(p, ws);
+  if (p.flags & F_GENERIC) {
+    generic_init_kernel<<<p.rows, 256, 0, stream>>>(p, ws);
+    for (int l = 0; l < 10; ++l) level_kernel<T><<<grid, kThreads, level_smem(), stream>>>(p, ws);
+    partial_kernel<T, 1><<<grid, kThreads, partial_smem(), stream>>>(p, ws);
+  }
+  finalize_kernel<T, TokT><<<p.rows, kThreads, final_smem(), stream>>>(p, ws, tokens, valid,
+                                                                      logprobs, plogprobs);
+  return cudaGetLastError();
+}
+
+}  // namespace tokenspeed_kernel::sampling

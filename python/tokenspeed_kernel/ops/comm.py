@@ -1,0 +1,648 @@
+"""Tensor-parallel all-gather along the hidden / vocab dimension for small token counts.
+
+Each rank ``r`` of a process group holds ``x[T, w_r]``; every rank gets ``y[T, H]``
+(``H = sum(w)``) with rank ``r``'s slice at column offset ``w_0 + ... + w_{r-1}``. Bit-exact on
+every backend (it is a copy). Executable spec: ``tokenspeed_kernel.reference.comm``; protocol,
+multicast gate and auto policy: ``docs/COMM.md``.
+
+Usage::
+
+    comm = create_all_gather_comm(group, max_tokens=512, max_total_width=151936,
+                                  dtype=torch.bfloat16)          # once, outside graph capture
+    y = all_gather_hidden(comm, x)                               # even widths: H = W * x.shape[1]
+    all_gather_hidden_out(comm, x, out, widths=[4096, 3072])     # uneven widths, caller's output
+
+Backends (``backend=``): ``"cuda"`` (P2P push kernel, csrc/comm), ``"triton"`` (the same push in
+Triton), ``"nccl"`` (``all_gather_into_tensor`` + permute over the group's own backend: NCCL on
+GPU, gloo on CPU), ``"reference"`` (``torch.distributed.all_gather`` + cat), ``"multimem"``
+(multicast push; only when the communicator was created with ``allow_multimem=True`` *and* the
+multicast gate passed on every rank) and ``"auto"`` (see ``select_backend``). Every rank of a
+call must pass the same arguments (T, widths, backend); ``auto`` decides from values agreed at
+creation, so it picks the same backend on every rank.
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from .. import _library
+from . import _common as C
+
+# ---- mirrors of csrc/comm/all_gather_hidden.cuh (tests/test_comm.py checks they agree) ----
+MAX_RANKS = 16
+MAX_BLOCKS = 256
+FLAG_BYTES = 2 * MAX_BLOCKS * MAX_RANKS * 8
+STATE_WORDS = 16
+STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
+ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
+F_MULTIMEM, F_VIEW, F_TRAP = 1, 2, 4
+
+BACKENDS = ("auto", "cuda", "triton", "nccl", "reference", "multimem")
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# Any of these, set on any rank, turns the multicast path off (read only; never modified here).
+MULTICAST_DISABLE_ENV = (("NCCL_NVLS_ENABLE", "0"),
+                         ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                         ("NVSHMEM_DISABLE_NVLS", "1"))
+
+# ---- auto-policy knobs (TO BE MEASURED: guesses until bench/results/<gpu>/comm_* say more) ----
+# Output bytes (T * H * element size) above which auto uses NCCL + permute instead of the P2P
+# push. Reasoning, not measurement: on 2x H200 NCCL + permute reaches only ~150 GB/s at 155 MB
+# (docs/ANCHORS), so the push should win up to the workspace size; the cap is a guard.
+DEFAULT_P2P_MAX_BYTES = 256 << 20
+# Bytes of the widest slice pushed per CTA (grid = ceil(slice bytes / this), capped by SMs).
+DEFAULT_BLOCK_BYTES = 16 << 10
+DEFAULT_TIMEOUT_MS = 30_000
+
+
+class CommError(RuntimeError):
+    """A device-side bounded wait gave up (a peer never arrived); the communicator is unusable."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the multicast gate (pure: tested without a GPU)
+# ---------------------------------------------------------------------------------------------
+def multicast_disabled_by_env(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Name=value of the first multicast-disabling variable set in ``environ``, else None."""
+    env = os.environ if environ is None else environ
+    for name, off in MULTICAST_DISABLE_ENV:
+        if env.get(name, "").strip() == off:
+            return f"{name}={off}"
+    return None
+
+
+def multimem_gate(requested: bool, multicast_ptr: int, offset_ok: bool, capability: Tuple[int, int],
+                  extension: bool, environ: Optional[Mapping[str, str]] = None
+                  ) -> Tuple[bool, str]:
+    """This rank's vote on the multimem transport: ``(ok, reason)``.
+
+    All of: explicit opt-in (``requested``), no disabling variable in ``environ``
+    (``MULTICAST_DISABLE_ENV``), a multicast mapping from torch SymmetricMemory
+    (``multicast_ptr != 0``; we never create one ourselves), the workspace at offset 0 of its
+    symmetric block (``offset_ok``), sm_90+ and the compiled extension. The communicator then
+    takes the MIN of the votes over all ranks, so one refusing rank refuses for the group.
+    """
+    if not requested:
+        return False, "not requested (create_all_gather_comm(..., allow_multimem=True))"
+    env = multicast_disabled_by_env(environ)
+    if env is not None:
+        return False, f"disabled by {env}"
+    if tuple(capability) < (9, 0):
+        return False, f"needs sm_90+, got sm_{capability[0]}{capability[1]}"
+    if not extension:
+        return False, "needs the compiled extension"
+    if not multicast_ptr:
+        return False, "torch SymmetricMemory reports no multicast mapping (multicast_ptr == 0)"
+    if not offset_ok:
+        return False, "workspace is not at offset 0 of its symmetric block"
+    return True, "enabled"
+
+
+# ---------------------------------------------------------------------------------------------
+# the communicator
+# ---------------------------------------------------------------------------------------------
+def _ag_single():
+    import torch.distributed as dist
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _agree_min(group, device: torch.device, values: Sequence[int]) -> List[int]:
+    """Element-wise MIN over the group (one host sync; creation time only)."""
+    import torch.distributed as dist
+    backend = str(dist.get_backend(group))
+    dev = device if (device.type == "cuda" and backend != "gloo") else torch.device("cpu")
+    t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return [int(v) for v in t.tolist()]
+
+
+def _rendezvous(t: torch.Tensor, group):
+    from torch.distributed import _symmetric_memory as symm_mem
+    name = group.group_name
+    try:
+        return symm_mem.rendezvous(t, name)
+    except RuntimeError as e:  # torch versions that still need the group registered first
+        if "group" not in str(e).lower() or not hasattr(symm_mem, "enable_symm_mem_for_group"):
+            raise
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            symm_mem.enable_symm_mem_for_group(name)
+        return symm_mem.rendezvous(t, name)
+
+
+class AllGatherComm:
+    """Workspace of ``all_gather_hidden`` for one process group. Build it with
+    ``create_all_gather_comm`` (a collective; host-blocking; never under CUDA-graph capture).
+
+    Attributes (read-only): ``group, rank, world_size, device, dtype, max_tokens,
+    max_total_width``; ``p2p`` (symmetric workspace mapped on every rank), ``extension`` /
+    ``triton`` (backends usable on every rank), ``multimem`` and ``multimem_reason`` (the gate's
+    agreed outcome), ``max_blocks``, ``block_bytes``, ``p2p_max_bytes``, ``timeout_ms``,
+    ``enable_view``.
+
+    Memory: ``64 KiB + (3 if enable_view else 2) * max_tokens * max_total_width * elt`` bytes of
+    symmetric memory per rank, plus 128 bytes of state.
+    """
+
+    def __init__(self):  # use create_all_gather_comm
+        self.symm: Optional[torch.Tensor] = None
+        self.handle = None
+        self.state: Optional[torch.Tensor] = None
+        self._offs_cache: Dict[Tuple[int, ...], torch.Tensor] = {}
+
+    # -- error flag -------------------------------------------------------------------------
+    def error(self) -> Optional[str]:
+        """The recorded device-side error (one host sync), or None."""
+        if self.state is None:
+            return None
+        err, blk, src, epoch = self.state[STATE_ERR:STATE_ERR_EPOCH + 1].tolist()
+        if err == 0:
+            return None
+        what = {ERR_TIMEOUT_DATA: "data", ERR_TIMEOUT_READY: "ready"}.get(err, f"code {err}")
+        return (f"all_gather_hidden: rank {self.rank} gave up after {self.timeout_ms} ms waiting "
+                f"for the {what} flag of rank {src} (block {blk}, call {epoch}); a peer did not "
+                f"join the same call. The communicator is unusable: create a new one.")
+
+    def check(self) -> None:
+        """Raise ``CommError`` if a bounded wait gave up (one host sync)."""
+        msg = self.error()
+        if msg is not None:
+            raise CommError(msg)
+
+    @property
+    def calls(self) -> int:
+        """Number of completed P2P calls (device counter; one host sync)."""
+        return 0 if self.state is None else int(self.state[STATE_SEQ].item())
+
+    @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def close(self) -> None:
+        """Drop the workspace. No call may be in flight on any rank (synchronize first)."""
+        self.handle = None
+        self.symm = None
+        self._offs_cache.clear()
+
+    def __repr__(self) -> str:
+        return (f"AllGatherComm(rank={self.rank}/{self.world_size}, device={self.device}, "
+                f"dtype={self.dtype}, max_tokens={self.max_tokens}, "
+                f"max_total_width={self.max_total_width}, p2p={self.p2p}, "
+                f"extension={self.extension}, triton={self.triton}, multimem={self.multimem})")
+
+    # -- per-widths offset table for the Triton kernel (built outside capture) --------------
+    def _offs_vec(self, offsets: Sequence[int]) -> torch.Tensor:
+        key = tuple(offsets)
+        t = self._offs_cache.get(key)
+        if t is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise ValueError(
+                    f"widths: the Triton backend needs one eager call with these widths before "
+                    f"CUDA-graph capture (offsets {list(key)})")
+            vec = 16 // self.element_size
+            t = torch.tensor([o // vec for o in key], dtype=torch.int32, device=self.device)
+            self._offs_cache[key] = t
+        return t
+
+
+def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
+                           dtype: torch.dtype, device=None, enable_view: bool = False,
+                           allow_multimem: bool = False, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                           trap_on_timeout: bool = False,
+                           p2p_max_bytes: int = DEFAULT_P2P_MAX_BYTES,
+                           block_bytes: int = DEFAULT_BLOCK_BYTES,
+                           max_blocks: Optional[int] = None,
+                           use_symmetric_memory: bool = True) -> AllGatherComm:
+    """Create the all-gather workspace of ``group`` (collective: every rank calls it).
+
+    Parameters
+    ----------
+    group : ProcessGroup or None (the default group).
+    max_tokens, max_total_width : capacity: calls need ``T <= max_tokens`` and
+        ``H = sum(widths) <= max_total_width``.
+    dtype : bfloat16, float16 or float32 (every call uses this dtype).
+    device : the rank's CUDA device (default: the current one) or CPU (NCCL-style path only).
+    enable_view : also allocate a third buffer for ``all_gather_hidden_view``.
+    allow_multimem : opt in to the multicast transport; it is enabled only if the gate passes on
+        every rank (``multimem_gate``; see docs/COMM.md). Off by default, and no test or
+        benchmark opts in.
+    timeout_ms : bound of every device-side wait; after it the kernel records an error in the
+        communicator (``check()`` raises ``CommError``), or traps if ``trap_on_timeout``.
+        ``0`` waits forever.
+    p2p_max_bytes, block_bytes, max_blocks : auto-policy crossover and grid sizing (agreed as
+        the MIN over ranks).
+    use_symmetric_memory : False builds a communicator without P2P (NCCL-style path only).
+
+    Host-blocking (symmetric allocation, rendezvous, two small all-reduces); not allowed under
+    CUDA-graph capture.
+    """
+    import torch.distributed as dist
+
+    C.check(dist.is_available() and dist.is_initialized(), "group",
+            "torch.distributed is not initialized")
+    if group is None:
+        group = dist.group.WORLD
+    C.check(dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {dtype}")
+    for name, v in (("max_tokens", max_tokens), ("max_total_width", max_total_width)):
+        C.check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name,
+                f"must be an int >= 1, got {v!r}")
+    C.check(isinstance(timeout_ms, int) and timeout_ms >= 0, "timeout_ms",
+            f"must be an int >= 0, got {timeout_ms!r}")
+    C.check(isinstance(block_bytes, int) and block_bytes >= 16, "block_bytes",
+            f"must be an int >= 16, got {block_bytes!r}")
+    C.check(isinstance(p2p_max_bytes, int) and p2p_max_bytes >= 0, "p2p_max_bytes",
+            f"must be an int >= 0, got {p2p_max_bytes!r}")
+    C.check(max_blocks is None or (isinstance(max_blocks, int) and 1 <= max_blocks <= MAX_BLOCKS),
+            "max_blocks", f"must be None or an int in [1, {MAX_BLOCKS}], got {max_blocks!r}")
+    if device is None:
+        backend = str(dist.get_backend(group))
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if backend != "gloo" and torch.cuda.is_available() else torch.device("cpu"))
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    C.check(device.type in ("cuda", "cpu"), "device", f"must be a CUDA device or CPU, got {device}")
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise ValueError("group: create_all_gather_comm must run outside CUDA-graph capture")
+
+    comm = AllGatherComm()
+    comm.group = group
+    comm.rank = dist.get_rank(group)
+    comm.world_size = dist.get_world_size(group)
+    comm.device = device
+    comm.dtype = dtype
+    comm.max_tokens = max_tokens
+    comm.max_total_width = max_total_width
+    comm.enable_view = bool(enable_view)
+    comm.timeout_ms = timeout_ms
+    comm.trap_on_timeout = bool(trap_on_timeout)
+    elt = comm.element_size
+    comm.buf_bytes = -(-max_tokens * max_total_width * elt // 256) * 256
+    comm.mc_data = 0
+    comm.peer_data: List[int] = []
+    comm.peer_flags: List[int] = []
+
+    # ---- round 1: what every rank could do ----
+    cuda = device.type == "cuda"
+    ext = cuda and _library.extension_available()
+    try:
+        import triton  # noqa: F401
+        tri = cuda
+    except Exception:
+        tri = False
+    try:
+        from torch.distributed import _symmetric_memory  # noqa: F401
+        symm_importable = True
+    except Exception:
+        symm_importable = False
+    can_symm = bool(cuda and use_symmetric_memory and symm_importable
+                    and comm.world_size <= MAX_RANKS)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
+    cap = torch.cuda.get_device_capability(device) if cuda else (0, 0)
+    want_blocks = min(MAX_BLOCKS, sms, max_blocks or MAX_BLOCKS)
+    r1 = _agree_min(group, device, [can_symm, ext, tri, want_blocks, block_bytes, p2p_max_bytes,
+                                    allow_multimem])
+    can_symm, comm.extension, comm.triton = bool(r1[0]), bool(r1[1]), bool(r1[2])
+    comm.max_blocks, comm.block_bytes, comm.p2p_max_bytes = r1[3], r1[4], r1[5]
+    requested_mm = bool(r1[6])
+
+    # ---- symmetric workspace ----
+    ok, delta, mm_vote = False, 0, False
+    comm.multimem_reason = "no symmetric workspace"
+    if can_symm:
+        nbuf = 3 if comm.enable_view else 2
+        try:
+            from torch.distributed import _symmetric_memory as symm_mem
+            with torch.cuda.device(device):
+                symm = symm_mem.empty(FLAG_BYTES + nbuf * comm.buf_bytes, dtype=torch.uint8,
+                                      device=device)
+                symm.zero_()                 # flags start at 0 (epochs start at 1)
+                torch.cuda.synchronize(device)
+                handle = _rendezvous(symm, group)
+            ptrs = [int(p) for p in handle.buffer_ptrs]
+            # buffer_ptrs are block bases in some torch versions and tensor addresses in
+            # others: the local difference covers both (symmetric blocks share offsets).
+            delta = symm.data_ptr() - ptrs[comm.rank]
+            bases = [p + delta if p else 0 for p in ptrs]
+            ok = len(bases) == comm.world_size and all(b != 0 and b % 16 == 0 for b in bases)
+            if ok:
+                comm.symm, comm.handle = symm, handle
+                comm.peer_flags = bases
+                comm.peer_data = [b_ + FLAG_BYTES for b_ in bases]
+                mc = 0
+                env_off = multicast_disabled_by_env()
+                if requested_mm and env_off is None:
+                    mc = int(getattr(handle, "multicast_ptr", 0) or 0)
+                offset_ok = delta == 0 and int(getattr(handle, "offset", 0) or 0) == 0
+                mm_vote, comm.multimem_reason = multimem_gate(requested_mm, mc, offset_ok, cap,
+                                                              comm.extension)
+                comm.mc_data = (mc + FLAG_BYTES) if mm_vote else 0
+        except Exception as e:  # no P2P / multi-node / backend without symmetric memory
+            ok = False
+            comm.multimem_reason = f"symmetric memory unavailable: {type(e).__name__}: {e}"
+            warnings.warn(f"create_all_gather_comm: symmetric memory unavailable on rank "
+                          f"{comm.rank} ({type(e).__name__}: {e}); using the NCCL path",
+                          RuntimeWarning, stacklevel=2)
+    # ---- round 2: agree (also a barrier: every rank zeroed its flags before anyone proceeds)
+    r2 = _agree_min(group, device, [ok, delta, -delta, mm_vote])
+    comm.p2p = bool(r2[0]) and r2[1] == -r2[2]
+    comm.multimem = comm.p2p and bool(r2[3])
+    if requested_mm and mm_vote and not comm.multimem:
+        comm.multimem_reason = "refused by another rank"
+    if not comm.p2p:
+        comm.symm, comm.handle, comm.peer_data, comm.peer_flags, comm.mc_data = None, None, [], [], 0
+    if not comm.multimem:
+        comm.mc_data = 0
+    if comm.p2p:
+        comm.state = torch.zeros(STATE_WORDS, dtype=torch.int64, device=device)
+        comm.peer_data_dev = torch.tensor(comm.peer_data, dtype=torch.int64, device=device)
+        comm.peer_flags_dev = torch.tensor(comm.peer_flags, dtype=torch.int64, device=device)
+        torch.cuda.synchronize(device)
+    return comm
+
+
+# ---------------------------------------------------------------------------------------------
+# validation, backend choice
+# ---------------------------------------------------------------------------------------------
+def _widths(comm: AllGatherComm, x: torch.Tensor, widths) -> Tuple[int, ...]:
+    if widths is None:
+        return (int(x.shape[1]),) * comm.world_size
+    C.check(isinstance(widths, (list, tuple)) and len(widths) == comm.world_size, "widths",
+            f"must be a list of {comm.world_size} ints (one per rank), got {widths!r}")
+    ws = []
+    for i, w in enumerate(widths):
+        C.check(isinstance(w, int) and not isinstance(w, bool) and w >= 1, "widths",
+                f"widths[{i}] must be an int >= 1, got {w!r}")
+        ws.append(int(w))
+    C.check(ws[comm.rank] == x.shape[1], "widths",
+            f"widths[{comm.rank}] = {ws[comm.rank]} but x has {x.shape[1]} columns on rank "
+            f"{comm.rank}")
+    return tuple(ws)
+
+
+def _check_matrix(t, name: str, comm: AllGatherComm) -> None:
+    C.check(isinstance(t, torch.Tensor), name, f"must be a torch.Tensor, got {type(t)}")
+    C.check(t.dim() == 2, name, f"must be 2-D [tokens, width], got shape {tuple(t.shape)}")
+    C.check(t.dtype == comm.dtype, name, f"dtype must be {comm.dtype} (the communicator's), "
+            f"got {t.dtype}")
+    C.check(t.device == comm.device, name, f"must be on {comm.device}, got {t.device}")
+    C.check(t.shape[1] <= 1 or t.stride(1) == 1, name,
+            f"last dimension must be contiguous (stride 1), got strides {t.stride()}")
+    esz = t.element_size()
+    C.check(t.shape[0] <= 1 or (t.stride(0) * esz) % 16 == 0, name,
+            f"row stride must be a multiple of 16 bytes, got {t.stride(0)} elements")
+    C.check(t.numel() == 0 or t.data_ptr() % 16 == 0, name, "data pointer must be 16-byte aligned")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    esz = a.element_size()
+    a0 = a.data_ptr()
+    a1 = a0 + ((a.shape[0] - 1) * a.stride(0) + a.shape[1]) * esz
+    b0 = b.data_ptr()
+    b1 = b0 + ((b.shape[0] - 1) * b.stride(0) + b.shape[1]) * esz
+    return a0 < b1 and b0 < a1
+
+
+def _validate(comm, x, out, widths) -> Tuple[Tuple[int, ...], List[int]]:
+    C.check(isinstance(comm, AllGatherComm), "comm",
+            f"must come from create_all_gather_comm, got {type(comm)}")
+    _check_matrix(x, "x", comm)
+    C.check(x.shape[0] <= comm.max_tokens, "x",
+            f"has {x.shape[0]} tokens, more than the communicator's capacity "
+            f"max_tokens={comm.max_tokens}")
+    ws = _widths(comm, x, widths)
+    esz = x.element_size()
+    for i, w in enumerate(ws):
+        C.check((w * esz) % 16 == 0, "widths" if widths is not None else "x",
+                f"width {w} of rank {i} is {w * esz} bytes, not a multiple of 16 bytes "
+                f"({16 // esz} elements of {comm.dtype})")
+    offs = [0]
+    for w in ws:
+        offs.append(offs[-1] + w)
+    C.check(offs[-1] <= comm.max_total_width, "widths" if widths is not None else "x",
+            f"total width {offs[-1]} exceeds the communicator's max_total_width="
+            f"{comm.max_total_width}")
+    if out is not None:
+        _check_matrix(out, "out", comm)
+        C.check(tuple(out.shape) == (x.shape[0], offs[-1]), "out",
+                f"must have shape {(x.shape[0], offs[-1])}, got {tuple(out.shape)}")
+        C.check(not _overlap(x, out), "out", "must not overlap x")
+    return ws, offs
+
+
+def _num_blocks(comm: AllGatherComm, rows: int, widths: Sequence[int]) -> int:
+    """Grid size of the push kernels: a function of the call's shape and agreed values only,
+    so it is the same on every rank."""
+    slice_bytes = rows * max(widths) * comm.element_size
+    return max(1, min(comm.max_blocks, -(-slice_bytes // comm.block_bytes)))
+
+
+def select_backend(comm: AllGatherComm, num_tokens: int, total_width: int,
+                   backend: str = "auto") -> str:
+    """The transport a call would use: ``"cuda" | "triton" | "nccl" | "reference" |
+    "multimem" | "copy"`` (``"copy"``: a group of one rank).
+
+    ``auto``: world size 1 -> copy; no P2P workspace (multi-node group, no peer access, CPU,
+    symmetric memory unavailable) -> nccl; output bytes > ``comm.p2p_max_bytes`` -> nccl
+    (crossover TO BE MEASURED); else cuda if the extension loads on every rank, else triton,
+    else nccl. ``auto`` never picks multimem. Explicit backends raise ValueError when
+    unavailable. Depends only on values agreed at creation and on the call's shape, so every
+    rank picks the same.
+    """
+    C.check(backend in BACKENDS, "backend", f"must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        if comm.world_size == 1:
+            return "copy"
+        if not comm.p2p:
+            return "nccl"
+        if num_tokens * total_width * comm.element_size > comm.p2p_max_bytes:
+            return "nccl"
+        if comm.extension:
+            return "cuda"
+        if comm.triton:
+            return "triton"
+        return "nccl"
+    if backend in ("cuda", "triton", "multimem"):
+        C.check(comm.p2p, "backend", f"{backend!r} needs the symmetric P2P workspace, which this "
+                f"communicator does not have (multi-node group, no peer access, CPU, or "
+                f"symmetric memory unavailable): use 'nccl' or 'auto'")
+    if backend == "cuda" and not comm.extension:
+        _library.require("tokenspeed_kernel.ops.all_gather_hidden(backend='cuda')")
+        C.check(False, "backend", "'cuda' needs the compiled extension on every rank")
+    if backend == "triton":
+        C.check(comm.triton, "backend", "'triton' needs triton and CUDA on every rank")
+    if backend == "multimem":
+        C.check(comm.multimem, "backend",
+                f"'multimem' is not enabled on this communicator: {comm.multimem_reason}")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------
+# transports
+# ---------------------------------------------------------------------------------------------
+def _nccl(comm: AllGatherComm, x: torch.Tensor, out: torch.Tensor, ws, offs) -> None:
+    """all_gather_into_tensor of [T, w_max] slices (padded if uneven) + permute into out."""
+    world, rows = comm.world_size, x.shape[0]
+    wmax = max(ws)
+    even = all(w == wmax for w in ws)
+    if even:
+        src = x.contiguous()
+    else:
+        src = torch.empty((rows, wmax), dtype=x.dtype, device=x.device)
+        src[:, : x.shape[1]].copy_(x)
+    buf = torch.empty((world * rows, wmax), dtype=x.dtype, device=x.device)
+    _ag_single()(buf, src, group=comm.group)
+    g = buf.view(world, rows, wmax)
+    if even and out.is_contiguous():
+        out.view(rows, world, wmax).copy_(g.transpose(0, 1))
+    else:
+        for s in range(world):
+            out[:, offs[s]:offs[s + 1]].copy_(g[s, :, : ws[s]])
+
+
+def _reference(comm: AllGatherComm, x: torch.Tensor, out: torch.Tensor, ws) -> None:
+    from ..reference import comm as ref
+    out.copy_(ref.all_gather_hidden_dist(x, comm.group, ws))
+
+
+def _launch_cuda(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> None:
+    f = flags | (F_TRAP if comm.trap_on_timeout else 0)
+    torch.ops.tokenspeed_kernel.all_gather_hidden(
+        x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags,
+        comm.mc_data if flags & F_MULTIMEM else 0, offs, comm.rank, comm.buf_bytes,
+        _num_blocks(comm, rows, ws), f, comm.timeout_ms * 1_000_000)
+
+
+def _launch_triton(comm: AllGatherComm, x, out, offs, rows: int, ws) -> None:
+    from ..triton import comm as tri
+    tri.all_gather_hidden(x, out, comm.peer_data_dev, comm.peer_flags_dev, comm.state,
+                          comm._offs_vec(offs), comm.rank, comm.buf_bytes,
+                          _num_blocks(comm, rows, ws), comm.timeout_ms * 1_000_000)
+
+
+def _run(comm, x, out, ws, offs, backend) -> None:
+    if x.shape[0] == 0:
+        return
+    if backend == "copy":
+        out.copy_(x)
+    elif backend == "nccl":
+        _nccl(comm, x, out, ws, offs)
+    elif backend == "reference":
+        _reference(comm, x, out, ws)
+    elif backend == "cuda":
+        _launch_cuda(comm, x, out, offs, 0, x.shape[0], ws)
+    elif backend == "multimem":
+        _launch_cuda(comm, x, out, offs, F_MULTIMEM, x.shape[0], ws)
+    elif backend == "triton":
+        _launch_triton(comm, x, out, offs, x.shape[0], ws)
+    else:  # pragma: no cover
+        raise AssertionError(backend)
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------------------------
+def all_gather_hidden_out(comm: AllGatherComm, x: torch.Tensor, out: torch.Tensor, *,
+                          widths: Optional[Sequence[int]] = None,
+                          backend: str = "auto") -> torch.Tensor:
+    """Gather every rank's ``x`` along dim 1 into ``out`` (collective).
+
+    Parameters
+    ----------
+    comm : from ``create_all_gather_comm`` (same group on every rank).
+    x : [T, w_rank] of ``comm.dtype`` on ``comm.device``; last dim contiguous, row stride and
+        data pointer 16-byte aligned; ``T <= comm.max_tokens``; same T on every rank.
+    out : [T, H] (H = sum of widths), same dtype/device, last dim contiguous, rows 16-byte
+        aligned; must not overlap x. Written entirely; x is not modified.
+    widths : None (every rank has x.shape[1] columns) or the list of every rank's width
+        (identical on every rank; each a multiple of 16 bytes; ``widths[rank] == x.shape[1]``).
+    backend : "auto" | "cuda" | "triton" | "nccl" | "reference" | "multimem" (see
+        ``select_backend``). Every rank must use the same one (auto does).
+
+    Returns ``out``. No randomness. CUDA-graph safe for "cuda" (fixed workspace addresses, the
+    call counter lives on the device; capture after one eager call per shape for "triton", and
+    for "nccl" as NCCL allows). Consecutive calls on one communicator must be ordered on each
+    rank's stream (same stream, or event dependencies). A rank that never arrives makes the
+    peers' kernels give up after ``comm.timeout_ms``; ``comm.check()`` then raises.
+
+    Example
+    -------
+    >>> out = torch.empty(x.shape[0], 2 * x.shape[1], dtype=x.dtype, device=x.device)
+    >>> all_gather_hidden_out(comm, x, out)
+    """
+    if torch.compiler.is_compiling():
+        ws = _widths(comm, x, widths)
+        offs = [0]
+        for w in ws:
+            offs.append(offs[-1] + w)
+    else:
+        C.check(out is not None, "out", "is required (use all_gather_hidden to allocate)")
+        ws, offs = _validate(comm, x, out, widths)
+    b = select_backend(comm, x.shape[0], offs[-1], backend)
+    _run(comm, x, out, ws, offs, b)
+    return out
+
+
+def all_gather_hidden(comm: AllGatherComm, x: torch.Tensor, *,
+                      widths: Optional[Sequence[int]] = None,
+                      backend: str = "auto") -> torch.Tensor:
+    """``all_gather_hidden_out`` into a new ``[T, H]`` tensor (see there).
+
+    Example
+    -------
+    >>> y = all_gather_hidden(comm, x)        # [T, W * x.shape[1]]
+    """
+    if not torch.compiler.is_compiling():
+        ws, offs = _validate(comm, x, None, widths)
+    else:
+        ws = _widths(comm, x, widths)
+        offs = [0]
+        for w in ws:
+            offs.append(offs[-1] + w)
+    out = torch.empty((x.shape[0], offs[-1]), dtype=x.dtype, device=x.device)
+    b = select_backend(comm, x.shape[0], offs[-1], backend)
+    _run(comm, x, out, ws, offs, b)
+    return out
+
+
+def all_gather_hidden_view(comm: AllGatherComm, x: torch.Tensor, *,
+                           widths: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """Gather without the copy-out: returns a ``[T, H]`` view of the communicator's view buffer.
+
+    Needs ``create_all_gather_comm(..., enable_view=True)``, the P2P workspace and the
+    extension (CUDA backend only). Lifetime: the view holds this call's result for all work
+    enqueued on this rank's stream before the next ``all_gather_hidden_view`` on the same
+    communicator; that call overwrites it (it first waits until every rank entered it, so peers
+    never overwrite a view that is still being read). Do not write into the view. CUDA-graph
+    safe (the view's address is fixed).
+    """
+    C.check(isinstance(comm, AllGatherComm), "comm",
+            f"must come from create_all_gather_comm, got {type(comm)}")
+    C.check(comm.enable_view, "comm", "was created without enable_view=True")
+    ws, offs = _validate(comm, x, None, widths)
+    select_backend(comm, x.shape[0], offs[-1], "cuda")
+    rows, total = x.shape[0], offs[-1]
+    esz = comm.element_size
+    start = FLAG_BYTES + 2 * comm.buf_bytes
+    view = comm.symm[start:start + rows * total * esz].view(comm.dtype).view(rows, total)
+    if rows > 0:
+        _launch_cuda(comm, x, None, offs, F_VIEW, rows, ws)
+    return view
+
+
+def _register_library() -> None:
+    """Fake kernel of every comm op (all are out-variants: nothing to allocate)."""
+    import torch.library as L
+
+    @L.register_fake("tokenspeed_kernel::all_gather_hidden")
+    def _fake(x, out, state, symm, peer_data, peer_flags, mc_data, col_offsets, rank, buf_bytes,
+              num_blocks, flags, timeout_ns):
+        return None

@@ -1,0 +1,439 @@
+"""Speculative-decoding verify from logits: strict and probabilistic, chain, ragged or padded.
+
+See docs/VERIFY.md for the contract (streams, order, exactness argument, what is not done); the
+executable spec is ``tokenspeed_kernel.reference.verify``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import _common as C
+from . import sampling as _sampling
+
+MODES = ("strict", "probabilistic", "ngram")
+# flag bits shared with csrc/verify/verify_ops.cu
+F_PADDED, F_NGRAM, F_LOGPROBS = 1, 2, 4
+
+# The schemas csrc/verify/verify_ops.cu defines (kept here too so tests can define them on a
+# machine without the compiled extension; tests/test_verify.py checks they match the C++ ones).
+SCHEMAS = {
+    "verify_probabilistic": (
+        "verify_probabilistic(Tensor target_logits, Tensor? draft_logits, Tensor draft_token_ids, "
+        "Tensor cu_num_draft, Tensor seed, Tensor offset, Tensor? temperature, Tensor? min_p, "
+        "int max_num_draft, int flags, Tensor(a!) tokens, Tensor(b!) num_accepted, "
+        "Tensor(c!) valid, Tensor(d!)? logprobs, Tensor(e!)? processed_logprobs) -> ()"),
+    "verify_strict_accept": (
+        "verify_strict_accept(Tensor target_tokens, Tensor target_valid, Tensor draft_token_ids, "
+        "Tensor cu_num_draft, Tensor? target_logprobs, Tensor? target_processed_logprobs, "
+        "int max_num_draft, int flags, Tensor(a!) tokens, Tensor(b!) num_accepted, "
+        "Tensor(c!) valid, Tensor(d!)? logprobs, Tensor(e!)? processed_logprobs) -> ()"),
+}
+
+
+class VerifyOutput(NamedTuple):
+    tokens: torch.Tensor        # [bs, max_n + 1]: accepted drafts, then one target token, then -1
+    num_accepted: torch.Tensor  # [bs]: accepted drafts (emitted tokens = num_accepted + 1)
+    valid: torch.Tensor         # [bs] bool: False if a row the walk read was NaN / +inf / empty
+
+
+class VerifyLogprobsOutput(NamedTuple):
+    tokens: torch.Tensor
+    num_accepted: torch.Tensor
+    valid: torch.Tensor
+    logprobs: torch.Tensor            # [bs, max_n + 1] f32: log_softmax(raw target logits)[tok]
+    processed_logprobs: torch.Tensor  # [bs, max_n + 1] f32: log p_processed_target(tok)
+
+
+class _Plan(NamedTuple):
+    tgt: torch.Tensor                 # [R_t, V]
+    drf: Optional[torch.Tensor]       # [R_d, V] or None
+    ids: torch.Tensor                 # flat int64 draft ids (ragged: [total], padded: [bs*max_n])
+    cu: torch.Tensor                  # int64 [bs + 1]
+    padded: bool
+    max_n: int
+    bs: int
+    seed: torch.Tensor
+    offset: torch.Tensor
+    temperature: Optional[torch.Tensor]
+    top_k: Optional[torch.Tensor]
+    top_p: Optional[torch.Tensor]
+    min_p: Optional[torch.Tensor]
+    mode: str
+    backend: str
+
+
+def _as_rows(t: torch.Tensor, name: str, rows: int, V: Optional[int]) -> torch.Tensor:
+    """[rows, V] view of a 2-D or (padded) 3-D logits tensor."""
+    if t.dim() == 3:
+        try:
+            t = t.view(t.shape[0] * t.shape[1], t.shape[2])
+        except RuntimeError:
+            raise ValueError(f"{name}: a 3-D tensor must be viewable as [rows, V] (uniform row "
+                             f"stride); got strides {t.stride()}") from None
+    C.check_logits(t, name)
+    C.check(t.shape[0] == rows, name, f"must have {rows} rows, got {t.shape[0]}")
+    if V is not None:
+        C.check(t.shape[1] == V, name, f"vocab size {t.shape[1]} != target vocab size {V}")
+    return t
+
+
+def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_draft, draft_logits,
+             mode, temperature, top_k, top_p, min_p, max_num_draft, backend, validate) -> _Plan:
+    C.check(mode in MODES, "mode", f"must be one of {MODES}, got {mode!r}")
+    C.check(isinstance(target_logits, torch.Tensor), "target_logits", "must be a torch.Tensor")
+    C.check(isinstance(draft_token_ids, torch.Tensor), "draft_token_ids",
+            "must be a torch.Tensor")
+    C.check(not draft_token_ids.dtype.is_floating_point and draft_token_ids.dtype != torch.bool,
+            "draft_token_ids", f"must be an integer tensor, got {draft_token_ids.dtype}")
+    dev = target_logits.device
+    C.check(draft_token_ids.device == dev, "draft_token_ids",
+            f"must be on {dev}, got {draft_token_ids.device}")
+    tracing = C.is_tracing()
+    checks = validate and not tracing
+    if draft_token_ids.dim() == 2:                       # padded
+        C.check(cu_num_draft is None, "cu_num_draft",
+                "must be None with padded [bs, max_n] draft_token_ids (use num_draft)")
+        bs, max_n = draft_token_ids.shape
+        if max_num_draft is not None:
+            C.check(max_num_draft == max_n, "max_num_draft",
+                    f"must equal draft_token_ids.shape[1] ({max_n}) in the padded form")
+        ids = draft_token_ids.reshape(-1).to(torch.int64)
+        if num_draft is None:
+            nd = (draft_token_ids >= 0).sum(1)
+            if checks and max_n:
+                col = torch.arange(max_n, device=dev)
+                bad = ((draft_token_ids >= 0) != (col[None, :] < nd[:, None])).any()
+                C.check(not bool(bad), "draft_token_ids",
+                        "padding (-1) must come after the drafts of each row")
+        else:
+            nd = C.as_param(num_draft, "num_draft", bs, torch.int64, dev, allow_none=False)
+            if checks and bs:
+                C.check(bool(((nd >= 0) & (nd <= max_n)).all()), "num_draft",
+                        f"values must be in [0, {max_n}]")
+        cu = torch.zeros(bs + 1, dtype=torch.int64, device=dev)
+        if bs:
+            cu[1:] = torch.cumsum(nd.to(torch.int64), 0)
+        padded = True
+        tgt = _as_rows(target_logits, "target_logits", bs * (max_n + 1), None)
+        n_draft_rows = bs * max_n
+    else:
+        C.check(draft_token_ids.dim() == 1, "draft_token_ids",
+                f"must be 1-D (ragged) or 2-D [bs, max_n] (padded), got "
+                f"{tuple(draft_token_ids.shape)}")
+        C.check(num_draft is None, "num_draft", "only for padded [bs, max_n] draft_token_ids")
+        C.check(isinstance(cu_num_draft, torch.Tensor), "cu_num_draft",
+                "is required with 1-D (ragged) draft_token_ids")
+        C.check(cu_num_draft.dim() == 1 and cu_num_draft.shape[0] >= 1, "cu_num_draft",
+                f"must have shape [bs + 1], got {tuple(cu_num_draft.shape)}")
+        C.check(cu_num_draft.device == dev, "cu_num_draft",
+                f"must be on {dev}, got {cu_num_draft.device}")
+        C.check(not cu_num_draft.dtype.is_floating_point and cu_num_draft.dtype != torch.bool,
+                "cu_num_draft", f"must be an integer tensor, got {cu_num_draft.dtype}")
+        cu = cu_num_draft.to(torch.int64)
+        bs = cu.shape[0] - 1
+        total = draft_token_ids.shape[0]
+        ids = draft_token_ids.to(torch.int64)
+        padded = False
+        C.check(target_logits.dim() == 2, "target_logits",
+                f"must be 2-D [sum(n_i + 1), V] with ragged drafts, got "
+                f"{tuple(target_logits.shape)}")
+        C.check(target_logits.shape[0] == total + bs, "target_logits",
+                f"must have sum(n_i + 1) = {total + bs} rows (len(draft_token_ids) + bs), got "
+                f"{target_logits.shape[0]}")
+        tgt = _as_rows(target_logits, "target_logits", total + bs, None)
+        n_draft_rows = total
+        if checks:
+            vals = torch.stack([cu[0] != 0, (cu[1:] < cu[:-1]).any() if bs else cu[0] != 0,
+                                cu[-1] != total,
+                                (cu[1:] - cu[:-1]).max() if bs else cu[0] * 0]).tolist()
+            C.check(not vals[0], "cu_num_draft", "must start at 0")
+            C.check(not vals[1], "cu_num_draft", "must be non-decreasing (monotone offsets)")
+            C.check(not vals[2], "cu_num_draft",
+                    f"last value must equal len(draft_token_ids) = {total}")
+            if max_num_draft is None:
+                max_num_draft = int(vals[3])
+        C.check(max_num_draft is not None, "max_num_draft",
+                "is required with ragged drafts under CUDA-graph capture / torch.compile")
+        C.check(isinstance(max_num_draft, int) and max_num_draft >= 0, "max_num_draft",
+                f"must be an int >= 0, got {max_num_draft!r}")
+        max_n = max_num_draft
+        if checks and bs:
+            C.check(bool((cu[1:] - cu[:-1]).max() <= max_n), "max_num_draft",
+                    f"is smaller than the largest number of drafts")
+    V = tgt.shape[1]
+    if mode == "probabilistic":
+        C.check(draft_logits is not None, "draft_logits",
+                "is required in mode='probabilistic' (use mode='ngram' for drafts without a "
+                "distribution)")
+        drf = _as_rows(draft_logits, "draft_logits", n_draft_rows, V)
+        C.check(drf.device == dev, "draft_logits", f"must be on {dev}, got {drf.device}")
+        C.check(drf.dtype == tgt.dtype, "draft_logits",
+                f"dtype {drf.dtype} must match target_logits dtype {tgt.dtype}")
+    else:
+        C.check(draft_logits is None, "draft_logits", f"must be None in mode={mode!r}")
+        drf = None
+    if checks and ids.numel():
+        if padded:
+            col = torch.arange(max_n, device=dev)
+            live = (col[None, :] < (cu[1:] - cu[:-1])[:, None]).reshape(-1)
+            bad = (live & ((ids < 0) | (ids >= V))).any()
+        else:
+            bad = ((ids < 0) | (ids >= V)).any()
+        C.check(not bool(bad), "draft_token_ids", f"ids must be in [0, {V})")
+    seed = C.as_param(seed, "seed", bs, torch.int64, dev, allow_none=False)
+    offset = C.as_param(offset, "offset", bs, torch.int64, dev, allow_none=False)
+    temperature = C.as_param(temperature, "temperature", bs, torch.float32, dev)
+    top_k = C.as_param(top_k, "top_k", bs, torch.int32, dev)
+    top_p = C.as_param(top_p, "top_p", bs, torch.float32, dev)
+    min_p = C.as_param(min_p, "min_p", bs, torch.float32, dev)
+    if checks and bs:
+        _sampling._check_values(V, temperature, top_k, top_p, min_p)
+    backend = C.pick_backend(backend, dev, "verify")
+    if mode != "strict" and backend in ("cuda", "triton"):
+        _check_filters_supported(backend, V, top_k, top_p, checks)
+    return _Plan(tgt, drf, ids.contiguous(), cu.contiguous(), padded, int(max_n), bs, seed,
+                 offset, temperature, top_k, top_p, min_p, mode, backend)
+
+
+def _check_filters_supported(backend, V, top_k, top_p, checks):
+    """Probabilistic top-k / top-p are reference-only for now: refuse them, never fall back."""
+    for name, t, active in (("top_k", top_k, lambda t: (t > 0) & (t < V)),
+                            ("top_p", top_p, lambda t: t < 1)):
+        if t is None:
+            continue
+        if checks:
+            on = bool(active(t).any())
+        else:
+            on = True   # cannot look under capture / compile: refuse the argument
+        C.check(not on, name,
+                f"probabilistic verify with {name} is not implemented on the {backend!r} "
+                f"backend (strict mode supports it; backend='reference' implements it)")
+
+
+def _to_ragged(plan: _Plan):
+    """Padded -> ragged copies for the reference backend."""
+    if not plan.padded:
+        return plan.tgt, plan.drf, plan.ids
+    bs, W = plan.bs, plan.max_n + 1
+    dev = plan.tgt.device
+    n = plan.cu[1:] - plan.cu[:-1]
+    col = torch.arange(W, device=dev)
+    rows_t = (torch.arange(bs, device=dev)[:, None] * W + col[None, :])[col[None, :] <= n[:, None]]
+    colD = col[:plan.max_n]
+    keep_d = colD[None, :] < n[:, None]
+    rows_d = (torch.arange(bs, device=dev)[:, None] * plan.max_n + colD[None, :])[keep_d]
+    tgt = plan.tgt[rows_t]
+    drf = plan.drf[rows_d] if plan.drf is not None else None
+    return tgt, drf, plan.ids[rows_d]
+
+
+def _strict_rows(plan: _Plan):
+    """(request, position) of every target row (device ops, no sync)."""
+    dev = plan.tgt.device
+    R = plan.tgt.shape[0]
+    r = torch.arange(R, device=dev)
+    if plan.padded:
+        W = plan.max_n + 1
+        return r // W, r % W
+    t_start = plan.cu[:-1] + torch.arange(plan.bs, device=dev)
+    req = torch.searchsorted(t_start, r, right=True) - 1
+    return req, r - t_start[req]
+
+
+def _run(plan: _Plan, out_dtype, validate, want_logprobs):
+    bs, W = plan.bs, plan.max_n + 1
+    dev = plan.tgt.device
+    if plan.backend == "reference":
+        from ..reference import verify as ref
+        tgt, drf, ids = _to_ragged(plan)
+        tok, acc, valid, lp, plp = ref.verify(tgt, ids, plan.cu, plan.seed, plan.offset, drf,
+                                              plan.temperature, plan.top_k, plan.top_p,
+                                              plan.min_p, plan.mode, plan.max_n)
+        return tok.to(out_dtype), acc.to(out_dtype), valid, lp, plp
+    tokens = torch.empty((bs, W), dtype=out_dtype, device=dev)
+    acc = torch.empty(bs, dtype=out_dtype, device=dev)
+    valid = torch.empty(bs, dtype=torch.bool, device=dev)
+    lp = torch.empty((bs, W), dtype=torch.float32, device=dev) if want_logprobs else None
+    plp = torch.empty((bs, W), dtype=torch.float32, device=dev) if want_logprobs else None
+    flags = (F_PADDED if plan.padded else 0) | (F_LOGPROBS if want_logprobs else 0)
+    if plan.mode == "strict":
+        req, pos = _strict_rows(plan)
+
+        def g(t):
+            return None if t is None else t[req]
+        kw = dict(temperature=g(plan.temperature), top_k=g(plan.top_k), top_p=g(plan.top_p),
+                  min_p=g(plan.min_p), backend=plan.backend, validate=validate)
+        if want_logprobs:
+            s = _sampling.sample_with_logprobs(plan.tgt, plan.seed[req], plan.offset[req] + pos,
+                                               **kw)
+            row_lp, row_plp = s.logprobs, s.processed_logprobs
+        else:
+            s = _sampling.sample(plan.tgt, plan.seed[req], plan.offset[req] + pos, **kw)
+            row_lp = row_plp = None
+        if plan.backend == "triton":
+            from ..triton import verify as tri
+            tri.strict_accept(s.tokens, s.valid, row_lp, row_plp, plan.ids, plan.cu, plan.max_n,
+                              plan.padded, tokens, acc, valid, lp, plp)
+        else:
+            torch.ops.tokenspeed_kernel.verify_strict_accept(
+                s.tokens, s.valid, plan.ids, plan.cu, row_lp, row_plp, plan.max_n, flags, tokens,
+                acc, valid, lp, plp)
+        return tokens, acc, valid, lp, plp
+    ngram = plan.mode == "ngram"
+    if plan.backend == "triton":
+        from ..triton import verify as tri
+        tri.verify_probabilistic(plan.tgt, plan.drf, plan.ids, plan.cu, plan.seed, plan.offset,
+                                 plan.temperature, plan.min_p, plan.max_n, plan.padded, ngram,
+                                 tokens, acc, valid, lp, plp)
+    else:
+        torch.ops.tokenspeed_kernel.verify_probabilistic(
+            plan.tgt, plan.drf, plan.ids, plan.cu, plan.seed, plan.offset, plan.temperature,
+            plan.min_p, plan.max_n, flags | (F_NGRAM if ngram else 0), tokens, acc, valid, lp,
+            plp)
+    return tokens, acc, valid, lp, plp
+
+
+_DOC_ARGS = """
+    Parameters
+    ----------
+    target_logits : Tensor, float32 / bfloat16 / float16, last dim contiguous, read natively.
+        Ragged: [sum_i (n_i + 1), V], request i's rows are ``cu[i] + i + j`` (j = 0..n_i; row
+        n_i is the bonus position). Padded: [bs, max_n + 1, V] or [bs * (max_n + 1), V].
+    draft_token_ids : int tensor. Ragged: [sum_i n_i] with ``cu_num_draft``. Padded: [bs, max_n]
+        with -1 padding after each row's drafts (or any padding with ``num_draft``).
+    seed, offset : int64 [bs] (or Python ints). Position j of request i samples the target with
+        Philox offset ``offset[i] + j``; advance ``offset`` yourself (e.g. by max_n + 1) per step.
+    cu_num_draft : int [bs + 1], cumulative draft counts (ragged form; starts at 0, monotone).
+    num_draft : int [bs] (padded form, optional): drafts per row; default counts ids >= 0.
+    draft_logits : Tensor [sum_i n_i, V] (ragged) / [bs, max_n(, V)] (padded), same dtype as
+        the target. Required in mode='probabilistic'; must be None otherwise.
+    mode : 'strict' (accept while draft == target sample), 'probabilistic' (Leviathan / Chen
+        rejection sampling against the draft distribution) or 'ngram' (probabilistic with q =
+        one-hot at the draft token: drafts without a distribution).
+    temperature, top_k, top_p, min_p : per-request sampling parameters (as ``ops.sample``),
+        applied identically to target and draft rows. T = 0 is greedy (argmax).
+    max_num_draft : int, the padded width of the outputs for ragged input (default: max n_i, one
+        host sync; required under CUDA-graph capture / torch.compile).
+    out_dtype : torch.int64 or torch.int32 (tokens and num_accepted).
+    backend : 'auto' | 'cuda' | 'triton' | 'reference'.
+    validate : check values (one host sync; skipped under capture / compile).
+"""
+
+
+def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, seed, offset, *,
+           cu_num_draft: Optional[torch.Tensor] = None, num_draft=None,
+           draft_logits: Optional[torch.Tensor] = None, mode: str = "probabilistic",
+           temperature=None, top_k=None, top_p=None, min_p=None,
+           max_num_draft: Optional[int] = None, out_dtype: torch.dtype = torch.int64,
+           backend: str = "auto", validate: bool = True) -> VerifyOutput:
+    """Verify chain drafts against the target model; emit accepted drafts + one target token.
+
+    Every emitted token is distributed exactly as the processed target distribution at its
+    position (probabilistic / ngram), or is the sampler's target token (strict), whatever the
+    draft. Same seeds give the same tokens on every backend, batch layout, ragged/padded form and
+    eager/graph replay.
+    {args}
+    Returns
+    -------
+    VerifyOutput(tokens [bs, max_n + 1] (-1 after the last emitted token), num_accepted [bs],
+    valid [bs] bool). Request i emits ``tokens[i, :num_accepted[i] + 1]``.
+
+    Randomness: Philox4x32-10 keyed by seed; target samples use (offset + j, stream 0, token id),
+    accept coins (offset, stream 1, token slot j), residual noise (offset + j, stream 2, token
+    id). Stateless: CUDA-graph safe with device seed / offset. Mutates nothing.
+
+    Example
+    -------
+    >>> out = verify(target_logits, draft_ids, seed=torch.tensor([1, 2]), offset=torch.tensor([0, 0]),
+    ...              cu_num_draft=torch.tensor([0, 3, 5]), draft_logits=draft_logits,
+    ...              temperature=torch.tensor([0.7, 1.0]))
+    """
+    plan = _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_draft,
+                    draft_logits, mode, temperature, top_k, top_p, min_p, max_num_draft, backend,
+                    validate)
+    C.check(out_dtype in (torch.int64, torch.int32), "out_dtype",
+            f"must be torch.int64 or torch.int32, got {out_dtype}")
+    tok, acc, valid, _, _ = _run(plan, out_dtype, validate, False)
+    return VerifyOutput(tok, acc, valid)
+
+
+def verify_with_logprobs(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, seed, offset,
+                         *, cu_num_draft: Optional[torch.Tensor] = None, num_draft=None,
+                         draft_logits: Optional[torch.Tensor] = None,
+                         mode: str = "probabilistic", temperature=None, top_k=None, top_p=None,
+                         min_p=None, max_num_draft: Optional[int] = None,
+                         out_dtype: torch.dtype = torch.int64, backend: str = "auto",
+                         validate: bool = True) -> VerifyLogprobsOutput:
+    """``verify`` plus the logprobs of every emitted token (same tokens for the same seeds).
+
+    logprobs[i, j] = log_softmax(raw target logits of position j)[tokens[i, j]];
+    processed_logprobs[i, j] = log of the processed target probability of that token at that
+    position (what ``sample_with_logprobs`` reports; 0 for greedy requests). Slots after the last
+    emitted token hold 0; an invalid request's last slot holds NaN. Values are float32 and not
+    bit-identical across backends (normalizers are float sums).
+    """
+    plan = _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_draft,
+                    draft_logits, mode, temperature, top_k, top_p, min_p, max_num_draft, backend,
+                    validate)
+    C.check(out_dtype in (torch.int64, torch.int32), "out_dtype",
+            f"must be torch.int64 or torch.int32, got {out_dtype}")
+    tok, acc, valid, lp, plp = _run(plan, out_dtype, validate, True)
+    return VerifyLogprobsOutput(tok, acc, valid, lp, plp)
+
+
+verify.__doc__ = verify.__doc__.replace("{args}", _DOC_ARGS)
+
+
+def _register_library() -> None:
+    """Fake kernels (out-variants: nothing to allocate) and CPU kernels (the reference)."""
+    import torch.library as L
+
+    @L.register_fake("tokenspeed_kernel::verify_probabilistic")
+    def _fake_prob(target_logits, draft_logits, draft_token_ids, cu_num_draft, seed, offset,
+                   temperature, min_p, max_num_draft, flags, tokens, num_accepted, valid,
+                   logprobs, processed_logprobs):
+        return None
+
+    @L.register_fake("tokenspeed_kernel::verify_strict_accept")
+    def _fake_strict(target_tokens, target_valid, draft_token_ids, cu_num_draft, target_logprobs,
+                     target_processed_logprobs, max_num_draft, flags, tokens, num_accepted, valid,
+                     logprobs, processed_logprobs):
+        return None
+
+    @L.impl("tokenspeed_kernel::verify_probabilistic", "CPU")
+    def _cpu_prob(target_logits, draft_logits, draft_token_ids, cu_num_draft, seed, offset,
+                  temperature, min_p, max_num_draft, flags, tokens, num_accepted, valid, logprobs,
+                  processed_logprobs):
+        from ..reference import verify as ref
+        plan = _Plan(target_logits, draft_logits, draft_token_ids, cu_num_draft,
+                     bool(flags & F_PADDED), int(max_num_draft), cu_num_draft.shape[0] - 1, seed,
+                     offset, temperature, None, None, min_p,
+                     "ngram" if flags & F_NGRAM else "probabilistic", "reference")
+        tgt, drf, ids = _to_ragged(plan)
+        tok, acc, ok, lp, plp = ref.verify(tgt, ids, cu_num_draft, seed, offset, drf, temperature,
+                                           None, None, min_p, plan.mode, plan.max_n)
+        tokens.copy_(tok)
+        num_accepted.copy_(acc)
+        valid.copy_(ok)
+        if logprobs is not None:
+            logprobs.copy_(lp)
+        if processed_logprobs is not None:
+            processed_logprobs.copy_(plp)
+
+    @L.impl("tokenspeed_kernel::verify_strict_accept", "CPU")
+    def _cpu_strict(target_tokens, target_valid, draft_token_ids, cu_num_draft, target_logprobs,
+                    target_processed_logprobs, max_num_draft, flags, tokens, num_accepted, valid,
+                    logprobs, processed_logprobs):
+        from ..reference import verify as ref
+        tok, acc, ok, lp, plp = ref.strict_accept(
+            target_tokens, target_valid, draft_token_ids, cu_num_draft, target_logprobs,
+            target_processed_logprobs, int(max_num_draft), bool(flags & F_PADDED))
+        tokens.copy_(tok)
+        num_accepted.copy_(acc)
+        valid.copy_(ok)
+        if logprobs is not None:
+            logprobs.copy_(lp)
+        if processed_logprobs is not None:
+            processed_logprobs.copy_(plp)

@@ -1,0 +1,157 @@
+"""Triton P2P push all-gather along the hidden dimension.
+
+Same protocol and workspace as the CUDA kernel (csrc/comm/all_gather_hidden.cuh, docs/COMM.md):
+program ``b`` stores chunk ``b`` of this rank's slice into every rank's gather buffer
+``epoch & 1`` at the slice's column offset, publishes ``data[b][rank] = epoch`` on every rank
+with a release atomic at system scope, waits (acquire, bounded by ``%globaltimer``) until
+``data[b][s] >= epoch`` for every source ``s``, copies chunk ``b`` of every source into the
+caller's output, and the last program advances the device-side call counter.
+
+Peer pointers are integers (an int64 table of addresses) turned into typed pointers in the kernel.
+The chunking unit here is a (row, BLOCK-column tile) item, not the CUDA kernel's 16-byte vector:
+all ranks of one call must use the same backend (the Python wrapper guarantees it).
+
+``phase`` (1 = push + publish, 2 = wait + copy-out + advance, 3 = both) lets the CPU tests run
+every simulated rank's phase 1 before any phase 2 under ``TRITON_INTERPRET=1``; on a GPU the
+op always runs phase 3 in one launch.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_RANKS = 16        # csrc/comm/all_gather_hidden.cuh kAgMaxRanks (flag slots per block)
+STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
+ERR_TIMEOUT_DATA = 1
+BLOCK = 1024          # elements per (row, tile) item
+NUM_WARPS = 4
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit(do_not_specialize=["rows", "rank", "timeout_ns"])
+def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flags_ptr,
+                              state_ptr, offs_ptr, rows, row_vec, buf_vec, rank, timeout_ns,
+                              W: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr,
+                              MAXR: tl.constexpr, PHASE: tl.constexpr, USE_TIMER: tl.constexpr,
+                              MAX_SPINS: tl.constexpr):
+    # x_ptr [rows, w_rank] (row stride ldx elements); out_ptr [rows, H] (row stride ldo);
+    # peer_data_ptr / peer_flags_ptr: int64 [W] addresses; offs_ptr: int32 [W + 1] column
+    # offsets in VEC-element vectors; row_vec = H / VEC; buf_vec = one buffer in vectors.
+    b = tl.program_id(0)
+    G = tl.num_programs(0)
+    ety = x_ptr.dtype.element_ty
+    err0 = tl.load(state_ptr + STATE_ERR, volatile=True)
+    epoch = tl.load(state_ptr + STATE_SEQ, volatile=True) + 1
+    if err0 == 0:
+        buf_base = (epoch % 2) * buf_vec          # int64, in vectors
+        cols = tl.arange(0, BLOCK)
+        rows64 = rows + tl.zeros((), tl.int64)
+        fail = b * 0
+        if PHASE % 2 == 1:
+            # ---- push chunk b of my slice to every rank's buffer ----
+            my_c0 = tl.load(offs_ptr + rank).to(tl.int64)
+            my_w = (tl.load(offs_ptr + rank + 1).to(tl.int64) - my_c0) * VEC
+            tiles = tl.cdiv(my_w, BLOCK)
+            n = rows64 * tiles
+            lo = n * b // G
+            hi = n * (b + 1) // G
+            for it in range(lo, hi):
+                t = it // tiles
+                c = (it - t * tiles) * BLOCK + cols
+                m = c < my_w
+                v = tl.load(x_ptr + t * ldx + c, mask=m)
+                dst = (buf_base + t * row_vec + my_c0) * VEC + c
+                for q in tl.static_range(W):
+                    base = tl.load(peer_data_ptr + q).to(tl.pointer_type(ety))
+                    base = tl.multiple_of(base, 16)
+                    tl.store(base + dst, v, mask=m)
+            tl.debug_barrier()  # all threads' stores precede the release below
+            for q in tl.static_range(W):
+                fq = tl.load(peer_flags_ptr + q).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(fq + b * MAXR + rank, epoch, sem="release", scope="sys")
+        if PHASE >= 2:
+            # ---- wait for data[b][s] >= epoch, s = 0..W-1 (bounded) ----
+            my_flags = tl.load(peer_flags_ptr + rank).to(tl.pointer_type(tl.int64))
+            for s in tl.static_range(W):
+                fl = my_flags + b * MAXR + s
+                cur = tl.atomic_add(fl, 0, sem="acquire", scope="sys")
+                spins = b * 0
+                if USE_TIMER:
+                    t0 = _globaltimer()
+                while (cur < epoch) & (spins >= 0):
+                    cur = tl.atomic_add(fl, 0, sem="acquire", scope="sys")
+                    spins += 1
+                    if USE_TIMER:
+                        if timeout_ns > 0:
+                            if _globaltimer() - t0 > timeout_ns:
+                                spins = -1
+                    else:
+                        if spins > MAX_SPINS:
+                            spins = -1
+                    if tl.load(state_ptr + STATE_ERR, volatile=True) != 0:
+                        spins = -1
+                if spins < 0:
+                    fail = fail | 1
+                    old = tl.atomic_cas(state_ptr + STATE_ERR, 0, ERR_TIMEOUT_DATA)
+                    if old == 0:
+                        tl.store(state_ptr + STATE_ERR_BLOCK, b.to(tl.int64))
+                        tl.store(state_ptr + STATE_ERR_SRC, s)
+                        tl.store(state_ptr + STATE_ERR_EPOCH, epoch)
+            tl.debug_barrier()
+            # ---- copy chunk b of every source out of the local buffer ----
+            if fail == 0:
+                my_buf = tl.load(peer_data_ptr + rank).to(tl.pointer_type(ety))
+                my_buf = tl.multiple_of(my_buf, 16)
+                for s in tl.static_range(W):
+                    c0 = tl.load(offs_ptr + s).to(tl.int64)
+                    w = (tl.load(offs_ptr + s + 1).to(tl.int64) - c0) * VEC
+                    tiles_s = tl.cdiv(w, BLOCK)
+                    n_s = rows64 * tiles_s
+                    lo_s = n_s * b // G
+                    hi_s = n_s * (b + 1) // G
+                    for it in range(lo_s, hi_s):
+                        t = it // tiles_s
+                        c = (it - t * tiles_s) * BLOCK + cols
+                        m = c < w
+                        v = tl.load(my_buf + (buf_base + t * row_vec + c0) * VEC + c, mask=m,
+                                    cache_modifier=".cg")
+                        tl.store(out_ptr + t * ldo + c0 * VEC + c, v, mask=m)
+            # ---- the last program advances the call counter ----
+            old_done = tl.atomic_add(state_ptr + STATE_DONE, 1, sem="acq_rel", scope="gpu")
+            if old_done == G - 1:
+                tl.store(state_ptr + STATE_DONE, 0)
+                tl.store(state_ptr + STATE_SEQ, epoch)
+
+
+def all_gather_hidden(x: torch.Tensor, out: torch.Tensor, peer_data: torch.Tensor,
+                      peer_flags: torch.Tensor, state: torch.Tensor, offs_vec: torch.Tensor,
+                      rank: int, buf_bytes: int, num_blocks: int, timeout_ns: int,
+                      phase: int = 3, max_spins: int = 1 << 20) -> None:
+    """Launch the push all-gather (arguments validated by ``ops.comm``).
+
+    x [T, w_rank] and out [T, H]: last dim contiguous, rows 16-byte aligned. peer_data /
+    peer_flags: int64 [W] device tensors of addresses (data region = buffer 0, flag region) of
+    every rank. state: the communicator's int64 state. offs_vec: int32 [W + 1] column offsets in
+    16-byte vectors. Under ``TRITON_INTERPRET=1`` the spin is bounded by ``max_spins`` instead of
+    ``%globaltimer``.
+    """
+    world = peer_data.numel()
+    esz = x.element_size()
+    vec = 16 // esz
+    rows = x.shape[0]
+    row_vec = out.shape[1] // vec
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    _all_gather_hidden_kernel[(num_blocks,)](
+        x, x.stride(0) if rows > 1 else x.shape[1], out, out.stride(0) if rows > 1 else out.shape[1],
+        peer_data, peer_flags, state, offs_vec, rows, row_vec, buf_bytes // 16, rank,
+        int(timeout_ns),
+        W=world, VEC=vec, BLOCK=BLOCK, MAXR=MAX_RANKS, PHASE=phase, USE_TIMER=not interp,
+        MAX_SPINS=max_spins, num_warps=NUM_WARPS)
