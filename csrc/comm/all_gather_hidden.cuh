@@ -9,12 +9,15 @@
 // pointer is a multiple of 16 bytes).
 //
 // Workspace of one communicator, identical layout on every rank (symmetric memory):
-//   flags  [kAgFlagBytes]   uint64 words, see below
+//   flags  [kAgFlagBytes]   uint64 words (96 KiB), see below
 //   data   [nbuf][buf_bytes] gather buffers: buffer 0 and 1 rotate by epoch parity (copy-out
 //                           mode), buffer 2 is the view buffer (only when views are enabled).
 // Flag words (on rank p, written by peers with st.release.sys, read by p with ld.acquire.sys):
 //   data  [b][s] = e : rank s has stored its chunk b of call e into p's buffer (e & 1)
 //   ready [b][s] = e : rank s has entered call e (view mode: s is done reading its view buffer)
+//   data' [b][s]     : the Triton kernel's data flags (its chunking differs, so ranks that
+//                      disagree on the backend of a call time out instead of reading partial
+//                      data; both kernels share seq, so backends can alternate between calls)
 // Local (non-symmetric) state, int64[kAgStateWords]: [seq, err, err_block, err_src, err_epoch,
 // ..., done-counter]. seq = number of completed calls; call e = seq + 1 is read on the device,
 // so CUDA-graph replays advance it without the host.
@@ -41,7 +44,8 @@ constexpr int kAgMaxBlocks = 256;  // flag slots per rank; grid size cap
 constexpr int kAgThreads = 512;
 constexpr int kAgUnroll = 4;       // 16-byte vectors in flight per thread
 constexpr int64_t kAgReadyOffset = int64_t(kAgMaxBlocks) * kAgMaxRanks;  // in uint64 words
-constexpr int64_t kAgFlagBytes = 2 * kAgReadyOffset * 8;                  // 64 KiB
+constexpr int64_t kAgTritonOffset = 2 * kAgReadyOffset;                   // Triton data flags
+constexpr int64_t kAgFlagBytes = 3 * kAgReadyOffset * 8;                  // 96 KiB
 
 // int64 state words (local memory of each rank)
 constexpr int kAgStateSeq = 0;
@@ -240,7 +244,7 @@ __global__ void __launch_bounds__(kAgThreads)
       detail::st_release_sys(p.peer_flags[tid] + kAgReadyOffset + b * kAgMaxRanks + p.rank, epoch);
       if (!detail::wait_flag_ge(p, p.my_flags + kAgReadyOffset + b * kAgMaxRanks + tid, epoch,
                                 kAgErrTimeoutReady, tid))
-        s_fail = 1;
+        atomicOr(&s_fail, 1);  // shared atomic: no WAW race between waiting threads
     }
     __syncthreads();
   }
@@ -288,7 +292,7 @@ __global__ void __launch_bounds__(kAgThreads)
       // ---- wait: data flags [b][*] of this rank reach epoch ----
       if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + tid, epoch, kAgErrTimeoutData,
                                 tid))
-        s_fail = 1;
+        atomicOr(&s_fail, 1);  // shared atomic: no WAW race between waiting threads
     }
     __syncthreads();
 

@@ -56,20 +56,26 @@ expect "$out/all_gather_hidden.ptx" "ld.acquire.sys.global.u64 (flag wait)" 'ld\
 expect "$out/all_gather_hidden.ptx" "%globaltimer (bounded wait)" '%globaltimer'
 expect "$out/all_gather_hidden.ptx" "st.global.v4 (unicast 16-byte push)" 'st\.global\.v4\.(u32|b32|f32)'
 
-# Per kernel: which SASS instructions carry the multicast stores. The multimem kernels are the
-# instantiations all_gather_hidden_kernel<W, true> (mangled ...ILi<W>ELb1E...).
-echo "== SASS ($out/all_gather_hidden.sass): multimem kernels vs unicast kernels"
+# SASS has no separate multicast opcode on sm_90: multimem.st.relaxed.sys.v4 becomes a 128-bit
+# STG.E.128.STRONG.SYS to the multicast address. So: the multimem kernels
+# (all_gather_hidden_kernel<W, true>, mangled ...ILi<W>ELb1E...) must contain strong system-scope
+# 128-bit stores and the unicast kernels (...Lb0E...) must not (their data stores are weak).
+echo "== SASS ($out/all_gather_hidden.sass): 128-bit stores per kernel"
 awk '
-  /Function :/ { fn=$3; mm = (fn ~ /Lb1E/) }
-  /MULTIMEM|UBLKCP|STG.*\.MMA|STAS/ { if (mm) m[fn]++; else u[fn]++ }
+  /Function :/ { fn=$3; kind = (fn ~ /Lb1E/) ? "multimem" : "unicast"; k[fn]=kind }
+  /STG\.E\.128\.STRONG\.SYS/ { strong[fn]++ }
+  /STG\.E\.128 / { weak[fn]++ }
   END {
-    for (f in m) printf "  multimem kernel %s: %d multicast store instructions\n", f, m[f];
-    for (f in u) printf "  UNEXPECTED multicast-looking instruction in unicast kernel %s: %d\n", f, u[f];
-  }' "$out/all_gather_hidden.sass"
-echo "-- first multicast-store lines of the W=2 multimem kernel:"
+    bad = 0
+    for (f in k) {
+      printf "  %-8s %-80s strong.sys=%d weak=%d\n", k[f], f, strong[f], weak[f]
+      if (k[f] == "multimem" && strong[f] == 0) bad = 1
+      if (k[f] == "unicast" && strong[f] > 0) bad = 1
+    }
+    exit bad
+  }' "$out/all_gather_hidden.sass" || { echo "  SASS check FAILED"; status=1; }
+echo "-- the W=2 multimem kernel: flag publish / wait and multicast stores (read these):"
 awk '/Function :/ { p = ($3 ~ /ILi2ELb1E/) } p' "$out/all_gather_hidden.sass" |
-  grep -E 'MULTIMEM|STG|MEMBAR|FENCE|ST\.|LD\..*STRONG\.SYS|LDG.*SYS' | head -20 || true
-echo "-- system-scope flag accesses (all kernels):"
-grep -cE 'STRONG\.SYS|\.SYS' "$out/all_gather_hidden.sass" | sed 's/^/  lines with .SYS scope: /'
+  grep -E 'STG\.E\.128|MEMBAR|FENCE|CCTL|STRONG\.SYS' | sed 's@ */\* 0x[0-9a-f]* \*/@@' | head -24 || true
 echo "files: $out/all_gather_hidden.{ptx,sass,nvdisasm,cubin}"
 exit $status

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cstddef>
 #include <cstdint>
 
 #include "common/philox.cuh"
@@ -22,8 +23,8 @@
 
 namespace tokenspeed_kernel::sampling {
 
-constexpr int kThreads = 512;
-constexpr int kGroupsPerThread = 2;                           // 4-element groups per iteration
+constexpr int kThreads = 256;
+constexpr int kGroupsPerThread = 4;                           // 4-element groups per iteration
 constexpr int kTile = kThreads * kGroupsPerThread * 4;        // elements per CTA iteration
 constexpr int kTopKCap = 256;                                 // top-k fast path bound
 constexpr int kCandCap = 8192;                                // per-CTA candidate buffer
@@ -181,9 +182,14 @@ __device__ unsigned long long block_select_kth(const unsigned long long* keys, i
   for (int shift = 48; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
     __syncthreads();
-    for (int i = tid; i < n; i += blockDim.x) {
-      unsigned long long key = keys[i];
-      if ((key & pmask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+    // warp-aggregated increments: keys share few digits, so plain atomics would serialize
+    for (int base = 0; base < n; base += blockDim.x) {
+      const int i = base + tid;
+      unsigned long long key = i < n ? keys[i] : 0;
+      const bool act = i < n && (key & pmask) == prefix;
+      const unsigned d = unsigned((key >> shift) & 255);
+      const unsigned grp = __match_any_sync(0xffffffffu, act ? d : 256u + (tid & 31));
+      if (act && (tid & 31) == __ffs(grp) - 1) atomicAdd(&hist[d], unsigned(__popc(grp)));
     }
     __syncthreads();
     if (tid < 32) {
@@ -239,10 +245,7 @@ __device__ int block_compact(const unsigned long long* keys, int n, unsigned lon
 // ------------------------------------------------------------------------------------------
 // pass 0 / pass 1 partial kernel
 // ------------------------------------------------------------------------------------------
-struct PartialSmem {
-  unsigned long long buf[kCandCap];
-  unsigned long long kept[kTopKCap];
-  unsigned int hist[256];
+struct PartialSmem {   // the TOPK buffers come last: rows without top-k allocate only the head
   unsigned long long sh[4];
   unsigned int count, counter;
   unsigned long long thr;
@@ -250,7 +253,131 @@ struct PartialSmem {
   unsigned long long red_best[kThreads / 32];
   float red_f[kThreads / 32][5];
   unsigned int red_inv[kThreads / 32];
+  unsigned int hist[256];
+  unsigned long long kept[kTopKCap];
+  unsigned long long buf[kCandCap];
 };
+
+// Kinds of the partial pass (uniform per CTA: one CTA covers one row's split)
+enum Kind : int { kKindStats = 0, kKindPlain = 1, kKindTopK = 2, kKindGenericFinal = 3 };
+
+struct SplitAcc {            // per-thread running summary
+  uint32_t kmax, kid, kmin;  // max key32 (+ its first id), min key32 (negative NaN detection)
+  float zmax, zsum, xmax, xsum;
+  float best_s;
+  uint32_t best_i;
+};
+
+template <typename T, int kKind, bool kLp>
+__device__ __forceinline__ void partial_loop(const Params& p, const RowParams& rp, PartialSmem& sm,
+                                             const T* rowp, int begin, int end, bool aligned,
+                                             unsigned long long thr, float m, float L,
+                                             SplitAcc& a) {
+  const int lane = threadIdx.x & 31;
+  float warp_thr = -INFINITY;   // pruning threshold: some token of this warp scores >= it
+  for (int base = begin; base < end; base += kTile) {
+    float z[kGroupsPerThread][4];
+#pragma unroll
+    for (int g = 0; g < kGroupsPerThread; ++g) {
+      const int i = base + (g * kThreads + threadIdx.x) * 4;
+      if (i < end) load4<T>(rowp, i, end, aligned, z[g]);
+      else { z[g][0] = z[g][1] = z[g][2] = z[g][3] = -INFINITY; }
+    }
+    const unsigned long long thr_now = kKind == kKindTopK ? sm.thr : thr;
+    const uint32_t thr_hi = uint32_t(thr_now >> 24);
+    bool want_append = false;
+#pragma unroll
+    for (int g = 0; g < kGroupsPerThread; ++g) {
+      const int i0 = base + (g * kThreads + threadIdx.x) * 4;
+      float x[4];
+      float gmax = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // out-of-range slots hold -inf: they never win, append or count as invalid
+        x[j] = fmul(z[g][j], rp.inv_t);
+        const uint32_t k = key32(x[j]);
+        if (k > a.kmax) { a.kmax = k; a.kid = uint32_t(i0 + j); }
+        a.kmin = min(a.kmin, k);
+        gmax = fmaxf(gmax, x[j]);
+        if (kLp && kKind != kKindGenericFinal) {
+          const float zz = z[g][j];
+          if (zz > a.zmax) { a.zsum = a.zsum * __expf(a.zmax - zz) + 1.0f; a.zmax = zz; }
+          else if (zz > -INFINITY) a.zsum += __expf(zz - a.zmax);
+          if (kKind == kKindPlain) {
+            if (x[j] > a.xmax) { a.xsum = a.xsum * __expf(a.xmax - x[j]) + 1.0f; a.xmax = x[j]; }
+            else if (x[j] > -INFINITY) a.xsum += __expf(x[j] - a.xmax);
+          }
+        }
+        if (kKind == kKindTopK) want_append |= k >= thr_hi;
+      }
+      if (kKind == kKindPlain || kKind == kKindGenericFinal) {
+        bool kept[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          kept[j] = x[j] > -INFINITY;
+          if (kKind == kKindGenericFinal) {
+            kept[j] = kept[j] && key56(key32(x[j]), uint32_t(i0 + j)) >= thr &&
+                      (!rp.mp_on || fsub(x[j], m) >= L);
+            if (kLp && kept[j]) a.xsum += __expf(x[j] - m);
+          }
+        }
+        // a token can only win if x + 16.75 >= warp_thr (the largest Gumbel of the grid is 16.64)
+        const bool any = (kept[0] || kept[1] || kept[2] || kept[3]) && (gmax + 16.75f >= warp_thr);
+        bool cand = false;
+        if (any) {
+          const Philox4 r = philox_block(rp.seed, rp.offset, uint32_t(i0 >> 2), kStreamSample);
+          const uint32_t bits[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if (!kept[j]) continue;
+            // conservative test of G(u) >= d  <=>  u >= exp(-exp(-d)); exact scores decide
+            const float d = warp_thr - x[j] - 0.01f;
+            const float thr_u = __expf(-__expf(-d)) - 1e-5f;
+            if (uniform_from_bits(bits[j]) >= thr_u) {
+              const float s = fadd(x[j], gumbel_from_bits(bits[j]));
+              const uint32_t id = uint32_t(i0 + j);
+              if (better(s, id, a.best_s, a.best_i)) { a.best_s = s; a.best_i = id; }
+              cand = true;
+            }
+          }
+        }
+        if (__any_sync(0xffffffffu, cand)) warp_thr = fmaxf(warp_thr, warp_max_f(a.best_s));
+      }
+    }
+    if (kKind == kKindTopK) {
+      // appends are rare once the threshold has risen: one vote per tile, details only if needed
+      if (__syncthreads_or(want_append)) {
+#pragma unroll
+        for (int g = 0; g < kGroupsPerThread; ++g) {
+          const int i0 = base + (g * kThreads + threadIdx.x) * 4;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const unsigned long long k56 = key56(key32(fmul(z[g][j], rp.inv_t)), uint32_t(i0 + j));
+            const bool app = z[g][j] > -INFINITY && k56 >= thr_now;
+            const unsigned mask = __ballot_sync(0xffffffffu, app);
+            if (mask) {
+              const unsigned leader = __ffs(mask) - 1;
+              unsigned pos = 0;
+              if (lane == int(leader)) pos = atomicAdd(&sm.count, unsigned(__popc(mask)));
+              pos = __shfl_sync(0xffffffffu, pos, leader);
+              if (app) sm.buf[pos + __popc(mask & ((1u << lane) - 1))] = k56;
+            }
+          }
+        }
+        __syncthreads();
+        const int n = int(sm.count);
+        __syncthreads();   // everyone has read count before it changes
+        if (n > kCandCap - kTile) {   // refresh the threshold: keep the current top-k
+          const unsigned long long t = block_select_kth(sm.buf, n, rp.k, sm.hist, sm.sh);
+          const int c = block_compact(sm.buf, n, t, sm.kept, &sm.counter);
+          for (int i = threadIdx.x; i < c; i += blockDim.x) sm.buf[i] = sm.kept[i];
+          if (threadIdx.x == 0) { sm.count = c; sm.thr = t; }
+          __syncthreads();
+        }
+      }
+    }
+  }
+}
 
 template <typename T, int kPass>
 __global__ void __launch_bounds__(kThreads) partial_kernel(Params p, Workspace ws) {
@@ -266,7 +393,6 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(Params p, Workspace w
   const bool want_lp = p.flags & F_LOGPROBS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
-  // pass 1: threshold and min-p of the generic path
   unsigned long long thr = 0;
   float m = 0.0f, L = -INFINITY;
   if (kPass == 1) {
@@ -275,150 +401,50 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(Params p, Workspace w
     m = st.m;
     L = st.L;
   }
-  const bool sampling = (kPass == 1) || rp.mode == kPlain;
   const bool topk = (kPass == 0) && rp.mode == kTopK;
-
-  unsigned long long max56 = 0;
-  unsigned int invalid = 0;
-  float zmax = -INFINITY, zsum = 0.0f, xmax = -INFINITY, xsum = 0.0f;
-  float best_s = -INFINITY;
-  uint32_t best_i = 0xffffffffu;
-  float warp_thr = -INFINITY;   // pruning threshold: some token of this warp scores >= it
-
   if (topk && threadIdx.x == 0) { sm.count = 0; sm.thr = 0; }
   if (topk) __syncthreads();
 
-  for (int base = begin; base < end; base += kTile) {
-    float z[kGroupsPerThread][4];
-#pragma unroll
-    for (int g = 0; g < kGroupsPerThread; ++g) {
-      int i = base + (g * kThreads + threadIdx.x) * 4;
-      if (i < end) load4<T>(rowp, i, end, aligned, z[g]);
-    }
-    unsigned long long thr_now = topk ? sm.thr : 0;
-#pragma unroll
-    for (int g = 0; g < kGroupsPerThread; ++g) {
-      const int i0 = base + (g * kThreads + threadIdx.x) * 4;
-      const bool live = i0 < end;
-      float x[4];
-      uint32_t k32[4];
-      float gmax = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float zz = live ? z[g][j] : -INFINITY;
-        if (!(i0 + j < end)) zz = -INFINITY;
-        x[j] = fmul(zz, rp.inv_t);
-        k32[j] = key32(x[j]);
-        bool inb = live && (i0 + j < end);
-        if (inb) {
-          invalid |= (x[j] != x[j]) | (x[j] == INFINITY);
-          unsigned long long k56 = key56(k32[j], uint32_t(i0 + j));
-          max56 = k56 > max56 ? k56 : max56;
-          if (want_lp && kPass == 0) {
-            if (zz > zmax) { zsum = zsum * __expf(zmax - zz) + 1.0f; zmax = zz; }
-            else if (zz > -INFINITY) zsum += __expf(zz - zmax);
-          }
-        }
-        gmax = fmaxf(gmax, x[j]);
-      }
-      if (want_lp && kPass == 0 && rp.mode == kPlain && live) {
-        // processed exp-sum over all tokens (PLAIN keeps everything)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (x[j] > xmax) { xsum = xsum * __expf(xmax - x[j]) + 1.0f; xmax = x[j]; }
-          else if (x[j] > -INFINITY) xsum += __expf(x[j] - xmax);
-        }
-      }
-      if (sampling) {
-        bool kept[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          kept[j] = live && (i0 + j < end) && x[j] > -INFINITY;
-          if (kPass == 1) {
-            kept[j] = kept[j] && key56(k32[j], uint32_t(i0 + j)) >= thr &&
-                      (!rp.mp_on || fsub(x[j], m) >= L);
-            if (kept[j] && want_lp) xsum += __expf(x[j] - m);
-          }
-        }
-        // a token can only win if x + 16.7 >= warp_thr (16.7 > the largest Gumbel of the grid)
-        bool any = (kept[0] || kept[1] || kept[2] || kept[3]) && (gmax + 16.75f >= warp_thr);
-        bool cand_any = false;
-        if (any) {
-          Philox4 r = philox_block(rp.seed, rp.offset, uint32_t(i0 >> 2), kStreamSample);
-          uint32_t bits[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            if (!kept[j]) continue;
-            // fast, conservative test: G(u) >= d  <=>  u >= exp(-exp(-d))
-            float d = warp_thr - x[j] - 0.01f;
-            float thr_u = __expf(-__expf(-d)) - 1e-5f;
-            float u = uniform_from_bits(bits[j]);
-            if (u >= thr_u || !(d == d)) {
-              float s = fadd(x[j], gumbel_from_bits(bits[j]));
-              uint32_t id = uint32_t(i0 + j);
-              if (better(s, id, best_s, best_i)) { best_s = s; best_i = id; }
-              cand_any = true;
-            }
-          }
-        }
-        if (__any_sync(0xffffffffu, cand_any)) warp_thr = fmaxf(warp_thr, warp_max_f(best_s));
-      }
-      if (topk) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          bool inb = live && (i0 + j < end);
-          unsigned long long k56 = key56(k32[j], uint32_t(i0 + j));
-          bool app = inb && k56 >= thr_now;
-          unsigned int mask = __ballot_sync(0xffffffffu, app);
-          if (mask) {
-            unsigned int leader = __ffs(mask) - 1, pos = 0;
-            if (lane == (int)leader) pos = atomicAdd(&sm.count, __popc(mask));
-            pos = __shfl_sync(0xffffffffu, pos, leader);
-            if (app) sm.buf[pos + __popc(mask & ((1u << lane) - 1))] = k56;
-          }
-        }
-      }
-    }
-    if (topk) {
-      __syncthreads();
-      int n = int(sm.count);
-      __syncthreads();   // everyone has read count before the next appends
-      if (n > kCandCap - kTile) {   // refresh the threshold: keep the current top-k
-        unsigned long long t = block_select_kth(sm.buf, n, rp.k, sm.hist, sm.sh);
-        int c = block_compact(sm.buf, n, t, sm.kept, &sm.counter);
-        for (int i = threadIdx.x; i < c; i += blockDim.x) sm.buf[i] = sm.kept[i];
-        if (threadIdx.x == 0) { sm.count = c; sm.thr = t; }
-        __syncthreads();
-      }
-    }
-  }
+  SplitAcc a;
+  a.kmax = 0; a.kid = 0xffffffffu; a.kmin = 0xffffffffu;
+  a.zmax = -INFINITY; a.zsum = 0.0f; a.xmax = -INFINITY; a.xsum = 0.0f;
+  a.best_s = -INFINITY; a.best_i = 0xffffffffu;
+#define TS_LOOP(K, LP) partial_loop<T, K, LP>(p, rp, sm, rowp, begin, end, aligned, thr, m, L, a)
+  if (kPass == 1) { if (want_lp) TS_LOOP(kKindGenericFinal, true); else TS_LOOP(kKindGenericFinal, false); }
+  else if (rp.mode == kPlain) { if (want_lp) TS_LOOP(kKindPlain, true); else TS_LOOP(kKindPlain, false); }
+  else if (rp.mode == kTopK) { if (want_lp) TS_LOOP(kKindTopK, true); else TS_LOOP(kKindTopK, false); }
+  else { if (want_lp) TS_LOOP(kKindStats, true); else TS_LOOP(kKindStats, false); }
+#undef TS_LOOP
 
   // ---- block reduction of the split's summary ----
+  const uint32_t kinf = key32(INFINITY), kninf = key32(-INFINITY);
+  unsigned int invalid = (a.kmax >= kinf || a.kmin < kninf) ? 1u : 0u;   // NaN of either sign, +inf
+  unsigned long long max56 = a.kid == 0xffffffffu ? 0ull : key56(a.kmax, a.kid);
   max56 = warp_max_u64(max56);
-  unsigned long long bpack = (best_i == 0xffffffffu) ? 0ull : pack_best(best_s, best_i);
+  unsigned long long bpack = (a.best_i == 0xffffffffu) ? 0ull : pack_best(a.best_s, a.best_i);
   bpack = warp_max_u64(bpack);
   invalid = __any_sync(0xffffffffu, invalid) ? 1u : 0u;
   if (want_lp) {
-    warp_lse(zmax, zsum);
-    if (kPass == 0) warp_lse(xmax, xsum); else xsum = warp_sum_f(xsum);
+    warp_lse(a.zmax, a.zsum);
+    if (kPass == 0) warp_lse(a.xmax, a.xsum); else a.xsum = warp_sum_f(a.xsum);
   }
   if (lane == 0) {
     sm.red_u64[warp] = max56; sm.red_best[warp] = bpack; sm.red_inv[warp] = invalid;
-    sm.red_f[warp][0] = zmax; sm.red_f[warp][1] = zsum; sm.red_f[warp][2] = xmax;
-    sm.red_f[warp][3] = xsum;
+    sm.red_f[warp][0] = a.zmax; sm.red_f[warp][1] = a.zsum; sm.red_f[warp][2] = a.xmax;
+    sm.red_f[warp][3] = a.xsum;
   }
   __syncthreads();
   if (topk) {
     int n = int(sm.count);
+    unsigned long long* dst = ws.cand + (int64_t(row) * p.splits + split) * kTopKCap;
     if (n > rp.k) {
-      unsigned long long t = block_select_kth(sm.buf, n, rp.k, sm.hist, sm.sh);
+      const unsigned long long t = block_select_kth(sm.buf, n, rp.k, sm.hist, sm.sh);
       n = block_compact(sm.buf, n, t, sm.kept, &sm.counter);
-      unsigned long long* dst = ws.cand + (int64_t(row) * p.splits + split) * kTopKCap;
       for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = sm.kept[i];
     } else {
-      unsigned long long* dst = ws.cand + (int64_t(row) * p.splits + split) * kTopKCap;
       for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = sm.buf[i];
     }
+    __syncthreads();
     if (threadIdx.x == 0) sm.count = n;
   }
   if (threadIdx.x == 0) {
@@ -459,12 +485,15 @@ __global__ void generic_init_kernel(Params p, Workspace ws) {
     ws.hcnt[int64_t(row) * kHistBins + i] = 0;
     ws.hmass[int64_t(row) * kHistBins + i] = 0;
   }
-  if (threadIdx.x == 0) {
-    unsigned long long mx = 0;
-    for (int s = 0; s < p.splits; ++s) {
+  unsigned long long mx = 0;
+  if (threadIdx.x < 32) {
+    for (int s = threadIdx.x; s < p.splits; s += 32) {
       unsigned long long v = ws.part[int64_t(row) * p.splits + s].max56;
       mx = v > mx ? v : mx;
     }
+    mx = warp_max_u64(mx);
+  }
+  if (threadIdx.x == 0) {
     RowState st;
     st.m = key56_value(mx);
     st.L = rp.mp_on ? soft_ln(rp.min_p) : -INFINITY;
@@ -508,21 +537,21 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
   const int begin = split * p.chunk, end = min(begin + p.chunk, p.vocab);
   const T* rowp = reinterpret_cast<const T*>(p.logits) + int64_t(row) * p.row_stride;
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) % (4 * sizeof(T))) == 0;
-  for (int i0 = begin + threadIdx.x * 4; i0 < end; i0 += kThreads * 4) {
-    float z[4];
-    load4<T>(rowp, i0, end, aligned, z);
+  for (int b0 = begin; b0 < end; b0 += kThreads * 4) {
+    const int i0 = b0 + threadIdx.x * 4;
+    float z[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    if (i0 < end) load4<T>(rowp, i0, end, aligned, z);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (i0 + j >= end) continue;
       float x = fmul(z[j], rp.inv_t);
       unsigned long long k = key56(key32(x), uint32_t(i0 + j));
-      if (k >= lower && (k & pmask) == prefix) {
-        int d = int((k >> shift) & uint64_t(nb - 1));
-        atomicAdd(&sm.cnt[d], 1u);
-        if (phase == 1) {
-          int64_t e = mass_fixed(fsub(x, m));
-          if (e) atomicAdd(&sm.mass[d], (unsigned long long)e);
-        }
+      const bool act = (i0 + j < end) && k >= lower && (k & pmask) == prefix;
+      const unsigned d = unsigned((k >> shift) & uint64_t(nb - 1));
+      const unsigned grp = __match_any_sync(0xffffffffu, act ? d : 0x10000u + (threadIdx.x & 31));
+      if (act && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
+      if (act && phase == 1) {
+        int64_t e = mass_fixed(fsub(x, m));
+        if (e) atomicAdd(&sm.mass[d], (unsigned long long)e);
       }
     }
   }
@@ -541,12 +570,12 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
   __threadfence();
   // ---- last CTA of the row: decide the boundary bucket ----
   // load global histogram into shared (volatile-free: after the fence, use atomics-free loads)
+#pragma unroll 8
   for (int i = threadIdx.x; i < nb; i += blockDim.x) {
     sm.cnt[i] = __ldcg(&gcnt[i]);
     sm.mass[i] = __ldcg(&gmass[i]);
-    gcnt[i] = 0;
-    gmass[i] = 0;
   }
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) { gcnt[i] = 0; gmass[i] = 0; }
   __syncthreads();
   unsigned long long target = stp->target;
   if (phase == 1 && level == 0) {
@@ -564,17 +593,38 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
     __syncthreads();
     target = sm.sh[3];
   }
-  if (threadIdx.x == 0) {
-    // sequential scan from the top digit (<= 4096 bins, once per level per row)
-    unsigned long long above = 0;
-    int d = 0;
-    unsigned long long v = 0;
-    for (d = nb - 1; d >= 0; --d) {
-      v = phase == 0 ? sm.cnt[d] : sm.mass[d];
-      if (phase == 0 ? (above < target && target <= above + v) : (above + v >= target && v > 0)) break;
-      above += v;
+  // parallel search from the top digit: the first bucket whose inclusive sum reaches target
+  if (phase == 0)
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) sm.mass[i] = sm.cnt[i];
+  __syncthreads();
+  {
+    const int seg = nb / kThreads, t = threadIdx.x;
+    unsigned long long tot = 0;
+    for (int j = 0; j < seg; ++j) tot += sm.mass[nb - 1 - (t * seg + j)];
+    unsigned long long incl = tot;
+    for (int o = 1; o < 32; o <<= 1) {
+      unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+      if ((t & 31) >= o) incl += v;
     }
-    if (d < 0) d = 0;  // unreachable for consistent inputs
+    if ((t & 31) == 31) sm.wsum[t >> 5] = incl;
+    __syncthreads();
+    unsigned long long wbase = 0;
+    for (int w = 0; w < (t >> 5); ++w) wbase += sm.wsum[w];
+    incl += wbase;
+    unsigned long long a = incl - tot;
+    if (a < target && target <= incl) {
+      for (int j = 0; j < seg; ++j) {
+        int dd = nb - 1 - (t * seg + j);
+        unsigned long long v = sm.mass[dd];
+        if (v > 0 && a + v >= target) { sm.sh[0] = dd; sm.sh[1] = a; break; }
+        a += v;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    int d = int(sm.sh[0]);
+    unsigned long long above = sm.sh[1];
     unsigned long long np = prefix | (uint64_t(d) << shift);
     unsigned long long remaining = target - above;
     bool done = (level == 4) || (phase == 0 ? sm.cnt[d] == remaining : sm.cnt[d] == 1);
@@ -595,15 +645,15 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
 // ------------------------------------------------------------------------------------------
 // finalize: one CTA per row
 // ------------------------------------------------------------------------------------------
-struct FinalSmem {
-  unsigned long long buf[kMergeCap];
-  unsigned long long kept[kTopKCap];
-  long long mass[kTopKCap];
-  unsigned int hist[256];
+struct FinalSmem {     // TOPK buffers last (see PartialSmem)
   unsigned long long sh[4];
   unsigned int counter;
   unsigned long long red[kThreads / 32];
   float redf[kThreads / 32];
+  unsigned int hist[256];
+  unsigned long long kept[kTopKCap];
+  long long mass[kTopKCap];
+  unsigned long long buf[kMergeCap];
 };
 
 template <typename T, typename TokT>
@@ -616,36 +666,44 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(Params p, Workspace 
   const RowParams rp = row_params(p, row);
   const bool want_lp = p.flags & F_LOGPROBS;
   const Partial* part = ws.part + int64_t(row) * p.splits;
-  // merge split summaries (thread 0; splits is small)
+  // merge split summaries: warp 0, one split per lane (independent loads in flight)
   __shared__ unsigned long long s_max56, s_best;
   __shared__ unsigned int s_invalid;
   __shared__ float s_zmax, s_zsum, s_xsum;
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const bool generic_row = rp.mode == kGeneric;
+    const Partial* p1 = ws.part1 + int64_t(row) * p.splits;
     unsigned long long mx = 0, bb = 0;
     unsigned int inv = 0;
     float zm = -INFINITY, zs = 0.0f, xm = -INFINITY, xs = 0.0f;
-    for (int s = 0; s < p.splits; ++s) {
-      const Partial& q = part[s];
+    for (int s = lane; s < p.splits; s += 32) {
+      const Partial q = part[s];
       mx = q.max56 > mx ? q.max56 : mx;
-      bb = q.best > bb ? q.best : bb;
       inv |= q.invalid;
-      if (want_lp) {
-        lse_merge(zm, zs, q.zmax, q.zsum);
-        if (rp.mode == kPlain && q.max56) lse_merge(xm, xs, key56_value(q.max56), q.xsum);
+      if (want_lp) lse_merge(zm, zs, q.zmax, q.zsum);
+      if (!generic_row) {
+        bb = q.best > bb ? q.best : bb;
+        if (want_lp && rp.mode == kPlain && q.max56) lse_merge(xm, xs, key56_value(q.max56), q.xsum);
+      } else if (p.flags & F_GENERIC) {
+        const Partial q1 = p1[s];
+        bb = q1.best > bb ? q1.best : bb;
+        xs += q1.xsum;
       }
     }
-    if (rp.mode == kGeneric) {
-      bb = 0; xs = 0.0f;
-      if (p.flags & F_GENERIC) {
-        const Partial* p1 = ws.part1 + int64_t(row) * p.splits;
-        for (int s = 0; s < p.splits; ++s) { bb = p1[s].best > bb ? p1[s].best : bb; xs += p1[s].xsum; }
-      } else {
-        inv = 1;  // the caller promised no generic rows (top_k_max): cannot sample exactly
-      }
-    } else if (rp.mode == kPlain && want_lp) {
-      xs = xs * __expf(xm - key56_value(mx));  // relative to m
+    mx = warp_max_u64(mx);
+    bb = warp_max_u64(bb);
+    inv = __any_sync(0xffffffffu, inv) ? 1u : 0u;
+    if (want_lp) {
+      warp_lse(zm, zs);
+      if (generic_row) xs = warp_sum_f(xs);
+      else if (rp.mode == kPlain) { warp_lse(xm, xs); xs = xs * __expf(xm - key56_value(mx)); }
     }
-    s_max56 = mx; s_best = bb; s_invalid = inv; s_zmax = zm; s_zsum = zs; s_xsum = xs;
+    // the caller promised no generic rows (top_k_max) but this row needs it: cannot sample exactly
+    if (generic_row && !(p.flags & F_GENERIC)) inv = 1;
+    if (lane == 0) {
+      s_max56 = mx; s_best = bb; s_invalid = inv; s_zmax = zm; s_zsum = zs; s_xsum = xs;
+    }
   }
   __syncthreads();
   const float m = key56_value(s_max56);
@@ -653,16 +711,33 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(Params p, Workspace 
   float kept_sum = s_xsum;   // sum over kept of exp(x - m)
   if (rp.mode == kTopK) {
     // gather candidates of all splits (splits <= kMergeCap / kTopKCap = 64)
-    if (threadIdx.x == 0) {
-      unsigned int acc = 0;
-      for (int s = 0; s < p.splits; ++s) { sm.hist[s] = acc; acc += part[s].count; }
-      sm.counter = acc;
+    if (threadIdx.x < 32) {   // exclusive prefix of the split counts (splits <= 64)
+      unsigned int c0 = threadIdx.x < p.splits ? part[threadIdx.x].count : 0u;
+      unsigned int c1 = threadIdx.x + 32 < p.splits ? part[threadIdx.x + 32].count : 0u;
+      unsigned int i0 = c0, i1 = c1;
+      for (int o = 1; o < 32; o <<= 1) {
+        unsigned int v0 = __shfl_up_sync(0xffffffffu, i0, o), v1 = __shfl_up_sync(0xffffffffu, i1, o);
+        if (int(threadIdx.x) >= o) { i0 += v0; i1 += v1; }
+      }
+      const unsigned int t0 = __shfl_sync(0xffffffffu, i0, 31);
+      sm.hist[threadIdx.x] = i0 - c0;
+      sm.hist[threadIdx.x + 32] = t0 + i1 - c1;
+      if (threadIdx.x == 31) sm.counter = t0 + i1;
     }
     __syncthreads();
-    for (int s = threadIdx.x >> 5; s < p.splits; s += kThreads / 32) {
-      const unsigned long long* src = ws.cand + (int64_t(row) * p.splits + s) * kTopKCap;
-      const int c = int(part[s].count), base = int(sm.hist[s]);
-      for (int i = threadIdx.x & 31; i < c; i += 32) sm.buf[base + i] = src[i];
+    {
+      // flat copy: every thread has several independent loads in flight
+      const int total = int(sm.counter);
+      const unsigned long long* cand = ws.cand + int64_t(row) * p.splits * kTopKCap;
+#pragma unroll 4
+      for (int f = threadIdx.x; f < total; f += kThreads) {
+        int lo = 0, hi = p.splits - 1;          // split s with hist[s] <= f < hist[s+1]
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) >> 1;
+          if (int(sm.hist[mid]) <= f) lo = mid; else hi = mid - 1;
+        }
+        sm.buf[f] = cand[int64_t(lo) * kTopKCap + (f - int(sm.hist[lo]))];
+      }
     }
     __syncthreads();
     int n = int(sm.counter);
@@ -675,13 +750,15 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(Params p, Workspace 
       for (int i = threadIdx.x; i < n; i += blockDim.x) sm.kept[i] = sm.buf[i];
       __syncthreads();
     }
-    // sort kept keys descending (bitonic over 256 slots, padding with 0)
+    // sort kept keys descending (bitonic over the next power of two >= n, padding with 0)
+    int np2 = 1;
+    while (np2 < n) np2 <<= 1;
     for (int i = threadIdx.x; i < kTopKCap; i += blockDim.x) if (i >= n) sm.kept[i] = 0;
     __syncthreads();
-    for (int size = 2; size <= kTopKCap; size <<= 1) {
+    for (int size = 2; size <= np2; size <<= 1) {
       for (int stride = size >> 1; stride > 0; stride >>= 1) {
         int i = threadIdx.x;
-        if (i < kTopKCap) {
+        if (i < np2) {
           int j = i ^ stride;
           if (j > i) {
             unsigned long long a = sm.kept[i], b = sm.kept[j];
@@ -777,14 +854,16 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(Params p, Workspace 
 // ------------------------------------------------------------------------------------------
 // host launcher
 // ------------------------------------------------------------------------------------------
-inline size_t partial_smem() { return sizeof(PartialSmem); }
+inline size_t partial_smem(bool topk) {
+  return topk ? sizeof(PartialSmem) : offsetof(PartialSmem, hist);
+}
 inline size_t level_smem() { return sizeof(LevelSmem); }
-inline size_t final_smem() { return sizeof(FinalSmem); }
+inline size_t final_smem(bool topk) { return topk ? sizeof(FinalSmem) : offsetof(FinalSmem, hist); }
 
 // splits per row: enough CTAs to fill the GPU, chunks of >= 2048 elements, and the TOPK merge
 // buffer (splits * kTopKCap) must fit kMergeCap.
 inline int choose_splits(int rows, int vocab, int num_sms) {
-  int target = 2 * num_sms;
+  int target = 4 * num_sms;   // CTAs of kThreads
   int by_rows = (target + rows - 1) / rows;
   int by_vocab = (vocab + 2047) / 2048;
   int s = by_rows < by_vocab ? by_rows : by_vocab;
@@ -799,20 +878,21 @@ cudaError_t launch_sample(Params p, Workspace ws, TokT* tokens, bool* valid, flo
   static bool attr_set = false;   // per template instance (process-wide; attribute is per function)
   if (!attr_set) {
     cudaError_t e;
-    if ((e = cudaFuncSetAttribute(partial_kernel<T, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(partial_smem()))) != cudaSuccess) return e;
-    if ((e = cudaFuncSetAttribute(partial_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(partial_smem()))) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(partial_kernel<T, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(partial_smem(true)))) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(partial_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(partial_smem(true)))) != cudaSuccess) return e;
     if ((e = cudaFuncSetAttribute(level_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(level_smem()))) != cudaSuccess) return e;
-    if ((e = cudaFuncSetAttribute(finalize_kernel<T, TokT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(final_smem()))) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(finalize_kernel<T, TokT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(final_smem(true)))) != cudaSuccess) return e;
     attr_set = true;
   }
   dim3 grid(p.splits, p.rows);
-  partial_kernel<T, 0><<<grid, kThreads, partial_smem(), stream>>>(p, ws);
+  const bool topk = p.flags & F_TOPK;
+  partial_kernel<T, 0><<<grid, kThreads, partial_smem(topk), stream>>>(p, ws);
   if (p.flags & F_GENERIC) {
     generic_init_kernel<<<p.rows, 256, 0, stream>>>(p, ws);
     for (int l = 0; l < 10; ++l) level_kernel<T><<<grid, kThreads, level_smem(), stream>>>(p, ws);
-    partial_kernel<T, 1><<<grid, kThreads, partial_smem(), stream>>>(p, ws);
+    partial_kernel<T, 1><<<grid, kThreads, partial_smem(false), stream>>>(p, ws);
   }
-  finalize_kernel<T, TokT><<<p.rows, kThreads, final_smem(), stream>>>(p, ws, tokens, valid,
+  finalize_kernel<T, TokT><<<p.rows, kThreads, final_smem(topk), stream>>>(p, ws, tokens, valid,
                                                                       logprobs, plogprobs);
   return cudaGetLastError();
 }

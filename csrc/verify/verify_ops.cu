@@ -1,5 +1,257 @@
+// Torch adapter of the verify family: schemas, checks, device guard, stream, dtype dispatch.
+// Kernels: verify.cuh (torch-free). Python wrapper: python/tokenspeed_kernel/ops/verify.py.
 #include "verify_ops.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "verify.cuh"
+
 namespace tokenspeed_kernel::verify {
-void define_ops(torch::Library&) {}
-void impl_cuda(torch::Library&) {}
+
+namespace {
+
+void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& ref) {
+  TORCH_CHECK(t.is_cuda(), name, ": must be a CUDA tensor");
+  TORCH_CHECK(t.device() == ref.device(), name, ": must be on ", ref.device(), ", got ",
+              t.device());
+}
+void check_vec(const at::Tensor& t, const char* name, int64_t n, at::ScalarType dtype,
+               const at::Tensor& ref) {
+  check_cuda(t, name, ref);
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == n, name, ": must have shape [", n, "], got ",
+              t.sizes());
+  TORCH_CHECK(t.scalar_type() == dtype, name, ": must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), name, ": must be contiguous");
+}
+void check_out_tokens(const at::Tensor& tokens, const at::Tensor& num_accepted,
+                      const at::Tensor& valid, int64_t bs, int64_t W, const at::Tensor& ref) {
+  check_cuda(tokens, "tokens", ref);
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == bs && tokens.size(1) == W &&
+                  tokens.is_contiguous(),
+              "tokens: must be contiguous [", bs, ", ", W, "], got ", tokens.sizes());
+  TORCH_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt,
+              "tokens: must be int64 or int32");
+  check_vec(num_accepted, "num_accepted", bs, tokens.scalar_type(), ref);
+  check_vec(valid, "valid", bs, at::kBool, ref);
+}
+void check_out_logprobs(const std::optional<at::Tensor>& lp, const std::optional<at::Tensor>& plp,
+                        int64_t bs, int64_t W, const at::Tensor& ref) {
+  TORCH_CHECK(lp.has_value() == plp.has_value(),
+              "logprobs / processed_logprobs: give both or neither");
+  if (!lp.has_value()) return;
+  for (const at::Tensor* t : {&*lp, &*plp}) {
+    check_cuda(*t, "logprobs", ref);
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == bs && t->size(1) == W && t->is_contiguous() &&
+                    t->scalar_type() == at::kFloat,
+                "logprobs: must be contiguous float32 [", bs, ", ", W, "]");
+  }
+}
+
+int cluster_size(const at::Tensor& logits, int64_t V) {
+  const auto* prop = at::cuda::getDeviceProperties(logits.get_device());
+  if (prop->major < 9) return 1;  // thread-block clusters need sm_90+
+  // chunks of >= 4096 elements; 8 CTAs (portable cluster size) for large vocabularies
+  int64_t cs = (V + 4095) / 4096;
+  if (cs > kMaxCluster) cs = kMaxCluster;
+  if (cs < 1) cs = 1;
+  // powers of two only (keeps the scheduler happy)
+  int c = 1;
+  while (c * 2 <= cs) c *= 2;
+  return c;
+}
+
+bool rows_aligned(const at::Tensor& t) {
+  const int64_t bytes = t.element_size();
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.stride(0) * bytes) % 16 == 0;
+}
+
+}  // namespace
+
+void verify_probabilistic(const at::Tensor& target_logits,
+                          const std::optional<at::Tensor>& draft_logits,
+                          const at::Tensor& draft_token_ids, const at::Tensor& cu_num_draft,
+                          const at::Tensor& seed, const at::Tensor& offset,
+                          const std::optional<at::Tensor>& temperature,
+                          const std::optional<at::Tensor>& top_k,
+                          const std::optional<at::Tensor>& top_p,
+                          const std::optional<at::Tensor>& min_p, int64_t max_num_draft,
+                          int64_t flags, const at::Tensor& tokens, const at::Tensor& num_accepted,
+                          const at::Tensor& valid, const std::optional<at::Tensor>& logprobs,
+                          const std::optional<at::Tensor>& processed_logprobs) {
+  const at::Tensor& tgt = target_logits;
+  check_cuda(tgt, "target_logits", tgt);
+  TORCH_CHECK(tgt.dim() == 2 && (tgt.stride(1) == 1 || tgt.size(1) == 1),
+              "target_logits: must be 2-D with a contiguous last dimension");
+  const auto dtype = tgt.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "target_logits: dtype must be float32, bfloat16 or float16");
+  const int64_t V = tgt.size(1);
+  TORCH_CHECK(V >= 1 && V <= (int64_t(1) << 24), "target_logits: vocab size must be in [1, 2^24]");
+  const int64_t bs = cu_num_draft.size(0) - 1;
+  TORCH_CHECK(bs >= 0, "cu_num_draft: must have shape [bs + 1]");
+  check_vec(cu_num_draft, "cu_num_draft", bs + 1, at::kLong, tgt);
+  TORCH_CHECK(max_num_draft >= 0, "max_num_draft: must be >= 0");
+  const int64_t W = max_num_draft + 1;
+  const bool padded = flags & kPadded, ngram = flags & kNgram;
+  check_cuda(draft_token_ids, "draft_token_ids", tgt);
+  TORCH_CHECK(draft_token_ids.dim() == 1 && draft_token_ids.scalar_type() == at::kLong &&
+                  draft_token_ids.is_contiguous(),
+              "draft_token_ids: must be a contiguous flat int64 tensor");
+  if (padded) {
+    TORCH_CHECK(tgt.size(0) == bs * W, "target_logits: padded layout needs bs * (max_n + 1) rows");
+    TORCH_CHECK(draft_token_ids.numel() == bs * max_num_draft,
+                "draft_token_ids: padded layout needs bs * max_n ids");
+  }
+  check_vec(seed, "seed", bs, at::kLong, tgt);
+  check_vec(offset, "offset", bs, at::kLong, tgt);
+  if (temperature.has_value()) check_vec(*temperature, "temperature", bs, at::kFloat, tgt);
+  if (min_p.has_value()) check_vec(*min_p, "min_p", bs, at::kFloat, tgt);
+  if (top_k.has_value()) check_vec(*top_k, "top_k", bs, at::kInt, tgt);
+  if (top_p.has_value()) check_vec(*top_p, "top_p", bs, at::kFloat, tgt);
+  TORCH_CHECK(ngram != draft_logits.has_value(),
+              "draft_logits: required in probabilistic mode, absent in ngram mode");
+  if (draft_logits.has_value()) {
+    const at::Tensor& d = *draft_logits;
+    check_cuda(d, "draft_logits", tgt);
+    TORCH_CHECK(d.dim() == 2 && d.size(1) == V && (d.stride(1) == 1 || V == 1),
+                "draft_logits: must be 2-D [rows, V] with a contiguous last dimension");
+    TORCH_CHECK(d.scalar_type() == dtype, "draft_logits: dtype must match target_logits");
+    TORCH_CHECK(d.size(0) == draft_token_ids.numel(),
+                "draft_logits: needs one row per draft slot");
+  }
+  check_out_tokens(tokens, num_accepted, valid, bs, W, tgt);
+  check_out_logprobs(logprobs, processed_logprobs, bs, W, tgt);
+  if (bs == 0) return;
+
+  const c10::cuda::CUDAGuard guard(tgt.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t R_t = tgt.size(0);
+  const int64_t R_d = draft_logits.has_value() ? draft_logits->size(0) : 0;
+  at::Tensor ws = at::empty({std::max<int64_t>(R_t, 1) * int64_t(sizeof(PosStats))},
+                            tgt.options().dtype(at::kByte));
+  const bool filt = top_k.has_value() || top_p.has_value();
+  at::Tensor thr;
+  if (filt) thr = at::empty({std::max<int64_t>(R_t + R_d, 1)}, tgt.options().dtype(at::kLong));
+  VerifyParams p{};
+  p.tgt = tgt.data_ptr();
+  p.drf = draft_logits.has_value() ? draft_logits->data_ptr() : nullptr;
+  p.stride_t = tgt.stride(0);
+  p.stride_d = draft_logits.has_value() ? draft_logits->stride(0) : 0;
+  p.R_t = R_t;
+  p.V = int32_t(V);
+  p.bs = int32_t(bs);
+  p.max_n = int32_t(max_num_draft);
+  p.flags = uint32_t(flags) & (kPadded | kNgram);
+  if (logprobs.has_value()) p.flags |= kLogprobs;
+  p.ids = draft_token_ids.data_ptr<int64_t>();
+  p.cu = cu_num_draft.data_ptr<int64_t>();
+  p.seed = seed.data_ptr<int64_t>();
+  p.offset = offset.data_ptr<int64_t>();
+  p.temperature = temperature.has_value() ? temperature->data_ptr<float>() : nullptr;
+  p.min_p = min_p.has_value() ? min_p->data_ptr<float>() : nullptr;
+  p.top_k = top_k.has_value() ? top_k->data_ptr<int32_t>() : nullptr;
+  p.top_p = top_p.has_value() ? top_p->data_ptr<float>() : nullptr;
+  p.thr = filt ? thr.data_ptr<int64_t>() : nullptr;
+  p.R_d = R_d;
+  p.pos = reinterpret_cast<PosStats*>(ws.data_ptr());
+  p.tokens = tokens.data_ptr();
+  p.num_accepted = num_accepted.data_ptr();
+  p.valid = valid.data_ptr<bool>();
+  p.lp = logprobs.has_value() ? logprobs->data_ptr<float>() : nullptr;
+  p.plp = processed_logprobs.has_value() ? processed_logprobs->data_ptr<float>() : nullptr;
+  p.out64 = tokens.scalar_type() == at::kLong;
+  const bool vec_ok = rows_aligned(tgt) && (!draft_logits.has_value() || rows_aligned(*draft_logits));
+  const int cs = cluster_size(tgt, V);
+  cudaError_t err;
+  switch (dtype) {
+    case at::kFloat: err = launch_verify_probabilistic<float>(p, cs, vec_ok, stream); break;
+    case at::kBFloat16:
+      err = launch_verify_probabilistic<__nv_bfloat16>(p, cs, vec_ok, stream);
+      break;
+    default: err = launch_verify_probabilistic<__half>(p, cs, vec_ok, stream); break;
+  }
+  TORCH_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
+              cudaGetErrorString(err));
+}
+
+void verify_strict_accept(const at::Tensor& target_tokens, const at::Tensor& target_valid,
+                          const at::Tensor& draft_token_ids, const at::Tensor& cu_num_draft,
+                          const std::optional<at::Tensor>& target_logprobs,
+                          const std::optional<at::Tensor>& target_processed_logprobs,
+                          int64_t max_num_draft, int64_t flags, const at::Tensor& tokens,
+                          const at::Tensor& num_accepted, const at::Tensor& valid,
+                          const std::optional<at::Tensor>& logprobs,
+                          const std::optional<at::Tensor>& processed_logprobs) {
+  const at::Tensor& ref = target_tokens;
+  const int64_t bs = cu_num_draft.size(0) - 1;
+  TORCH_CHECK(bs >= 0, "cu_num_draft: must have shape [bs + 1]");
+  check_vec(cu_num_draft, "cu_num_draft", bs + 1, at::kLong, ref);
+  const int64_t R = target_tokens.numel();
+  check_vec(target_tokens, "target_tokens", R, at::kLong, ref);
+  check_vec(target_valid, "target_valid", R, at::kBool, ref);
+  check_cuda(draft_token_ids, "draft_token_ids", ref);
+  TORCH_CHECK(draft_token_ids.dim() == 1 && draft_token_ids.scalar_type() == at::kLong &&
+                  draft_token_ids.is_contiguous(),
+              "draft_token_ids: must be a contiguous flat int64 tensor");
+  TORCH_CHECK(max_num_draft >= 0, "max_num_draft: must be >= 0");
+  const int64_t W = max_num_draft + 1;
+  if (flags & kPadded) {
+    TORCH_CHECK(R == bs * W, "target_tokens: padded layout needs bs * (max_n + 1) rows");
+  }
+  check_out_tokens(tokens, num_accepted, valid, bs, W, ref);
+  check_out_logprobs(logprobs, processed_logprobs, bs, W, ref);
+  TORCH_CHECK(target_logprobs.has_value() == logprobs.has_value() &&
+                  target_processed_logprobs.has_value() == logprobs.has_value(),
+              "target_logprobs: give the row logprobs exactly when logprobs are wanted");
+  if (target_logprobs.has_value()) {
+    check_vec(*target_logprobs, "target_logprobs", R, at::kFloat, ref);
+    check_vec(*target_processed_logprobs, "target_processed_logprobs", R, at::kFloat, ref);
+  }
+  if (bs == 0) return;
+  const c10::cuda::CUDAGuard guard(ref.device());
+  StrictParams p{};
+  p.row_tokens = target_tokens.data_ptr<int64_t>();
+  p.row_valid = target_valid.data_ptr<bool>();
+  p.row_lp = target_logprobs.has_value() ? target_logprobs->data_ptr<float>() : nullptr;
+  p.row_plp = target_processed_logprobs.has_value() ? target_processed_logprobs->data_ptr<float>()
+                                                    : nullptr;
+  p.ids = draft_token_ids.data_ptr<int64_t>();
+  p.cu = cu_num_draft.data_ptr<int64_t>();
+  p.bs = int32_t(bs);
+  p.max_n = int32_t(max_num_draft);
+  p.flags = uint32_t(flags) & kPadded;
+  p.tokens = tokens.data_ptr();
+  p.num_accepted = num_accepted.data_ptr();
+  p.valid = valid.data_ptr<bool>();
+  p.lp = logprobs.has_value() ? logprobs->data_ptr<float>() : nullptr;
+  p.plp = processed_logprobs.has_value() ? processed_logprobs->data_ptr<float>() : nullptr;
+  p.out64 = tokens.scalar_type() == at::kLong;
+  const cudaError_t err = launch_verify_strict(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "verify_strict_accept: kernel launch failed: ",
+              cudaGetErrorString(err));
+}
+
+// Schemas: keep identical to python/tokenspeed_kernel/ops/verify.py SCHEMAS (a test compares).
+void define_ops(torch::Library& m) {
+  m.def(
+      "verify_probabilistic(Tensor target_logits, Tensor? draft_logits, Tensor draft_token_ids, "
+      "Tensor cu_num_draft, Tensor seed, Tensor offset, Tensor? temperature, Tensor? top_k, "
+      "Tensor? top_p, Tensor? min_p, int max_num_draft, int flags, Tensor(a!) tokens, "
+      "Tensor(b!) num_accepted, "
+      "Tensor(c!) valid, Tensor(d!)? logprobs, Tensor(e!)? processed_logprobs) -> ()");
+  m.def(
+      "verify_strict_accept(Tensor target_tokens, Tensor target_valid, Tensor draft_token_ids, "
+      "Tensor cu_num_draft, Tensor? target_logprobs, Tensor? target_processed_logprobs, "
+      "int max_num_draft, int flags, Tensor(a!) tokens, Tensor(b!) num_accepted, "
+      "Tensor(c!) valid, Tensor(d!)? logprobs, Tensor(e!)? processed_logprobs) -> ()");
+}
+
+void impl_cuda(torch::Library& m) {
+  m.impl("verify_probabilistic", &verify_probabilistic);
+  m.impl("verify_strict_accept", &verify_strict_accept);
+}
+
 }  // namespace tokenspeed_kernel::verify

@@ -498,95 +498,103 @@ def run_sampling(args) -> int:
     rows: List[Dict] = []
     failed_ours = []
     skipped = []
+    errors: List[str] = []
+    out_dir = report.results_dir(getattr(args, "out", None), env["gpu_short"])
     total = len(groups) * len(modes)
     done = 0
     for gi, (dt, V, B) in enumerate(groups):
         if time.monotonic() > deadline:
             skipped.append((dt, V, B))
             continue
-        dtype = DTYPES[dt]
-        base = make_logits(B, V, dtype, device, seed=1000 * gi + B)
-        nbytes = B * V * base.element_size()
-        floor_us = nbytes / (hbm * 1e3)
-        pools: Dict[bool, List[torch.Tensor]] = {False: [base]}
-        for mode in modes:
-            done += 1
-            P = make_params(mode, B, device, salt=gi)
-            refs: Dict[bool, RefSets] = {}
-            ours_tok: Dict[str, torch.Tensor] = {}
-            mode_rows = []
-            for prov in providers_for(mode, prov_names, avail):
-                row = dict(env, provider=prov.name, impl=prov.impl, mode=mode, B=B, V=V,
-                           dtype=dt, bytes=nbytes, floor_us=floor_us, hbm_gbps=hbm,
-                           note=prov.note)
-                if prov.prescaled and True not in pools:
-                    pools[True] = [prescale(base)]
-                pool = pools[prov.prescaled]
-                x0 = pool[0]
-                try:
-                    out = prov.call(x0, P)
-                    _sync(device)
-                except Exception as e:
-                    row["status"] = f"ERROR: {type(e).__name__}: {_first(e)}"
-                    _recover()
+        try:
+            dtype = DTYPES[dt]
+            base = make_logits(B, V, dtype, device, seed=1000 * gi + B)
+            nbytes = B * V * base.element_size()
+            floor_us = nbytes / (hbm * 1e3)
+            pools: Dict[bool, List[torch.Tensor]] = {False: [base]}
+            for mode in modes:
+                done += 1
+                P = make_params(mode, B, device, salt=gi)
+                refs: Dict[bool, RefSets] = {}
+                ours_tok: Dict[str, torch.Tensor] = {}
+                mode_rows = []
+                for prov in providers_for(mode, prov_names, avail):
+                    row = dict(env, provider=prov.name, impl=prov.impl, mode=mode, B=B, V=V,
+                               dtype=dt, bytes=nbytes, floor_us=floor_us, hbm_gbps=hbm,
+                               note=prov.note)
+                    if prov.prescaled and True not in pools:
+                        pools[True] = [prescale(base)]
+                    pool = pools[prov.prescaled]
+                    x0 = pool[0]
+                    try:
+                        out = prov.call(x0, P)
+                        _sync(device)
+                    except Exception as e:
+                        row["status"] = f"ERROR: {type(e).__name__}: {_first(e)}"
+                        _recover()
+                        mode_rows.append(row)
+                        continue
+                    if prov.prescaled not in refs:
+                        refs[prov.prescaled] = RefSets(x0, P, mode, prescaled=prov.prescaled)
+                    other = None
+                    if prov.name == "ours-triton" and "ours-cuda" in ours_tok:
+                        other = ours_tok["ours-cuda"]
+                    why = verify(out, refs[prov.prescaled], prov.strict, other_ours=other)
+                    if why is None and other is not None and not torch.equal(
+                            unpack(out)[0], other):
+                        # triton matched the reference where they differ: cuda is the wrong one
+                        why_c = "tokens differ from ours-triton, which matches reference.sample"
+                        for r in mode_rows:
+                            if r["provider"] == "ours-cuda":
+                                _fail(r, why_c)
+                                failed_ours.append(r)
+                    if why is not None:
+                        _fail(row, why)
+                        mode_rows.append(row)
+                        if prov.name in OURS:
+                            failed_ours.append(row)
+                        continue
+                    if prov.strict:
+                        ours_tok[prov.name] = unpack(out)[0].clone()
+                    del out
+                    # time it
+                    try:
+                        t = _time_provider(prov, pool, P, nbytes, args, device, cold)
+                    except Exception as e:
+                        row["status"] = f"ERROR: timing: {type(e).__name__}: {_first(e)}"
+                        _recover()
+                        mode_rows.append(row)
+                        continue
+                    row.update(status="ok", graph_us=t.graph_us, graph_p20=t.graph_p20,
+                               graph_p80=t.graph_p80, eager_us=t.eager_us, eager_p20=t.eager_p20,
+                               eager_p80=t.eager_p80, host_us=t.host_us, calls=t.calls,
+                               samples=t.samples)
+                    if t.graph_error:
+                        row["note"] = (row["note"] + "; " if row["note"] else "") + \
+                            f"graph capture failed: {t.graph_error}"
+                    best = t.best_us
+                    if best:
+                        row["gbps"] = nbytes / best / 1e3
+                        row["pct_floor"] = 100.0 * floor_us / best
                     mode_rows.append(row)
-                    continue
-                if prov.prescaled not in refs:
-                    refs[prov.prescaled] = RefSets(x0, P, mode, prescaled=prov.prescaled)
-                other = None
-                if prov.name == "ours-triton" and "ours-cuda" in ours_tok:
-                    other = ours_tok["ours-cuda"]
-                why = verify(out, refs[prov.prescaled], prov.strict, other_ours=other)
-                if why is None and other is not None and not torch.equal(
-                        unpack(out)[0], other):
-                    # triton matched the reference where they differ: cuda is the wrong one
-                    why_c = "tokens differ from ours-triton, which matches reference.sample"
-                    for r in mode_rows:
-                        if r["provider"] == "ours-cuda":
-                            _fail(r, why_c)
-                            failed_ours.append(r)
-                if why is not None:
-                    _fail(row, why)
-                    mode_rows.append(row)
-                    if prov.name in OURS:
-                        failed_ours.append(row)
-                    continue
-                if prov.strict:
-                    ours_tok[prov.name] = unpack(out)[0].clone()
-                del out
-                # time it
-                try:
-                    t = _time_provider(prov, pool, P, nbytes, args, device, cold)
-                except Exception as e:
-                    row["status"] = f"ERROR: timing: {type(e).__name__}: {_first(e)}"
-                    _recover()
-                    mode_rows.append(row)
-                    continue
-                row.update(status="ok", graph_us=t.graph_us, graph_p20=t.graph_p20,
-                           graph_p80=t.graph_p80, eager_us=t.eager_us, eager_p20=t.eager_p20,
-                           eager_p80=t.eager_p80, host_us=t.host_us, calls=t.calls,
-                           samples=t.samples)
-                if t.graph_error:
-                    row["note"] = (row["note"] + "; " if row["note"] else "") + \
-                        f"graph capture failed: {t.graph_error}"
-                best = t.best_us
-                if best:
-                    row["gbps"] = nbytes / best / 1e3
-                    row["pct_floor"] = 100.0 * floor_us / best
-                mode_rows.append(row)
-            _ratios(mode_rows)
-            rows += mode_rows
-            el = time.monotonic() - t_start
-            cells = " | ".join(
-                f"{r['provider']} " + (f"{_short(r.get('graph_us'))}/{_short(r.get('eager_us'))}"
-                                       if r["status"] == "ok" else r["status"][:60])
-                for r in mode_rows)
-            log(f"[sampling {done:3d}/{total} {el:4.0f}s] {dt} V={V} B={B} {mode}: {cells}"
-                f"  (us graph/eager)")
-            del refs, ours_tok
-        del pools, base
+                _ratios(mode_rows)
+                rows += mode_rows
+                el = time.monotonic() - t_start
+                cells = " | ".join(
+                    f"{r['provider']} " + (f"{_short(r.get('graph_us'))}/{_short(r.get('eager_us'))}"
+                                           if r["status"] == "ok" else r["status"][:60])
+                    for r in mode_rows)
+                log(f"[sampling {done:3d}/{total} {el:4.0f}s] {dt} V={V} B={B} {mode}: {cells}"
+                    f"  (us graph/eager)")
+                refs = ours_tok = None
+        except Exception as e:   # keep going: one broken shape must not lose the run
+            log(f"[sampling] {dt} V={V} B={B}: aborted: {type(e).__name__}: {_first(e)}")
+            errors.append(f"{dt}/V={V}/B={B}: {type(e).__name__}: {_first(e)}")
+            _recover()
+        pools = base = refs = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        report.write_csv(out_dir / "sampling.csv", rows, CSV_COLUMNS)  # partial results
 
     notes = [f"Inputs: randn(B, V) * 4 (float32, seeded) cast to the dtype; T = {TEMP}, "
              f"top-k {TOP_K}, top-p {TOP_P}, min-p {MIN_P}; per-row parameter tensors.",
@@ -599,6 +607,8 @@ def run_sampling(args) -> int:
         notes.append("**warm L2** (--warm-l2): inputs may be L2-resident; not comparable.")
     for n, r in avail.reason.items():
         notes.append(f"{n} unavailable: {r}")
+    for e in errors:
+        notes.append(f"shape aborted: {e}")
     if skipped:
         notes.append(f"{len(skipped)} shapes not run (time budget): "
                      + ", ".join(f"{d}/V={v}/B={b}" for d, v, b in skipped[:12])

@@ -188,11 +188,11 @@ def measure(fns: Sequence[Callable[[], Any]], *, graph: bool = True, eager: bool
 
     if graph:
         g = None
-        keep = None
+        keep: List[Any] = []   # outputs of the captured calls (they live in the graph's pool)
         try:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                keep = [f() for f in fns]  # noqa: F841  (outputs live in the graph's pool)
+                keep.extend(f() for f in fns)
             g.replay()
             torch.cuda.synchronize()
             first = _timed(g.replay, n, 1, cold_l2=cold_l2, spin=True, sync_first=False,
@@ -269,5 +269,4 @@ def hbm_read_gbps(device=None, gib: float = 1.0) -> float:
         t = measure([lambda: torch.amax(x, dim=0, out=out)], host=False, graph=False,
                     min_reps=10, max_reps=20, device=device)
         us = t.eager_us
-    del x
     return n * 4 / (us * 1e-6) / 1e9

@@ -1,3 +1,4 @@
 """Public API: validate -> allocate -> pick backend -> call."""
 from .sampling import SampleLogprobsOutput, SampleOutput, sample, sample_with_logprobs  # noqa: F401
 from .verify import VerifyLogprobsOutput, VerifyOutput, verify, verify_with_logprobs  # noqa: F401
+from .comm import AllGatherComm, CommError, all_gather_hidden, all_gather_hidden_out, all_gather_hidden_view, create_all_gather_comm  # noqa: F401,E501

@@ -2,19 +2,23 @@
 
 Imported once, right after the compiled extension registered the schemas. CPU kernels run the
 plain-PyTorch reference, so torch.library.opcheck and torch.compile work on CPU tensors too.
-Each family registers its own in ``ops/<family>.py: _register_library()``.
+Each family registers its own in ``ops/<family>.py: _register_library()``. (Modules are looked up
+by full name: ``ops.verify`` is also the name of a function.) A family whose registration fails
+(e.g. an extension built from older sources) is reported with a warning and does not take the
+other families down.
 """
-from . import sampling
+import importlib
+import warnings
 
-sampling._register_library()
-
-try:  # families added later register the same way
-    from . import verify
-    verify._register_library()
-except ImportError:
-    pass
-try:
-    from . import comm
-    comm._register_library()
-except ImportError:
-    pass
+failed = {}
+for _family in ("sampling", "verify", "comm"):
+    try:
+        _mod = importlib.import_module(f"tokenspeed_kernel.ops.{_family}")
+    except ImportError:
+        continue
+    try:
+        _mod._register_library()
+    except Exception as e:  # noqa: BLE001
+        failed[_family] = f"{type(e).__name__}: {e}"
+        warnings.warn(f"tokenspeed_kernel: registering the {_family} ops failed ({failed[_family]});"
+                      f" rebuild the extension", RuntimeWarning)

@@ -22,7 +22,6 @@ creation, so it picks the same backend on every rank.
 """
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -35,7 +34,9 @@ from . import _common as C
 # ---- mirrors of csrc/comm/all_gather_hidden.cuh (tests/test_comm.py checks they agree) ----
 MAX_RANKS = 16
 MAX_BLOCKS = 256
-FLAG_BYTES = 2 * MAX_BLOCKS * MAX_RANKS * 8
+READY_OFFSET = MAX_BLOCKS * MAX_RANKS      # uint64 words
+TRITON_FLAG_OFFSET = 2 * READY_OFFSET      # uint64 words: the Triton kernel's data flags
+FLAG_BYTES = 3 * READY_OFFSET * 8
 STATE_WORDS = 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
@@ -144,7 +145,7 @@ class AllGatherComm:
     agreed outcome), ``max_blocks``, ``block_bytes``, ``p2p_max_bytes``, ``timeout_ms``,
     ``enable_view``.
 
-    Memory: ``64 KiB + (3 if enable_view else 2) * max_tokens * max_total_width * elt`` bytes of
+    Memory: ``96 KiB + (3 if enable_view else 2) * max_tokens * max_total_width * elt`` bytes of
     symmetric memory per rank, plus 128 bytes of state.
     """
 
@@ -180,7 +181,11 @@ class AllGatherComm:
 
     @property
     def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        esz = self.__dict__.get("_esz")
+        if esz is None or self.__dict__.get("_esz_dtype") is not self.dtype:
+            esz = torch.empty((), dtype=self.dtype).element_size()
+            self._esz, self._esz_dtype = esz, self.dtype
+        return esz
 
     def close(self) -> None:
         """Drop the workspace. No call may be in flight on any rank (synchronize first)."""
@@ -199,7 +204,7 @@ class AllGatherComm:
         key = tuple(offsets)
         t = self._offs_cache.get(key)
         if t is None:
-            if torch.cuda.is_current_stream_capturing():
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise ValueError(
                     f"widths: the Triton backend needs one eager call with these widths before "
                     f"CUDA-graph capture (offsets {list(key)})")
@@ -328,7 +333,10 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
             # others: the local difference covers both (symmetric blocks share offsets).
             delta = symm.data_ptr() - ptrs[comm.rank]
             bases = [p + delta if p else 0 for p in ptrs]
-            ok = len(bases) == comm.world_size and all(b != 0 and b % 16 == 0 for b in bases)
+            ok = (len(bases) == comm.world_size
+                  and all(b != 0 and b % 16 == 0 for b in bases)
+                  and int(getattr(handle, "world_size", comm.world_size)) == comm.world_size
+                  and int(getattr(handle, "rank", comm.rank)) == comm.rank)
             if ok:
                 comm.symm, comm.handle = symm, handle
                 comm.peer_flags = bases
@@ -513,12 +521,16 @@ def _reference(comm: AllGatherComm, x: torch.Tensor, out: torch.Tensor, ws) -> N
     out.copy_(ref.all_gather_hidden_dist(x, comm.group, ws))
 
 
-def _launch_cuda(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> None:
+def _cuda_args(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> tuple:
+    """Arguments of torch.ops.tokenspeed_kernel.all_gather_hidden (schema in comm_ops.cu)."""
     f = flags | (F_TRAP if comm.trap_on_timeout else 0)
-    torch.ops.tokenspeed_kernel.all_gather_hidden(
-        x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags,
-        comm.mc_data if flags & F_MULTIMEM else 0, offs, comm.rank, comm.buf_bytes,
-        _num_blocks(comm, rows, ws), f, comm.timeout_ms * 1_000_000)
+    return (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags,
+            comm.mc_data if flags & F_MULTIMEM else 0, list(offs), comm.rank, comm.buf_bytes,
+            _num_blocks(comm, rows, ws), f, comm.timeout_ms * 1_000_000)
+
+
+def _launch_cuda(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> None:
+    torch.ops.tokenspeed_kernel.all_gather_hidden(*_cuda_args(comm, x, out, offs, flags, rows, ws))
 
 
 def _launch_triton(comm: AllGatherComm, x, out, offs, rows: int, ws) -> None:
@@ -529,7 +541,7 @@ def _launch_triton(comm: AllGatherComm, x, out, offs, rows: int, ws) -> None:
 
 
 def _run(comm, x, out, ws, offs, backend) -> None:
-    if x.shape[0] == 0:
+    if x.shape[0] == 0 or offs[-1] == 0:   # nothing to move: no rank communicates
         return
     if backend == "copy":
         out.copy_(x)

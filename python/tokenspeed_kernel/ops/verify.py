@@ -21,9 +21,10 @@ F_PADDED, F_NGRAM, F_LOGPROBS = 1, 2, 4
 SCHEMAS = {
     "verify_probabilistic": (
         "verify_probabilistic(Tensor target_logits, Tensor? draft_logits, Tensor draft_token_ids, "
-        "Tensor cu_num_draft, Tensor seed, Tensor offset, Tensor? temperature, Tensor? min_p, "
-        "int max_num_draft, int flags, Tensor(a!) tokens, Tensor(b!) num_accepted, "
-        "Tensor(c!) valid, Tensor(d!)? logprobs, Tensor(e!)? processed_logprobs) -> ()"),
+        "Tensor cu_num_draft, Tensor seed, Tensor offset, Tensor? temperature, Tensor? top_k, "
+        "Tensor? top_p, Tensor? min_p, int max_num_draft, int flags, Tensor(a!) tokens, "
+        "Tensor(b!) num_accepted, Tensor(c!) valid, Tensor(d!)? logprobs, "
+        "Tensor(e!)? processed_logprobs) -> ()"),
     "verify_strict_accept": (
         "verify_strict_accept(Tensor target_tokens, Tensor target_valid, Tensor draft_token_ids, "
         "Tensor cu_num_draft, Tensor? target_logprobs, Tensor? target_processed_logprobs, "
@@ -189,27 +190,28 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
     top_p = C.as_param(top_p, "top_p", bs, torch.float32, dev)
     min_p = C.as_param(min_p, "min_p", bs, torch.float32, dev)
     if checks and bs:
-        _sampling._check_values(V, temperature, top_k, top_p, min_p)
+        _check_values(temperature, top_p, min_p)
     backend = C.pick_backend(backend, dev, "verify")
-    if mode != "strict" and backend in ("cuda", "triton"):
-        _check_filters_supported(backend, V, top_k, top_p, checks)
     return _Plan(tgt, drf, ids.contiguous(), cu.contiguous(), padded, int(max_n), bs, seed,
                  offset, temperature, top_k, top_p, min_p, mode, backend)
 
 
-def _check_filters_supported(backend, V, top_k, top_p, checks):
-    """Probabilistic top-k / top-p are reference-only for now: refuse them, never fall back."""
-    for name, t, active in (("top_k", top_k, lambda t: (t > 0) & (t < V)),
-                            ("top_p", top_p, lambda t: t < 1)):
-        if t is None:
-            continue
-        if checks:
-            on = bool(active(t).any())
-        else:
-            on = True   # cannot look under capture / compile: refuse the argument
-        C.check(not on, name,
-                f"probabilistic verify with {name} is not implemented on the {backend!r} "
-                f"backend (strict mode supports it; backend='reference' implements it)")
+def _check_values(temperature, top_p, min_p) -> None:
+    """Range checks, one host sync."""
+    items = []
+    if temperature is not None:
+        items.append(("temperature", "must be finite and >= 0 (0 = greedy)",
+                      (~(torch.isfinite(temperature) & (temperature >= 0))).any()))
+    if top_p is not None:
+        items.append(("top_p", "must be in (0, 1] (1 = off)", (~((top_p > 0) & (top_p <= 1))).any()))
+    if min_p is not None:
+        items.append(("min_p", "must be in [0, 1] (0 = off)",
+                      (~((min_p >= 0) & (min_p <= 1))).any()))
+    if not items:
+        return
+    bad = torch.stack([t for _, _, t in items]).tolist()
+    for (name, msg, _), b in zip(items, bad):
+        C.check(not b, name, msg)
 
 
 def _to_ragged(plan: _Plan):
@@ -286,12 +288,12 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
         from ..triton import verify as tri
         tri.verify_probabilistic(plan.tgt, plan.drf, plan.ids, plan.cu, plan.seed, plan.offset,
                                  plan.temperature, plan.min_p, plan.max_n, plan.padded, ngram,
-                                 tokens, acc, valid, lp, plp)
+                                 tokens, acc, valid, lp, plp, top_k=plan.top_k, top_p=plan.top_p)
     else:
         torch.ops.tokenspeed_kernel.verify_probabilistic(
             plan.tgt, plan.drf, plan.ids, plan.cu, plan.seed, plan.offset, plan.temperature,
-            plan.min_p, plan.max_n, flags | (F_NGRAM if ngram else 0), tokens, acc, valid, lp,
-            plp)
+            plan.top_k, plan.top_p, plan.min_p, plan.max_n, flags | (F_NGRAM if ngram else 0),
+            tokens, acc, valid, lp, plp)
     return tokens, acc, valid, lp, plp
 
 
@@ -392,8 +394,8 @@ def _register_library() -> None:
 
     @L.register_fake("tokenspeed_kernel::verify_probabilistic")
     def _fake_prob(target_logits, draft_logits, draft_token_ids, cu_num_draft, seed, offset,
-                   temperature, min_p, max_num_draft, flags, tokens, num_accepted, valid,
-                   logprobs, processed_logprobs):
+                   temperature, top_k, top_p, min_p, max_num_draft, flags, tokens, num_accepted,
+                   valid, logprobs, processed_logprobs):
         return None
 
     @L.register_fake("tokenspeed_kernel::verify_strict_accept")
@@ -404,16 +406,16 @@ def _register_library() -> None:
 
     @L.impl("tokenspeed_kernel::verify_probabilistic", "CPU")
     def _cpu_prob(target_logits, draft_logits, draft_token_ids, cu_num_draft, seed, offset,
-                  temperature, min_p, max_num_draft, flags, tokens, num_accepted, valid, logprobs,
-                  processed_logprobs):
+                  temperature, top_k, top_p, min_p, max_num_draft, flags, tokens, num_accepted,
+                  valid, logprobs, processed_logprobs):
         from ..reference import verify as ref
         plan = _Plan(target_logits, draft_logits, draft_token_ids, cu_num_draft,
                      bool(flags & F_PADDED), int(max_num_draft), cu_num_draft.shape[0] - 1, seed,
-                     offset, temperature, None, None, min_p,
+                     offset, temperature, top_k, top_p, min_p,
                      "ngram" if flags & F_NGRAM else "probabilistic", "reference")
         tgt, drf, ids = _to_ragged(plan)
         tok, acc, ok, lp, plp = ref.verify(tgt, ids, cu_num_draft, seed, offset, drf, temperature,
-                                           None, None, min_p, plan.mode, plan.max_n)
+                                           top_k, top_p, min_p, plan.mode, plan.max_n)
         tokens.copy_(tok)
         num_accepted.copy_(acc)
         valid.copy_(ok)

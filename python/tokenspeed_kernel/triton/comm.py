@@ -8,8 +8,10 @@ with a release atomic at system scope, waits (acquire, bounded by ``%globaltimer
 caller's output, and the last program advances the device-side call counter.
 
 Peer pointers are integers (an int64 table of addresses) turned into typed pointers in the kernel.
-The chunking unit here is a (row, BLOCK-column tile) item, not the CUDA kernel's 16-byte vector:
-all ranks of one call must use the same backend (the Python wrapper guarantees it).
+The chunking unit here is a (row, BLOCK-column tile) item, not the CUDA kernel's 16-byte vector,
+so this kernel publishes its data flags in a region of its own (``FLAG_OFFSET``): ranks that
+disagree on the backend of one call time out instead of reading partial data. The call counter
+is shared, so calls may alternate between the two backends.
 
 ``phase`` (1 = push + publish, 2 = wait + copy-out + advance, 3 = both) lets the CPU tests run
 every simulated rank's phase 1 before any phase 2 under ``TRITON_INTERPRET=1``; on a GPU the
@@ -24,10 +26,20 @@ import triton
 import triton.language as tl
 
 MAX_RANKS = 16        # csrc/comm/all_gather_hidden.cuh kAgMaxRanks (flag slots per block)
+FLAG_OFFSET = 2 * 256 * MAX_RANKS   # kAgTritonOffset: this kernel's data flags (uint64 words)
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_DATA = 1
 BLOCK = 1024          # elements per (row, tile) item
 NUM_WARPS = 4
+
+# the same values as constexpr globals for the kernel
+_SEQ = tl.constexpr(STATE_SEQ)
+_ERR = tl.constexpr(STATE_ERR)
+_ERR_BLOCK = tl.constexpr(STATE_ERR_BLOCK)
+_ERR_SRC = tl.constexpr(STATE_ERR_SRC)
+_ERR_EPOCH = tl.constexpr(STATE_ERR_EPOCH)
+_DONE = tl.constexpr(STATE_DONE)
+_TIMEOUT_DATA = tl.constexpr(ERR_TIMEOUT_DATA)
 
 
 @triton.jit
@@ -40,16 +52,16 @@ def _globaltimer():
 def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flags_ptr,
                               state_ptr, offs_ptr, rows, row_vec, buf_vec, rank, timeout_ns,
                               W: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr,
-                              MAXR: tl.constexpr, PHASE: tl.constexpr, USE_TIMER: tl.constexpr,
-                              MAX_SPINS: tl.constexpr):
+                              MAXR: tl.constexpr, FLAG_OFF: tl.constexpr, PHASE: tl.constexpr,
+                              USE_TIMER: tl.constexpr, MAX_SPINS: tl.constexpr):
     # x_ptr [rows, w_rank] (row stride ldx elements); out_ptr [rows, H] (row stride ldo);
     # peer_data_ptr / peer_flags_ptr: int64 [W] addresses; offs_ptr: int32 [W + 1] column
     # offsets in VEC-element vectors; row_vec = H / VEC; buf_vec = one buffer in vectors.
     b = tl.program_id(0)
     G = tl.num_programs(0)
     ety = x_ptr.dtype.element_ty
-    err0 = tl.load(state_ptr + STATE_ERR, volatile=True)
-    epoch = tl.load(state_ptr + STATE_SEQ, volatile=True) + 1
+    err0 = tl.load(state_ptr + _ERR, volatile=True)
+    epoch = tl.load(state_ptr + _SEQ, volatile=True) + 1
     if err0 == 0:
         buf_base = (epoch % 2) * buf_vec          # int64, in vectors
         cols = tl.arange(0, BLOCK)
@@ -76,12 +88,13 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
             tl.debug_barrier()  # all threads' stores precede the release below
             for q in tl.static_range(W):
                 fq = tl.load(peer_flags_ptr + q).to(tl.pointer_type(tl.int64))
-                tl.atomic_xchg(fq + b * MAXR + rank, epoch, sem="release", scope="sys")
+                tl.atomic_xchg(fq + FLAG_OFF + b * MAXR + rank, epoch, sem="release",
+                               scope="sys")
         if PHASE >= 2:
             # ---- wait for data[b][s] >= epoch, s = 0..W-1 (bounded) ----
             my_flags = tl.load(peer_flags_ptr + rank).to(tl.pointer_type(tl.int64))
             for s in tl.static_range(W):
-                fl = my_flags + b * MAXR + s
+                fl = my_flags + FLAG_OFF + b * MAXR + s
                 cur = tl.atomic_add(fl, 0, sem="acquire", scope="sys")
                 spins = b * 0
                 if USE_TIMER:
@@ -96,15 +109,16 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
                     else:
                         if spins > MAX_SPINS:
                             spins = -1
-                    if tl.load(state_ptr + STATE_ERR, volatile=True) != 0:
+                    if tl.load(state_ptr + _ERR, volatile=True) != 0:
                         spins = -1
                 if spins < 0:
                     fail = fail | 1
-                    old = tl.atomic_cas(state_ptr + STATE_ERR, 0, ERR_TIMEOUT_DATA)
+                    zero = tl.zeros((), tl.int64)
+                    old = tl.atomic_cas(state_ptr + _ERR, zero, zero + _TIMEOUT_DATA)
                     if old == 0:
-                        tl.store(state_ptr + STATE_ERR_BLOCK, b.to(tl.int64))
-                        tl.store(state_ptr + STATE_ERR_SRC, s)
-                        tl.store(state_ptr + STATE_ERR_EPOCH, epoch)
+                        tl.store(state_ptr + _ERR_BLOCK, b.to(tl.int64))
+                        tl.store(state_ptr + _ERR_SRC, s)
+                        tl.store(state_ptr + _ERR_EPOCH, epoch)
             tl.debug_barrier()
             # ---- copy chunk b of every source out of the local buffer ----
             if fail == 0:
@@ -125,10 +139,10 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
                                     cache_modifier=".cg")
                         tl.store(out_ptr + t * ldo + c0 * VEC + c, v, mask=m)
             # ---- the last program advances the call counter ----
-            old_done = tl.atomic_add(state_ptr + STATE_DONE, 1, sem="acq_rel", scope="gpu")
+            old_done = tl.atomic_add(state_ptr + _DONE, 1, sem="acq_rel", scope="gpu")
             if old_done == G - 1:
-                tl.store(state_ptr + STATE_DONE, 0)
-                tl.store(state_ptr + STATE_SEQ, epoch)
+                tl.store(state_ptr + _DONE, 0)
+                tl.store(state_ptr + _SEQ, epoch)
 
 
 def all_gather_hidden(x: torch.Tensor, out: torch.Tensor, peer_data: torch.Tensor,
@@ -153,5 +167,6 @@ def all_gather_hidden(x: torch.Tensor, out: torch.Tensor, peer_data: torch.Tenso
         x, x.stride(0) if rows > 1 else x.shape[1], out, out.stride(0) if rows > 1 else out.shape[1],
         peer_data, peer_flags, state, offs_vec, rows, row_vec, buf_bytes // 16, rank,
         int(timeout_ns),
-        W=world, VEC=vec, BLOCK=BLOCK, MAXR=MAX_RANKS, PHASE=phase, USE_TIMER=not interp,
+        W=world, VEC=vec, BLOCK=BLOCK, MAXR=MAX_RANKS, FLAG_OFF=FLAG_OFFSET, PHASE=phase,
+        USE_TIMER=not interp,
         MAX_SPINS=max_spins, num_warps=NUM_WARPS)

@@ -7,23 +7,26 @@ runs on the GPU and on the CPU under ``TRITON_INTERPRET=1``. Kernels are launche
 
 Design (simple and exact; this is the fallback, not the fast path):
 
-* a program handles ``ROWS`` rows (1 for large vocabularies; several for small ones, which also
-  keeps the CPU interpreter fast) and streams them in ``[ROWS, BLOCK]`` tiles: any V, any row
-  stride, logits read natively as fp32 / bf16 / fp16;
-* pass 1: max / min key56 per row (the max key is the greedy token and gives the row max ``m``),
+* a program handles ``ROWS`` rows (1 for large vocabularies on the GPU; several for small ones,
+  and many under the interpreter, whose cost is per operation) in ``[ROWS, BLOCK]`` tiles: any V,
+  any row stride, logits read natively as fp32 / bf16 / fp16;
+* the total order (value descending, id ascending) is the row-local compact key
+  ``key = key32(x) * V + (V - 1 - id)``: order-preserving and unique like key56, but its range
+  is 2^32 * V instead of 2^56, which saves search passes;
+* pass 1: max / min key per row (the max key gives the greedy token and the row max ``m``),
   the invalid flags (NaN, +inf, no finite logit) and, for logprobs, the raw max;
-* every filter is a threshold on key56 (value descending, id ascending; unique per token):
-  top-k keeps ``key >= t_k``, ``t_k`` = the k-th largest key; top-p keeps ``key >= t_p``,
-  ``t_p`` = the largest t whose fixed-point mass ``sum(mass_fixed(x - m) : key >= max(t, t_k))``
-  reaches ``max(1, trunc(p * S_K))`` -- the reference's "mass before the token < P'" rule on
-  the sorted row. Both are found by an (NT+1)-ary search over the key range: each pass counts
-  (or sums the mass of) the keys at NT thresholds at once, so 56 bits take at most 14 passes
-  (NT = 16). All decisions are integer, hence identical to the reference's sort + cumsum;
+* every filter is a threshold on the key: top-k keeps ``key >= t_k``, ``t_k`` = the k-th
+  largest key; top-p keeps ``key >= t_p``, ``t_p`` = the largest t whose fixed-point mass
+  ``sum(mass_fixed(x - m) : key >= max(t, t_k))`` reaches ``max(1, trunc(p * S_K))`` -- the
+  reference's "mass before the token < P'" rule on the sorted row. Both are found by an
+  (NT+1)-ary search over the key range: each pass counts (or sums the mass of) the keys at NT
+  thresholds at once (about 10-13 passes with NT = 16). All decisions are integer, hence
+  identical to the reference's sort + cumsum;
 * final pass: Gumbel argmax of ``x + G(seed, offset, id)`` (ties: lowest id) over ``key >= t``
   and the min-p condition ``x - m >= soft_ln(min_p)``, plus the log-sum-exps of the logprobs.
 
 Greedy rows (T == 0) take the max key (lowest id among ties) and join no search. A program
-searches only while one of its rows still needs it.
+searches only while one of its rows still needs it. No host sync: CUDA-graph safe.
 """
 from __future__ import annotations
 
@@ -52,12 +55,14 @@ def _load_tile(logits_ptr, row_off, rmask, stride_row, offs, V, inv_t):
 def _ge_stats(logits_ptr, row_off, rmask, stride_row, V, inv_t, m, floor_key, t,
               MASS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, NTHR: tl.constexpr):
     """For each row and threshold t[r, j]: the number (MASS=False) or the fixed-point mass
-    (MASS=True) of the row's tokens with key56 >= max(t[r, j], floor_key[r]). [ROWS, NTHR]."""
+    (MASS=True) of the row's tokens with key >= max(t[r, j], floor_key[r]). [ROWS, NTHR]."""
     acc = tl.zeros([ROWS, NTHR], dtype=tl.int64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        mask, z, x = _load_tile(logits_ptr, row_off, rmask, stride_row, offs, V, inv_t)
-        key = P.key56(x, offs[None, :])
+        mask = rmask[:, None] & (offs[None, :] < V)
+        ptrs = logits_ptr + (row_off * stride_row)[:, None] + offs[None, :]
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * inv_t[:, None]
+        key = P.key32(x) * V + (V - 1 - offs)[None, :]
         key = tl.where(mask & (key >= floor_key[:, None]), key, -1)
         hit = key[:, :, None] >= t[:, None, :]
         if MASS:
@@ -130,7 +135,7 @@ def _sample_kernel(logits_ptr, stride_row, n_rows, V, tokens_per_request,
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask, z, x = _load_tile(logits_ptr, row_off, rmask, stride_row, offs, V, inv_t)
-        key = P.key56(x, offs[None, :])
+        key = P.key32(x) * V + (V - 1 - offs)[None, :]
         maxkey = tl.maximum(maxkey, tl.max(tl.where(mask, key, -1), axis=1))
         minkey = tl.minimum(minkey, tl.min(tl.where(mask, key, 1 << 62), axis=1))
         b = mask & ((x != x) | (x == float("inf")))
@@ -142,8 +147,8 @@ def _sample_kernel(logits_ptr, stride_row, n_rows, V, tokens_per_request,
 
     valid = rmask & (bad == 0) & (anyfin != 0)
     sampled = valid & (temp > 0.0)
-    m = P.key32_to_float(maxkey >> 24)   # row max (+0.0 for -0.0: same decisions)
-    greedy_tok = P.key56_id(maxkey)      # max key = max value, lowest id
+    m = P.key32_to_float(maxkey // V)    # row max (+0.0 for -0.0: same decisions)
+    greedy_tok = V - 1 - maxkey % V      # max key = max value, lowest id
 
     # ---- top-k threshold: the k-th largest key ------------------------------------------------
     k_on = sampled & (k > 0) & (k < V)
@@ -178,7 +183,7 @@ def _sample_kernel(logits_ptr, stride_row, n_rows, V, tokens_per_request,
     for start in range(0, n_final, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask, z, x = _load_tile(logits_ptr, row_off, rmask, stride_row, offs, V, inv_t)
-        key = P.key56(x, offs[None, :])
+        key = P.key32(x) * V + (V - 1 - offs)[None, :]
         kept = mask & (key >= thr[:, None]) & (x - m[:, None] >= lmin[:, None])
         if any_sampled:
             bits = P.philox_word(seed[:, None], offset[:, None], offs[None, :], P.STREAM_SAMPLE)
@@ -213,13 +218,16 @@ def _interpreting() -> bool:
 
 
 def _launch_config(rows: int, V: int):
-    """(ROWS, BLOCK, num_warps). GPU: tiles of ~1024 elements (ROWS > 1 only for V < 1024).
-    Interpreter: bigger tiles, since its cost is per operation, not per element."""
-    vb = triton.next_power_of_2(V)
-    tile = 8192 if _interpreting() else 1024
-    block = max(16, min(tile, vb))
-    rows_per = max(1, min(tile // block, triton.next_power_of_2(rows), 64))
-    return rows_per, block, (8 if rows_per * block >= 1024 else 4)
+    """(ROWS, BLOCK, num_warps). GPU: 512-element tiles, 8 warps (no register spills at sm_90
+    with NT = 16; ROWS > 1 only for V < 512). Interpreter: its cost is per operation and per
+    jit-function call rather than per element, so tiles of up to 16384 elements, 256 rows."""
+    if _interpreting():
+        tile, max_rows = 16384, 256
+    else:
+        tile, max_rows = 512, 8
+    block = max(16, min(tile, triton.next_power_of_2(V)))
+    rows_per = max(1, min(tile // block, triton.next_power_of_2(rows), max_rows))
+    return rows_per, block, (8 if rows_per * block >= 512 else 4)
 
 
 def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,

@@ -1,0 +1,926 @@
+// Speculative-decoding verify kernels (torch-free). Spec: python/tokenspeed_kernel/reference/verify.py,
+// contract: docs/VERIFY.md. Every float op that decides a token is an explicit round-to-nearest
+// intrinsic (softmath.cuh); masses, normalizers and the accept / residual tests are exact integers.
+//
+// Probabilistic / ngram mode, two launches:
+//   1. verify_pos_kernel: one thread-block cluster (cs CTAs, each a contiguous vocabulary chunk)
+//      per target row (= position). Pass 1 reads the chunk of the target row (and of the draft
+//      row of the same position) from HBM: raw max, its lowest id, NaN flag; the cluster combines
+//      them through distributed shared memory. Pass 2 re-reads the chunk (it is in L2: a chunk is
+//      V / cs elements and was read microseconds earlier) for the fixed-point mass sum S of the
+//      kept set (and sum exp(z - zmax) for logprobs). Rank 0 then decides the accept coin of the
+//      position's draft token. Nothing [rows, V] is written.
+//   2. verify_final_kernel: one cluster per request. Warp 0 finds the first failed position
+//      (ballot over the accept bits), rank 0 writes the accepted tokens; then the cluster samples
+//      the one final token: the residual max(0, p - q) at the first rejection (Gumbel-max, stream
+//      2) or the bonus token from p (the sampler's Gumbel-max, stream 0), reading one (or two)
+//      rows once.
+// Strict mode: the foundation sampler samples every target row; verify_strict_kernel compares.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/philox.cuh"
+#include "common/softmath.cuh"
+
+namespace tokenspeed_kernel::verify {
+
+enum : uint32_t { kPadded = 1, kNgram = 2, kLogprobs = 4 };
+enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8 };
+
+constexpr int kThreads = 256;
+constexpr int kMaxCluster = 8;
+constexpr float kMassCut = -26.5f;      // mass_fixed(y) == 0 for all float32 y < -26.34
+constexpr float kGumbelSpan = 19.5f;    // G in [-2.8116, 16.6356]
+constexpr float kLn2Pow38 = 26.33959286127792f;
+
+// Per target row (position) statistics written by pass kernel, read by the final kernel.
+struct PosStats {
+  int64_t S_t, S_q;       // fixed-point mass sums of the kept sets (target, draft)
+  int64_t thr_t, thr_q;   // top-k / top-p kept-set thresholds (key56; 0 = none)
+  float m_t, m_q;         // processed row max
+  float lse_t;            // raw log-sum-exp of the target row (logprobs only)
+  float lp_x, plp_x;      // logprobs of the position's draft token (logprobs only)
+  int32_t arg_t, arg_q;   // lowest id of the raw max (greedy rows)
+  uint32_t status;        // kActive | kAccept | kBadT | kBadQ
+};
+
+struct VerifyParams {
+  const void* tgt;
+  const void* drf;
+  int64_t stride_t, stride_d;
+  int64_t R_t;
+  int32_t V;
+  int32_t bs, max_n;
+  uint32_t flags;
+  const int64_t* ids;
+  const int64_t* cu;
+  const int64_t* seed;
+  const int64_t* offset;
+  const float* temperature;  // nullable (= 1)
+  const float* min_p;        // nullable (= 0)
+  const int32_t* top_k;      // nullable (= off)
+  const float* top_p;        // nullable (= off)
+  int64_t* thr;              // [R_t + R_d] key56 thresholds, or null (no top-k / top-p)
+  int64_t R_d;
+  PosStats* pos;             // [R_t]
+  void* tokens;              // [bs, max_n + 1] int32 / int64
+  void* num_accepted;        // [bs]
+  bool* valid;               // [bs]
+  float* lp;                 // [bs, max_n + 1] or null
+  float* plp;
+  int32_t out64;
+  int32_t chunk;             // vocabulary elements per CTA (multiple of 8)
+};
+
+// ------------------------------------------------------------------------------------------
+// small helpers
+// ------------------------------------------------------------------------------------------
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+
+// VEC consecutive elements from a 16-byte aligned address (VEC * sizeof(T) == 16), or VEC == 1.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    v[0] = to_f<T>(p[0]);
+  } else {
+    static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
+    uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = to_f<T>(e[k]);
+  }
+}
+
+// Calls f(id, z) for every element of [start, end) owned by this thread, ids increasing per
+// thread. start must be a multiple of VEC and the row 16-byte aligned when VEC > 1.
+template <typename T, int VEC, typename F>
+__device__ __forceinline__ void for_chunk(const T* row, int64_t start, int64_t end, F&& f) {
+  constexpr int U = 4;
+  const int64_t step = int64_t(kThreads) * VEC;
+  int64_t idx = start + int64_t(threadIdx.x) * VEC;
+  for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
+    float v[U][VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u) load_vec<T, VEC>(row + idx + u * step, v[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) f(idx + u * step + k, v[u][k]);
+  }
+  for (; idx < end; idx += step) {
+    if (idx + VEC <= end) {
+      float v[VEC];
+      load_vec<T, VEC>(row + idx, v);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) f(idx + k, v[k]);
+    } else {
+      for (int k = 0; idx + k < end; ++k) f(idx + k, to_f<T>(row[idx + k]));
+    }
+  }
+}
+
+// Same walk over two rows at once (target and draft of one position): f(id, zt, zq).
+template <typename T, int VEC, typename F>
+__device__ __forceinline__ void for_chunk2(const T* a, const T* b, int64_t start, int64_t end,
+                                           F&& f) {
+  constexpr int U = 2;
+  const int64_t step = int64_t(kThreads) * VEC;
+  int64_t idx = start + int64_t(threadIdx.x) * VEC;
+  for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
+    float va[U][VEC], vb[U][VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      load_vec<T, VEC>(a + idx + u * step, va[u]);
+      load_vec<T, VEC>(b + idx + u * step, vb[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) f(idx + u * step + k, va[u][k], vb[u][k]);
+  }
+  for (; idx < end; idx += step) {
+    if (idx + VEC <= end) {
+      float va[VEC], vb[VEC];
+      load_vec<T, VEC>(a + idx, va);
+      load_vec<T, VEC>(b + idx, vb);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) f(idx + k, va[k], vb[k]);
+    } else {
+      for (int k = 0; idx + k < end; ++k) f(idx + k, to_f<T>(a[idx + k]), to_f<T>(b[idx + k]));
+    }
+  }
+}
+
+struct MaxArg {
+  float v;
+  int32_t id;
+};
+__device__ __forceinline__ MaxArg max_arg(MaxArg a, MaxArg b) {
+  return (b.v > a.v || (b.v == a.v && b.id < a.id)) ? b : a;
+}
+struct Cand {  // Gumbel candidate: larger score, then lower id
+  float s;
+  int32_t id;
+};
+__device__ __forceinline__ Cand best_of(Cand a, Cand b) {
+  return (b.s > a.s || (b.s == a.s && uint32_t(b.id) < uint32_t(a.id))) ? b : a;
+}
+
+__device__ __forceinline__ MaxArg warp_max_arg(MaxArg a) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    MaxArg b{__shfl_xor_sync(0xffffffffu, a.v, o), __shfl_xor_sync(0xffffffffu, a.id, o)};
+    a = max_arg(a, b);
+  }
+  return a;
+}
+__device__ __forceinline__ Cand warp_best(Cand a) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    Cand b{__shfl_xor_sync(0xffffffffu, a.s, o), __shfl_xor_sync(0xffffffffu, a.id, o)};
+    a = best_of(a, b);
+  }
+  return a;
+}
+__device__ __forceinline__ long long warp_sum_i64(long long a) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+  return a;
+}
+__device__ __forceinline__ float warp_sum_f(float a) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+  return a;
+}
+
+// Thread-block cluster abstraction: CLUSTER = false is a cluster of one CTA (any arch).
+template <bool CLUSTER>
+struct Grp {
+  __device__ static unsigned rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CLUSTER) return cooperative_groups::this_cluster().block_rank();
+#endif
+    return 0;
+  }
+  __device__ static unsigned size() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CLUSTER) return cooperative_groups::this_cluster().num_blocks();
+#endif
+    return 1;
+  }
+  __device__ static void sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CLUSTER) {
+      cooperative_groups::this_cluster().sync();
+      return;
+    }
+#endif
+    __syncthreads();
+  }
+  template <typename X>
+  __device__ static X* map(X* p, unsigned r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CLUSTER) return cooperative_groups::this_cluster().map_shared_rank(p, r);
+#endif
+    return p;
+  }
+};
+
+// Row-level exact arithmetic
+__device__ __forceinline__ int64_t mass_at(float y) {
+  return (y >= kMassCut) ? mass_fixed(y) : 0;
+}
+typedef unsigned __int128 u128;
+__device__ __forceinline__ float wide_to_f32(u128 v) {
+  // f32(f64(hi) * 2^62 + f64(lo)), hi/lo in base 2^62 (reference/verify.py wide_to_f32)
+  const int64_t hi = int64_t(v >> 62);
+  const int64_t lo = int64_t(v & ((u128(1) << 62) - 1));
+  double d = __dadd_rn(__dmul_rn(__ll2double_rn(hi), 4611686018427387904.0), __ll2double_rn(lo));
+  return __double2float_rn(d);
+}
+
+struct RowParams {
+  bool greedy, mp_on;
+  float inv_t, L;
+};
+__device__ __forceinline__ RowParams row_params(const VerifyParams& p, int i) {
+  RowParams r;
+  const float t = p.temperature ? p.temperature[i] : 1.0f;
+  r.greedy = !(t > 0.0f);
+  r.inv_t = r.greedy ? 1.0f : __fdiv_rn(1.0f, t);
+  const float mp = p.min_p ? p.min_p[i] : 0.0f;
+  r.mp_on = (mp > 0.0f) && !r.greedy;
+  r.L = soft_ln(r.mp_on ? mp : 1.0f);
+  return r;
+}
+// The sampler's kept set: greedy -> the max key; else min-p and key56 >= thr (top-k / top-p).
+__device__ __forceinline__ bool kept_at(const RowParams& rp, int64_t id, int32_t arg, float x,
+                                        float y, int64_t thr) {
+  if (rp.greedy) return id == int64_t(arg);
+  if (rp.mp_on && !(y >= rp.L)) return false;
+  return thr == 0 || int64_t(key56(key32(x), uint32_t(id))) >= thr;
+}
+
+// Request of a target row and its position (ragged: binary search over cu[i] + i).
+__device__ __forceinline__ void locate_target_row(const VerifyParams& p, int64_t row, int& i,
+                                                  int& j) {
+  if (p.flags & kPadded) {
+    const int64_t W = p.max_n + 1;
+    i = int(row / W);
+    j = int(row - int64_t(i) * W);
+    return;
+  }
+  int lo = 0, hi = p.bs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.cu[mid] + mid <= row) lo = mid; else hi = mid - 1;
+  }
+  i = lo;
+  j = int(row - (p.cu[lo] + lo));
+}
+// Request of a draft row (slot) and its position (ragged: cu[i] <= d < cu[i + 1]).
+__device__ __forceinline__ void locate_draft_row(const VerifyParams& p, int64_t d, int& i,
+                                                 int& j) {
+  if (p.flags & kPadded) {
+    const int64_t W = p.max_n > 0 ? p.max_n : 1;
+    i = int(d / W);
+    j = int(d - int64_t(i) * W);
+    return;
+  }
+  int lo = 0, hi = p.bs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.cu[mid] <= d) lo = mid; else hi = mid - 1;
+  }
+  i = lo;
+  j = int(d - p.cu[lo]);
+}
+__device__ __forceinline__ int64_t target_row(const VerifyParams& p, int i, int j) {
+  return (p.flags & kPadded) ? int64_t(i) * (p.max_n + 1) + j : p.cu[i] + i + j;
+}
+__device__ __forceinline__ int64_t draft_slot(const VerifyParams& p, int i, int j) {
+  return (p.flags & kPadded) ? int64_t(i) * p.max_n + j : p.cu[i] + j;
+}
+
+__device__ __forceinline__ void store_tok(const VerifyParams& p, int64_t idx, int64_t v) {
+  if (p.out64) static_cast<int64_t*>(p.tokens)[idx] = v;
+  else static_cast<int32_t*>(p.tokens)[idx] = int32_t(v);
+}
+__device__ __forceinline__ void store_count(const VerifyParams& p, int i, int64_t v) {
+  if (p.out64) static_cast<int64_t*>(p.num_accepted)[i] = v;
+  else static_cast<int32_t*>(p.num_accepted)[i] = int32_t(v);
+}
+
+// Block reductions (kThreads threads); the result is valid in every thread.
+struct BlockScratch {
+  float f[kThreads / 32];
+  int32_t i[kThreads / 32];
+  long long l[kThreads / 32];
+};
+__device__ __forceinline__ MaxArg block_max_arg(MaxArg a, BlockScratch& s) {
+  a = warp_max_arg(a);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) { s.f[w] = a.v; s.i[w] = a.id; }
+  __syncthreads();
+  MaxArg r{s.f[0], s.i[0]};
+#pragma unroll
+  for (int k = 1; k < kThreads / 32; ++k) r = max_arg(r, MaxArg{s.f[k], s.i[k]});
+  return r;
+}
+__device__ __forceinline__ Cand block_best(Cand a, BlockScratch& s) {
+  a = warp_best(a);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) { s.f[w] = a.s; s.i[w] = a.id; }
+  __syncthreads();
+  Cand r{s.f[0], s.i[0]};
+#pragma unroll
+  for (int k = 1; k < kThreads / 32; ++k) r = best_of(r, Cand{s.f[k], s.i[k]});
+  return r;
+}
+__device__ __forceinline__ void block_sum2(long long& a, float& b, BlockScratch& s) {
+  a = warp_sum_i64(a);
+  b = warp_sum_f(b);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) { s.l[w] = a; s.f[w] = b; }
+  __syncthreads();
+  a = 0;
+  b = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kThreads / 32; ++k) { a += s.l[k]; b += s.f[k]; }
+}
+__device__ __forceinline__ bool block_any(bool a, BlockScratch& s) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  const bool wa = __any_sync(0xffffffffu, a);
+  __syncthreads();
+  if (l == 0) s.i[w] = wa;
+  __syncthreads();
+  bool r = false;
+#pragma unroll
+  for (int k = 0; k < kThreads / 32; ++k) r |= s.i[k] != 0;
+  return r;
+}
+
+// What each CTA publishes to its cluster
+struct Slot1 {
+  float zmax[2];
+  int32_t arg[2];
+  int32_t nan[2];
+};
+struct Slot2 {
+  long long S[2];
+  float se[2];
+};
+
+// ------------------------------------------------------------------------------------------
+// kernel 1: per-position statistics and accept coins
+// ------------------------------------------------------------------------------------------
+template <typename T, int VEC, bool CLUSTER>
+__global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams p) {
+  using G = Grp<CLUSTER>;
+  __shared__ BlockScratch scratch;
+  __shared__ Slot1 slot1;
+  __shared__ Slot2 slot2;
+  const unsigned cs = G::size();
+  const unsigned rank = G::rank();
+  const int64_t row = int64_t(blockIdx.x / cs);
+  int i, j;
+  locate_target_row(p, row, i, j);
+  const int n = int(p.cu[i + 1] - p.cu[i]);
+  if (j > n) {  // padding row of the padded layout (uniform over the cluster)
+    if (rank == 0 && threadIdx.x == 0) p.pos[row].status = 0;
+    return;
+  }
+  const bool has_d = !(p.flags & kNgram) && j < n;
+  const int64_t ds = draft_slot(p, i, j);
+  const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
+  const T* drow = has_d ? static_cast<const T*>(p.drf) + ds * p.stride_d : trow;
+  const RowParams rp = row_params(p, i);
+  const bool logprobs = p.flags & kLogprobs;
+  const int64_t thr_t = p.thr ? p.thr[row] : 0;
+  const int64_t thr_q = (p.thr && has_d) ? p.thr[p.R_t + ds] : 0;
+  const int64_t start = int64_t(rank) * p.chunk;
+  const int64_t end = start + p.chunk < p.V ? start + p.chunk : int64_t(p.V);
+
+  // ---- pass 1: raw max, lowest id of the max, NaN ----
+  MaxArg a[2] = {{-INFINITY, INT32_MAX}, {-INFINITY, INT32_MAX}};
+  bool nan[2] = {false, false};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (r == 1 && !has_d) break;
+    MaxArg acc{-INFINITY, INT32_MAX};
+    bool isnan_ = false;
+    for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t id, float z) {
+      if (z != z) isnan_ = true;
+      else if (z > acc.v) { acc.v = z; acc.id = int32_t(id); }
+    });
+    a[r] = block_max_arg(acc, scratch);
+    nan[r] = block_any(isnan_, scratch);
+  }
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) { slot1.zmax[r] = a[r].v; slot1.arg[r] = a[r].id; slot1.nan[r] = nan[r]; }
+  }
+  G::sync();
+  MaxArg g[2] = {{-INFINITY, INT32_MAX}, {-INFINITY, INT32_MAX}};
+  bool gnan[2] = {false, false};
+  for (unsigned q = 0; q < cs; ++q) {
+    const Slot1* s = G::map(&slot1, q);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      g[r] = max_arg(g[r], MaxArg{s->zmax[r], s->arg[r]});
+      gnan[r] = gnan[r] || s->nan[r];
+    }
+  }
+  float m[2];
+  bool bad[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[r] = fmul(g[r].v, rp.inv_t);   // max of fl(z * invT) == fl(max z * invT): monotone
+    bad[r] = gnan[r] || m[r] == INFINITY || m[r] == -INFINITY;
+  }
+
+  // ---- pass 2 (L2): fixed-point mass of the kept set, raw sum-exp for logprobs ----
+  long long S[2] = {0, 0};
+  float se[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (r == 1 && !has_d) break;
+    if (bad[r]) continue;
+    if (rp.greedy && !logprobs) continue;  // S = 2^38 exactly (only the argmax is kept)
+    long long s_acc = 0;
+    float e_acc = 0.0f;
+    const float mr = m[r], zm = g[r].v;
+    const int32_t arg = g[r].id;
+    const int64_t th = r ? thr_q : thr_t;
+    for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t id, float z) {
+      const float x = fmul(z, rp.inv_t);
+      const float y = fsub(x, mr);
+      if (y >= kMassCut && kept_at(rp, id, arg, x, y, th)) s_acc += mass_fixed(y);
+      if (logprobs) e_acc += __expf(z - zm);
+    });
+    block_sum2(s_acc, e_acc, scratch);
+    S[r] = s_acc;
+    se[r] = e_acc;
+  }
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) { slot2.S[r] = S[r]; slot2.se[r] = se[r]; }
+  }
+  G::sync();
+  if (rank == 0 && threadIdx.x == 0) {
+    long long St = 0, Sq = 0;
+    float set = 0.0f;
+    for (unsigned q = 0; q < cs; ++q) {
+      const Slot2* s = G::map(&slot2, q);
+      St += s->S[0];
+      Sq += s->S[1];
+      set += s->se[0];
+    }
+    if (rp.greedy) {
+      St = 1ll << kMassFracBits;
+      Sq = 1ll << kMassFracBits;
+    }
+    if (p.flags & kNgram) Sq = 1;
+    PosStats st;
+    st.S_t = St;
+    st.S_q = Sq;
+    st.thr_t = thr_t;
+    st.thr_q = thr_q;
+    st.m_t = m[0];
+    st.m_q = m[1];
+    st.arg_t = g[0].id;
+    st.arg_q = g[1].id;
+    st.lse_t = g[0].v + logf(set);
+    st.lp_x = 0.0f;
+    st.plp_x = 0.0f;
+    uint32_t status = kActive | (bad[0] ? kBadT : 0u) | (has_d && bad[1] ? kBadQ : 0u);
+    if (j < n && !bad[0] && !(has_d && bad[1])) {
+      const int64_t x = p.ids[ds];
+      int64_t ep = 0, eq = (p.flags & kNgram) ? 1 : 0;
+      if (x >= 0 && x < p.V) {
+        const float zt = to_f<T>(trow[x]);
+        const float xt = fmul(zt, rp.inv_t);
+        const float yt = fsub(xt, m[0]);
+        if (yt >= kMassCut && kept_at(rp, x, g[0].id, xt, yt, thr_t)) ep = mass_fixed(yt);
+        if (has_d) {
+          const float zq = to_f<T>(drow[x]);
+          const float xq = fmul(zq, rp.inv_t);
+          const float yq = fsub(xq, m[1]);
+          if (yq >= kMassCut && kept_at(rp, x, g[1].id, xq, yq, thr_q)) eq = mass_fixed(yq);
+        }
+        if (logprobs) {
+          st.lp_x = zt - st.lse_t;
+          st.plp_x = rp.greedy ? 0.0f : yt - (logf(float(St)) - kLn2Pow38);
+        }
+      } else {
+        eq = 0;  // never accepted
+      }
+      const uint32_t bits = philox_word(uint64_t(p.seed[i]), uint64_t(p.offset[i]), uint32_t(j),
+                                        kStreamAccept);
+      const uint64_t U = (uint64_t(bits >> 9) << 1) | 1u;
+      const u128 lhs = u128(U * uint64_t(eq)) * u128(uint64_t(St));
+      const u128 rhs = u128(uint64_t(ep) << 24) * u128(uint64_t(Sq));
+      if (lhs < rhs) status |= kAccept;
+    }
+    st.status = status;
+    p.pos[row] = st;
+  }
+  G::sync();  // keep this CTA's shared memory alive until every peer has read it
+}
+
+// ------------------------------------------------------------------------------------------
+// kernel 0 (only with top-k / top-p): kept-set threshold of every target and draft row
+// ------------------------------------------------------------------------------------------
+// kept = {key56(x, id) >= thr}: top-k, then top-p on the top-k fixed-point mass
+// (reference.sampling.kept_mask). Exact bisection over the 56-bit key space, one CTA per row:
+// a max pass, 56 counting passes (top-k), 1 + 56 mass passes (top-p). Slow (~113 passes over
+// the row, from L2/L1) but exact; rows without an active top-k / top-p exit at once.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const VerifyParams p) {
+  __shared__ BlockScratch scratch;
+  const int64_t r = blockIdx.x;
+  int i, j;
+  const T* row;
+  bool active;
+  if (r < p.R_t) {
+    locate_target_row(p, r, i, j);
+    active = j <= int(p.cu[i + 1] - p.cu[i]);
+    row = static_cast<const T*>(p.tgt) + r * p.stride_t;
+  } else {
+    const int64_t d = r - p.R_t;
+    locate_draft_row(p, d, i, j);
+    active = j < int(p.cu[i + 1] - p.cu[i]);
+    row = static_cast<const T*>(p.drf) + d * p.stride_d;
+  }
+  const RowParams rp = row_params(p, i);
+  const int32_t k = (active && p.top_k) ? p.top_k[i] : 0;
+  const float tp = (active && p.top_p) ? p.top_p[i] : 1.0f;
+  const bool k_on = !rp.greedy && k > 0 && k < p.V;
+  const bool p_on = !rp.greedy && tp < 1.0f;
+  if (!k_on && !p_on) {
+    if (threadIdx.x == 0) p.thr[r] = 0;
+    return;
+  }
+  MaxArg acc{-INFINITY, INT32_MAX};
+  bool isnan_ = false;
+  for_chunk<T, VEC>(row, 0, p.V, [&](int64_t id, float z) {
+    if (z != z) isnan_ = true;
+    else if (z > acc.v) { acc.v = z; acc.id = int32_t(id); }
+  });
+  const MaxArg a = block_max_arg(acc, scratch);
+  const bool nan = block_any(isnan_, scratch);
+  const float m = fmul(a.v, rp.inv_t);
+  if (nan || m == INFINITY || m == -INFINITY) {  // invalid row: the walk stops there anyway
+    if (threadIdx.x == 0) p.thr[r] = 0;
+    return;
+  }
+  auto key_of = [&](int64_t id, float z) -> int64_t {
+    return int64_t(key56(key32(fmul(z, rp.inv_t)), uint32_t(id)));
+  };
+  int64_t t_k = 0;
+  if (k_on) {
+    int64_t lo = 0, hi = int64_t(1) << 56;   // count(key >= lo) >= k > count(key >= hi)
+    for (int it = 0; it < 56; ++it) {
+      const int64_t mid = (lo + hi) >> 1;
+      long long c = 0;
+      float unused = 0.0f;
+      for_chunk<T, VEC>(row, 0, p.V, [&](int64_t id, float z) { c += key_of(id, z) >= mid; });
+      block_sum2(c, unused, scratch);
+      if (c >= k) lo = mid; else hi = mid;
+    }
+    t_k = lo;
+  }
+  int64_t thr = t_k;
+  if (p_on) {
+    long long sk = 0;
+    float unused = 0.0f;
+    for_chunk<T, VEC>(row, 0, p.V, [&](int64_t id, float z) {
+      if (key_of(id, z) >= t_k) sk += mass_at(fsub(fmul(z, rp.inv_t), m));
+    });
+    block_sum2(sk, unused, scratch);
+    const int64_t lim = top_p_limit(tp, sk);
+    int64_t lo = -1, hi = (int64_t(1) << 56) - 1;   // G(lo) >= lim > G(hi)
+    for (int it = 0; it < 56; ++it) {
+      const int64_t mid = (lo + hi) >> 1;
+      long long gsum = 0;
+      for_chunk<T, VEC>(row, 0, p.V, [&](int64_t id, float z) {
+        const int64_t kk = key_of(id, z);
+        if (kk > mid && kk >= t_k) gsum += mass_at(fsub(fmul(z, rp.inv_t), m));
+      });
+      block_sum2(gsum, unused, scratch);
+      if (gsum < lim) hi = mid; else lo = mid;
+    }
+    thr = t_k > hi ? t_k : hi;
+  }
+  if (threadIdx.x == 0) p.thr[r] = thr;
+}
+
+// ------------------------------------------------------------------------------------------
+// kernel 2: walk + final token (residual resample or bonus sample)
+// ------------------------------------------------------------------------------------------
+struct FinalSlot {
+  float s[2];
+  int32_t id[2];
+};
+
+template <typename T, int VEC, bool CLUSTER>
+__global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyParams p) {
+  using G = Grp<CLUSTER>;
+  __shared__ BlockScratch scratch;
+  __shared__ FinalSlot slot;
+  __shared__ int sh_f;
+  const unsigned cs = G::size();
+  const unsigned rank = G::rank();
+  const int i = int(blockIdx.x / cs);
+  const int n = int(p.cu[i + 1] - p.cu[i]);
+  const int W = p.max_n + 1;
+
+  // ---- walk: first position whose accept bit is missing ----
+  if (threadIdx.x < 32) {
+    int f = n;
+    for (int base = 0; base < n; base += 32) {
+      const int j = base + int(threadIdx.x);
+      bool fail = false;
+      if (j < n) {
+        const uint32_t st = p.pos[target_row(p, i, j)].status;
+        fail = !(st & kAccept);
+      }
+      const unsigned bal = __ballot_sync(0xffffffffu, fail);
+      if (bal) { f = base + __ffs(bal) - 1; break; }
+    }
+    if (threadIdx.x == 0) sh_f = f;
+  }
+  __syncthreads();
+  const int f = sh_f;
+  const int64_t tr = target_row(p, i, f);
+  const PosStats st = p.pos[tr];
+  const bool bonus = f == n;
+  const bool bad = (st.status & kBadT) || (!bonus && (st.status & kBadQ));
+  const bool logprobs = p.flags & kLogprobs;
+  if (rank == 0) {
+    for (int j = threadIdx.x; j < W; j += kThreads) {
+      const int64_t o = int64_t(i) * W + j;
+      if (j < f) {
+        store_tok(p, o, p.ids[draft_slot(p, i, j)]);
+        if (logprobs) {
+          const PosStats& sj = p.pos[target_row(p, i, j)];
+          p.lp[o] = sj.lp_x;
+          p.plp[o] = sj.plp_x;
+        }
+      } else if (j > f || bad) {
+        store_tok(p, o, j > f ? -1 : 0);
+        if (logprobs) { p.lp[o] = j > f ? 0.0f : NAN; p.plp[o] = j > f ? 0.0f : NAN; }
+      }
+    }
+    if (threadIdx.x == 0) {
+      store_count(p, i, f);
+      p.valid[i] = !bad;
+    }
+  }
+  if (bad) return;  // uniform over the cluster: no cluster barrier has been reached yet
+
+  const RowParams rp = row_params(p, i);
+  const T* trow = static_cast<const T*>(p.tgt) + tr * p.stride_t;
+  const bool ngram = p.flags & kNgram;
+  const int64_t ds = draft_slot(p, i, f);
+  const T* drow = (!bonus && !ngram) ? static_cast<const T*>(p.drf) + ds * p.stride_d : trow;
+  const int64_t xd = (!bonus) ? p.ids[ds] : -1;
+  const uint64_t seed = uint64_t(p.seed[i]);
+  const uint64_t offp = uint64_t(p.offset[i] + f);
+  const int64_t start = int64_t(rank) * p.chunk;
+  const int64_t end = start + p.chunk < p.V ? start + p.chunk : int64_t(p.V);
+  Cand best{-INFINITY, INT32_MAX};
+  uint32_t blk = 0xffffffffu;
+  Philox4 ph{0, 0, 0, 0};
+  auto noise = [&](int64_t id, uint32_t stream) -> float {
+    const uint32_t b = uint32_t(id >> 2);
+    if (b != blk) { blk = b; ph = philox_block(seed, offp, b, stream); }
+    const uint32_t w = (id & 3) == 0 ? ph.x : (id & 3) == 1 ? ph.y : (id & 3) == 2 ? ph.z : ph.w;
+    return gumbel_from_bits(w);
+  };
+
+  if (bonus) {
+    // the sampler: argmax over the kept set of x + G(seed, offset + n, id, stream 0)
+    const float span = kGumbelSpan + fabsf(st.m_t) * 9.5367431640625e-07f;
+    for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) {
+      const float x = fmul(z, rp.inv_t);
+      const float y = fsub(x, st.m_t);
+      if (y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t)) {
+        best = best_of(best, Cand{fadd(x, noise(id, kStreamSample)), int32_t(id)});
+      }
+    });
+  } else {
+    // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
+    const u128 Sq = u128(uint64_t(st.S_q)), Sp = u128(uint64_t(st.S_t));
+    auto visit = [&](int64_t id, float z, float zq) {
+      const float xt = fmul(z, rp.inv_t);
+      const float yt = fsub(xt, st.m_t);
+      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return;
+      const int64_t ep = mass_fixed(yt);
+      if (ep == 0) return;
+      int64_t eq;
+      if (ngram) {
+        eq = (id == xd) ? 1 : 0;
+      } else {
+        const float xq = fmul(zq, rp.inv_t);
+        const float yq = fsub(xq, st.m_q);
+        eq = (yq >= kMassCut && kept_at(rp, id, st.arg_q, xq, yq, st.thr_q)) ? mass_fixed(yq) : 0;
+      }
+      const u128 A = u128(uint64_t(ep)) * Sq, B = u128(uint64_t(eq)) * Sp;
+      if (A > B) {
+        const float s = fadd(soft_ln(wide_to_f32(A - B)), noise(id, kStreamResample));
+        best = best_of(best, Cand{s, int32_t(id)});
+      }
+    };
+    if (ngram) {
+      for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) { visit(id, z, 0.0f); });
+    } else {
+      for_chunk2<T, VEC>(trow, drow, start, end, visit);
+    }
+  }
+  best = block_best(best, scratch);
+  if (threadIdx.x == 0) { slot.s[0] = best.s; slot.id[0] = best.id; }
+  G::sync();
+  Cand win{-INFINITY, INT32_MAX};
+  for (unsigned q = 0; q < cs; ++q) {
+    const FinalSlot* s = G::map(&slot, q);
+    win = best_of(win, Cand{s->s[0], s->id[0]});
+  }
+  if (!bonus && !(win.s > -INFINITY)) {
+    // empty residual (p == q and p(x) = 0): resample from p, weights e^p_i, same noise
+    Cand fb{-INFINITY, INT32_MAX};
+    blk = 0xffffffffu;
+    for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) {
+      const float xt = fmul(z, rp.inv_t);
+      const float yt = fsub(xt, st.m_t);
+      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return;
+      const int64_t ep = mass_fixed(yt);
+      if (ep == 0) return;
+      const float s = fadd(soft_ln(wide_to_f32(u128(uint64_t(ep)))), noise(id, kStreamResample));
+      fb = best_of(fb, Cand{s, int32_t(id)});
+    });
+    fb = block_best(fb, scratch);
+    if (threadIdx.x == 0) { slot.s[1] = fb.s; slot.id[1] = fb.id; }
+    G::sync();
+    win = Cand{-INFINITY, INT32_MAX};
+    for (unsigned q = 0; q < cs; ++q) {
+      const FinalSlot* s = G::map(&slot, q);
+      win = best_of(win, Cand{s->s[1], s->id[1]});
+    }
+  }
+  if (rank == 0 && threadIdx.x == 0) {
+    const int64_t tok = win.id;
+    const int64_t o = int64_t(i) * W + f;
+    store_tok(p, o, tok);
+    if (logprobs) {
+      const float z = to_f<T>(trow[tok]);
+      p.lp[o] = z - st.lse_t;
+      p.plp[o] = rp.greedy ? 0.0f
+                           : fsub(fmul(z, rp.inv_t), st.m_t) - (logf(float(st.S_t)) - kLn2Pow38);
+    }
+  }
+  G::sync();  // keep shared memory alive until every peer has read it
+}
+
+// ------------------------------------------------------------------------------------------
+// strict accept: one warp per request
+// ------------------------------------------------------------------------------------------
+struct StrictParams {
+  const int64_t* row_tokens;
+  const bool* row_valid;
+  const float* row_lp;   // nullable
+  const float* row_plp;
+  const int64_t* ids;
+  const int64_t* cu;
+  int32_t bs, max_n;
+  uint32_t flags;
+  void* tokens;
+  void* num_accepted;
+  bool* valid;
+  float* lp;
+  float* plp;
+  int32_t out64;
+};
+
+__global__ void __launch_bounds__(128) verify_strict_kernel(const StrictParams p) {
+  const int i = int(blockIdx.x) * 4 + int(threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (i >= p.bs) return;
+  const bool padded = p.flags & kPadded;
+  const int n = int(p.cu[i + 1] - p.cu[i]);
+  const int W = p.max_n + 1;
+  auto trow = [&](int j) -> int64_t { return padded ? int64_t(i) * W + j : p.cu[i] + i + j; };
+  auto dslot = [&](int j) -> int64_t { return padded ? int64_t(i) * p.max_n + j : p.cu[i] + j; };
+  int f = n;
+  for (int base = 0; base < n; base += 32) {
+    const int j = base + lane;
+    bool fail = false;
+    if (j < n) {
+      const int64_t r = trow(j);
+      fail = !p.row_valid[r] || p.row_tokens[r] != p.ids[dslot(j)];
+    }
+    const unsigned bal = __ballot_sync(0xffffffffu, fail);
+    if (bal) { f = base + __ffs(bal) - 1; break; }
+  }
+  const int64_t rf = trow(f);
+  for (int j = lane; j < W; j += 32) {
+    const int64_t o = int64_t(i) * W + j;
+    const int64_t tok = j < f ? p.ids[dslot(j)] : (j == f ? p.row_tokens[rf] : -1);
+    if (p.out64) static_cast<int64_t*>(p.tokens)[o] = tok;
+    else static_cast<int32_t*>(p.tokens)[o] = int32_t(tok);
+    if (p.lp) {
+      p.lp[o] = j <= f ? p.row_lp[trow(j)] : 0.0f;
+      p.plp[o] = j <= f ? p.row_plp[trow(j)] : 0.0f;
+    }
+  }
+  if (lane == 0) {
+    if (p.out64) static_cast<int64_t*>(p.num_accepted)[i] = f;
+    else static_cast<int32_t*>(p.num_accepted)[i] = f;
+    p.valid[i] = p.row_valid[rf];
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// launchers
+// ------------------------------------------------------------------------------------------
+template <typename Kernel>
+inline cudaError_t launch_maybe_cluster(Kernel kernel, bool cluster, unsigned cs, int64_t blocks,
+                                        cudaStream_t stream, const VerifyParams& p) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(blocks), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (cluster) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cs;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+// cs: CTAs per row (1..8, 1 on GPUs without clusters); vec_ok: rows 16-byte aligned.
+template <typename T>
+inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, bool vec_ok,
+                                               cudaStream_t stream) {
+  constexpr int VEC = 16 / sizeof(T);
+  if (p.bs == 0) return cudaSuccess;
+  const int64_t per = (int64_t(p.V) + cs - 1) / cs;
+  p.chunk = int32_t((per + 7) / 8 * 8);
+  const bool cl = cs > 1;
+  cudaError_t e;
+  if (p.thr != nullptr && p.R_t + p.R_d > 0) {
+    const unsigned blocks = unsigned(p.R_t + p.R_d);
+    if (vec_ok) verify_threshold_kernel<T, VEC><<<blocks, kThreads, 0, stream>>>(p);
+    else verify_threshold_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (p.R_t > 0) {
+    const int64_t blocks = p.R_t * cs;
+    if (vec_ok) {
+      e = cl ? launch_maybe_cluster(verify_pos_kernel<T, VEC, true>, true, cs, blocks, stream, p)
+             : launch_maybe_cluster(verify_pos_kernel<T, VEC, false>, false, 1, blocks, stream, p);
+    } else {
+      e = cl ? launch_maybe_cluster(verify_pos_kernel<T, 1, true>, true, cs, blocks, stream, p)
+             : launch_maybe_cluster(verify_pos_kernel<T, 1, false>, false, 1, blocks, stream, p);
+    }
+    if (e != cudaSuccess) return e;
+  }
+  const int64_t blocks = int64_t(p.bs) * cs;
+  if (vec_ok) {
+    e = cl ? launch_maybe_cluster(verify_final_kernel<T, VEC, true>, true, cs, blocks, stream, p)
+           : launch_maybe_cluster(verify_final_kernel<T, VEC, false>, false, 1, blocks, stream, p);
+  } else {
+    e = cl ? launch_maybe_cluster(verify_final_kernel<T, 1, true>, true, cs, blocks, stream, p)
+           : launch_maybe_cluster(verify_final_kernel<T, 1, false>, false, 1, blocks, stream, p);
+  }
+  return e;
+}
+
+inline cudaError_t launch_verify_strict(const StrictParams& p, cudaStream_t stream) {
+  if (p.bs == 0) return cudaSuccess;
+  const unsigned blocks = unsigned((p.bs + 3) / 4);
+  verify_strict_kernel<<<blocks, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace tokenspeed_kernel::verify

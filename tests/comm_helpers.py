@@ -1,0 +1,578 @@
+"""Multi-process helpers of tests/test_comm.py (one process per rank; gloo on CPU, NCCL on GPU).
+
+Also a small command line used by tools/gpu_comm.sh:
+
+    python tests/comm_helpers.py sanitize [--world 2]   # a few small calls of every P2P kernel
+    python tests/comm_helpers.py triton-sim            # CPU: Triton kernel, simulated ranks
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+try:
+    import tokenspeed_kernel  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SEED = 1234
+
+
+# ---------------------------------------------------------------------------------------------
+# process plumbing
+# ---------------------------------------------------------------------------------------------
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _entry(rank: int, world: int, port: int, backend: str, fn_name: str, args: tuple) -> None:
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    kw = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kw["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, **kw)
+    try:
+        globals()[fn_name](rank, world, *args)
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_workers(fn_name: str, world: int, backend: str, args: tuple = (),
+                timeout_s: float = 600.0) -> None:
+    """Run ``fn_name(rank, world, *args)`` in ``world`` spawned processes; raise on any failure.
+    Kills the (own) children if they do not finish within ``timeout_s`` (a hang is a failure)."""
+    port = free_port()
+    ctx = mp.start_processes(_entry, args=(world, port, backend, fn_name, tuple(args)),
+                             nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"{fn_name}: workers did not finish within {timeout_s:.0f} s "
+                               f"(deadlock or hang)")
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------------
+def int_view_dtype(dtype: torch.dtype) -> torch.dtype:
+    return {2: torch.int16, 4: torch.int32}[torch.empty((), dtype=dtype).element_size()]
+
+
+def make_slice(seed: int, src: int, rows: int, width: int, dtype: torch.dtype,
+               device) -> torch.Tensor:
+    """Deterministic random *bit patterns* (NaN payloads, -0.0, inf included) of rank src."""
+    device = torch.device(device)
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + src * 7919 + rows * 131 + width) % (2**62))
+    it = int_view_dtype(dtype)
+    info = torch.iinfo(it)
+    bits = torch.randint(info.min, info.max, (rows, width), dtype=torch.int64, generator=g,
+                         device=device)
+    return bits.to(it).view(dtype)
+
+
+def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    it = int_view_dtype(got.dtype)
+    g, w = got.contiguous().view(it), want.contiguous().view(it)
+    if not torch.equal(g, w):
+        bad = (g != w).nonzero()
+        raise AssertionError(f"{what}: {bad.shape[0]} of {g.numel()} elements differ, first at "
+                             f"{bad[0].tolist()}")
+
+
+def uneven_widths(world: int, unit: int = 8, base: int = 0) -> list:
+    return [base + unit * (1 + (3 * s) % 5) for s in range(world)]
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU (gloo) workers
+# ---------------------------------------------------------------------------------------------
+def gloo_fallback_worker(rank: int, world: int) -> None:
+    from tokenspeed_kernel import ops
+    from tokenspeed_kernel.ops import comm as oc
+    from tokenspeed_kernel.reference import comm as ref
+
+    cap = 130
+    for dtype in oc.DTYPES:
+        comm = oc.create_all_gather_comm(max_tokens=cap, max_total_width=256, dtype=dtype,
+                                         device="cpu")
+        assert not comm.p2p and not comm.multimem and comm.state is None, comm
+        assert comm.world_size == world and comm.rank == rank
+        assert oc.select_backend(comm, 1, 16) == "nccl"
+        for widths in (None, uneven_widths(world)):
+            ws = [24] * world if widths is None else widths
+            for rows in (1, 7, 64, 128, cap):
+                slices = [make_slice(SEED, s, rows, ws[s], dtype, "cpu") for s in range(world)]
+                want = ref.all_gather_hidden(slices)
+                x = slices[rank]
+                for backend in ("auto", "nccl", "reference"):
+                    y = ops.all_gather_hidden(comm, x, widths=widths, backend=backend)
+                    assert_bits_equal(y, want, f"{dtype} T={rows} widths={ws} {backend}")
+                # out-variant into a row-strided output (pitch H + 8): padding stays untouched
+                H = sum(ws)
+                big = torch.zeros((rows, H + 8), dtype=dtype)
+                big[:, H:].fill_(3)
+                out = big[:, :H]
+                r = ops.all_gather_hidden_out(comm, x, out, widths=widths, backend="nccl")
+                assert r is out
+                assert_bits_equal(out, want, f"{dtype} strided out")
+                assert bool((big[:, H:] == 3).all()), "wrote outside out"
+                # row-strided input
+                xbig = torch.zeros((rows, ws[rank] + 16), dtype=dtype)
+                xbig[:, : ws[rank]] = x
+                y = ops.all_gather_hidden(comm, xbig[:, : ws[rank]], widths=widths)
+                assert_bits_equal(y, want, f"{dtype} strided x")
+        # T == 0: no communication on any rank, empty result
+        y = ops.all_gather_hidden(comm, torch.empty((0, 24), dtype=dtype))
+        assert tuple(y.shape) == (0, 24 * world)
+        # validation happens before any collective, so one rank may raise alone
+        x = make_slice(SEED, rank, 3, 24, dtype, "cpu")
+        bad = [24] * world
+        bad[rank] = 32
+        try:
+            ops.all_gather_hidden(comm, x, widths=bad)
+            raise AssertionError("widths[rank] != x.shape[1] accepted")
+        except ValueError as e:
+            assert str(e).startswith("widths:"), e
+        comm.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (NCCL) workers
+# ---------------------------------------------------------------------------------------------
+def _gpu_backends(comm) -> list:
+    b = ["triton", "nccl", "reference", "auto"]
+    if comm.extension:
+        b.insert(0, "cuda")
+    return b
+
+
+def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
+    """Bit-exact against NCCL (dist.all_gather) for every backend, dtype, T and width layout."""
+    from tokenspeed_kernel import ops
+    from tokenspeed_kernel.ops import comm as oc
+    from tokenspeed_kernel.reference import comm as ref
+
+    dev = torch.device("cuda", rank)
+    cap = 64 if quick else 512
+    layouts = [("hidden", [3584] * world), ("uneven", uneven_widths(world, 8, 2048))]
+    if not quick:
+        layouts.append(("vocab", [151936 // 2] * world if world == 2 else [75968] * world))
+    max_w = max(sum(w) for _, w in layouts)
+    rows_list = [1, 7, 64] if quick else [1, 7, 64, 128, cap]
+    for dtype in oc.DTYPES:
+        comm = oc.create_all_gather_comm(max_tokens=cap, max_total_width=max_w, dtype=dtype)
+        assert comm.p2p, f"rank {rank}: no P2P workspace: {comm.multimem_reason}"
+        assert not comm.multimem and "not requested" in comm.multimem_reason
+        for name, ws in layouts:
+            even = len(set(ws)) == 1
+            for rows in rows_list:
+                slices = [make_slice(SEED, s, rows, ws[s], dtype, dev) for s in range(world)]
+                want = ref.all_gather_hidden(slices)
+                x = slices[rank]
+                nccl_ref = ref.all_gather_hidden_dist(x, comm.group, ws)  # NCCL all_gather
+                assert_bits_equal(nccl_ref, want, "NCCL reference vs local cat")
+                for backend in _gpu_backends(comm):
+                    y = ops.all_gather_hidden(comm, x, widths=None if even else ws,
+                                              backend=backend)
+                    assert_bits_equal(y, nccl_ref, f"{dtype} {name} T={rows} {backend}")
+                    # out-variant, row-strided output
+                    H = sum(ws)
+                    big = torch.zeros((rows, H + 64), dtype=dtype, device=dev)
+                    out = big[:, :H]
+                    ops.all_gather_hidden_out(comm, x, out, widths=ws, backend=backend)
+                    assert_bits_equal(out, nccl_ref, f"{dtype} {name} T={rows} {backend} out")
+                    assert int((big[:, H:] != 0).sum()) == 0, "wrote outside out"
+        comm.check()
+        comm.close()
+    torch.cuda.synchronize()
+
+
+def _gen_bits(idx: torch.Tensor, counter: torch.Tensor, src: int, it: torch.dtype) -> torch.Tensor:
+    """In-graph deterministic pattern of (call counter, source rank, element index)."""
+    v = (idx * 2654435761 + counter * 40503 + (src + 1) * 977) % 2147483629
+    v = (v ^ (v >> 13)) & (0xFFFF if it == torch.int16 else 0x7FFFFFFF)
+    if it == torch.int16:
+        v = v - 32768
+    return v.to(it)
+
+
+def gpu_graph_worker(rank: int, world: int, replays: int = 10000) -> None:
+    """CUDA-graph capture + `replays` replays with inputs that change every replay (generated
+    in-graph from a device counter), verified in-graph every replay and on the host at the end;
+    the graph also interleaves NCCL collectives and both P2P backends."""
+    from tokenspeed_kernel import ops
+    from tokenspeed_kernel.ops import comm as oc
+
+    dev = torch.device("cuda", rank)
+    for dtype, ws in ((torch.bfloat16, [3584] * world), (torch.float32, uneven_widths(world, 8, 4096))):
+        comm = oc.create_all_gather_comm(max_tokens=16, max_total_width=sum(ws), dtype=dtype)
+        rows, H, w = 8, sum(ws), ws[rank]
+        offs = [0]
+        for v in ws:
+            offs.append(offs[-1] + v)
+        it = int_view_dtype(dtype)
+        backends = (["cuda"] if comm.extension else []) + ["triton"]
+        x = torch.zeros((rows, w), dtype=dtype, device=dev)
+        outs = {b: torch.zeros((rows, H), dtype=dtype, device=dev) for b in backends}
+        counter = torch.zeros((), dtype=torch.int64, device=dev)
+        mism = torch.zeros((), dtype=torch.int64, device=dev)
+        red = torch.zeros(4, dtype=torch.float32, device=dev)
+        idx = {s: torch.arange(rows * ws[s], device=dev, dtype=torch.int64).view(rows, ws[s])
+               for s in range(world)}
+
+        def step():
+            x.view(it).copy_(_gen_bits(idx[rank], counter, rank, it))
+            for b in backends:
+                ops.all_gather_hidden_out(comm, x, outs[b], widths=ws, backend=b)
+                red.fill_(1.0)
+                dist.all_reduce(red, group=comm.group)   # NCCL collective in between
+                o = outs[b].view(it)
+                for s in range(world):
+                    mism.add_((o[:, offs[s]:offs[s + 1]] != _gen_bits(idx[s], counter, s, it)).sum())
+                mism.add_((red != float(world)).sum())
+            counter.add_(1)
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        assert int(mism.item()) == 0, f"eager warm-up mismatches: {int(mism.item())}"
+        calls0 = comm.calls
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        for _ in range(replays):
+            g.replay()
+        torch.cuda.synchronize()
+        comm.check()
+        assert int(mism.item()) == 0, f"{dtype}: {int(mism.item())} mismatching elements"
+        assert int(counter.item()) == 3 + replays
+        assert comm.calls == calls0 + replays * len(backends), (comm.calls, calls0)
+        # host check of the last replay
+        last = counter - 1
+        for b in backends:
+            for s_ in range(world):
+                want = _gen_bits(idx[s_], last, s_, it)
+                assert torch.equal(outs[b].view(it)[:, offs[s_]:offs[s_ + 1]], want)
+        del g
+        comm.close()
+
+
+def gpu_interleave_worker(rank: int, world: int, iters: int = 300) -> None:
+    """Back-to-back calls without host sync, mixed with NCCL collectives, switching backends
+    between calls on one communicator, with random per-rank delays so ranks run ahead of each
+    other; every result verified at the end."""
+    import random
+
+    from tokenspeed_kernel import ops
+    from tokenspeed_kernel.ops import comm as oc
+    from tokenspeed_kernel.reference import comm as ref
+
+    dev = torch.device("cuda", rank)
+    ws = uneven_widths(world, 8, 1024)
+    comm = oc.create_all_gather_comm(max_tokens=32, max_total_width=sum(ws), dtype=torch.bfloat16,
+                                     enable_view=comm_view_ok())
+    rng = random.Random(99)          # same sequence of choices on every rank
+    delay = random.Random(1000 + rank)  # different delays per rank
+    backends = (["cuda"] if comm.extension else []) + ["triton", "nccl"]
+    pending = []
+    for i in range(iters):
+        rows = rng.choice([1, 3, 8, 32])
+        op = rng.choice(backends + ["allreduce", "allgather", "view"] if comm.extension else
+                        backends + ["allreduce", "allgather"])
+        if delay.random() < 0.3:
+            torch.cuda._sleep(int(delay.random() * 200_000))
+        if op in backends:
+            x = make_slice(i, rank, rows, ws[rank], torch.bfloat16, dev)
+            y = ops.all_gather_hidden(comm, x, widths=ws, backend=op)
+            pending.append((i, rows, "ag", y))
+        elif op == "view":
+            x = make_slice(i, rank, rows, ws[rank], torch.bfloat16, dev)
+            v = ops.all_gather_hidden_view(comm, x, widths=ws)
+            pending.append((i, rows, "ag", v.clone()))   # consume before the next view call
+        elif op == "allreduce":
+            t = torch.full((1024,), float(rank + i), device=dev)
+            dist.all_reduce(t)
+            pending.append((i, rows, "allreduce", t))
+        else:
+            t = torch.full((rows, 8), float(rank * 1000 + i), device=dev)
+            o = torch.empty((world * rows, 8), device=dev)
+            dist.all_gather_into_tensor(o, t)
+            pending.append((i, rows, "allgather", o))
+    torch.cuda.synchronize()
+    comm.check()
+    for i, rows, kind, got in pending:
+        if kind == "ag":
+            want = ref.all_gather_hidden(
+                [make_slice(i, s, rows, ws[s], torch.bfloat16, dev) for s in range(world)])
+            assert_bits_equal(got, want, f"call {i}")
+        elif kind == "allreduce":
+            assert torch.all(got == float(sum(range(world)) + world * i))
+        else:
+            want = torch.cat([torch.full((rows, 8), float(s * 1000 + i), device=dev)
+                              for s in range(world)])
+            assert torch.equal(got, want)
+    comm.close()
+
+
+def comm_view_ok() -> bool:
+    from tokenspeed_kernel import _library
+    return _library.extension_available()
+
+
+def gpu_timeout_worker(rank: int, world: int) -> None:
+    """Rank 0 calls, the others do not: rank 0's kernel must give up after timeout_ms and the
+    communicator must report it (no hang). Checked for every P2P backend."""
+    from tokenspeed_kernel import ops
+    from tokenspeed_kernel.ops import comm as oc
+
+    dev = torch.device("cuda", rank)
+    backends = (["cuda"] if comm_view_ok() else []) + ["triton"]
+    for b in backends:
+        comm = oc.create_all_gather_comm(max_tokens=8, max_total_width=1024,
+                                         dtype=torch.bfloat16, timeout_ms=300)
+        if rank == 0:
+            x = torch.ones((4, 256), dtype=torch.bfloat16, device=dev)
+            t0 = time.monotonic()
+            ops.all_gather_hidden(comm, x, backend=b)
+            torch.cuda.synchronize()
+            dt = time.monotonic() - t0
+            err = comm.error()
+            assert err is not None and "gave up" in err, err
+            try:
+                comm.check()
+                raise AssertionError("check() did not raise")
+            except oc.CommError:
+                pass
+            # poisoned: the next call returns at once instead of waiting again
+            t1 = time.monotonic()
+            ops.all_gather_hidden(comm, x, backend=b)
+            torch.cuda.synchronize()
+            assert time.monotonic() - t1 < 5.0
+            print(f"[timeout/{b}] rank 0 gave up after {dt:.2f} s: {err}", flush=True)
+        dist.barrier()
+        comm.close()
+
+
+def gpu_opcheck_worker(rank: int, world: int) -> None:
+    """torch.library.opcheck of the CUDA op on a one-rank group (the op is then a local copy)."""
+    from tokenspeed_kernel import _library
+    from tokenspeed_kernel.ops import comm as oc
+
+    groups = [dist.new_group([r]) for r in range(world)]
+    if not _library.extension_available():
+        print("[opcheck] extension unavailable: skipped", flush=True)
+        return
+    comm = oc.create_all_gather_comm(groups[rank], max_tokens=8, max_total_width=512,
+                                     dtype=torch.bfloat16)
+    assert comm.p2p and comm.world_size == 1
+    dev = torch.device("cuda", rank)
+    x = make_slice(3, rank, 5, 256, torch.bfloat16, dev)
+    out = torch.empty((5, 256), dtype=torch.bfloat16, device=dev)
+    args = (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags, 0, [0, 256],
+            0, comm.buf_bytes, 1, 0, 10**9)
+    torch.library.opcheck(torch.ops.tokenspeed_kernel.all_gather_hidden.default, args)
+    torch.ops.tokenspeed_kernel.all_gather_hidden(*args)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), x.view(torch.int16))
+    comm.check()
+
+
+def gpu_sanitize_worker(rank: int, world: int) -> None:
+    """A few small calls of every P2P kernel (for compute-sanitizer)."""
+    from tokenspeed_kernel import ops
+    from tokenspeed_kernel.ops import comm as oc
+    from tokenspeed_kernel.reference import comm as ref
+
+    dev = torch.device("cuda", rank)
+    ws = uneven_widths(world, 8, 64)
+    comm = oc.create_all_gather_comm(max_tokens=8, max_total_width=sum(ws), dtype=torch.bfloat16,
+                                     enable_view=comm_view_ok())
+    backends = (["cuda"] if comm.extension else []) + ["triton"]
+    for i in range(3):
+        slices = [make_slice(i, s, 7, ws[s], torch.bfloat16, dev) for s in range(world)]
+        want = ref.all_gather_hidden(slices)
+        for b in backends:
+            assert_bits_equal(ops.all_gather_hidden(comm, slices[rank], widths=ws, backend=b),
+                              want, f"sanitize {b}")
+        if comm.extension:
+            assert_bits_equal(ops.all_gather_hidden_view(comm, slices[rank], widths=ws).clone(),
+                              want, "sanitize view")
+    torch.cuda.synchronize()
+    comm.check()
+    comm.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the Triton kernel under TRITON_INTERPRET=1 with W simulated ranks in one process
+# ---------------------------------------------------------------------------------------------
+def triton_simulation() -> None:
+    """Runs every simulated rank's phase 1 (push + publish), then every phase 2 (wait + copy-out
+    + advance); checks results, the device call counter, the buffer parity and the timeout path.
+    Must run with TRITON_INTERPRET=1 set before triton is imported."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    from tokenspeed_kernel.ops import comm as oc
+    from tokenspeed_kernel.triton import comm as tc
+
+    def setup(W, rows, widths, dtype):
+        esz = torch.empty((), dtype=dtype).element_size()
+        vec = 16 // esz
+        H = sum(widths)
+        buf_bytes = -(-rows * H * esz // 256) * 256
+        symm = [torch.zeros(oc.FLAG_BYTES + 2 * buf_bytes, dtype=torch.uint8) for _ in range(W)]
+        state = [torch.zeros(oc.STATE_WORDS, dtype=torch.int64) for _ in range(W)]
+        pdata = torch.tensor([s.data_ptr() + oc.FLAG_BYTES for s in symm], dtype=torch.int64)
+        pflags = torch.tensor([s.data_ptr() for s in symm], dtype=torch.int64)
+        offs = [0]
+        for w in widths:
+            offs.append(offs[-1] + w)
+        offs_vec = torch.tensor([o // vec for o in offs], dtype=torch.int32)
+        return symm, state, pdata, pflags, offs_vec, buf_bytes, H
+
+    cases = [(2, 1, [8, 8], torch.bfloat16, 1), (2, 3, [8, 16], torch.bfloat16, 2),
+             (2, 2, [1024, 1032], torch.float32, 3), (4, 5, [16, 8, 24, 8], torch.float16, 4),
+             (3, 4, [2048, 8, 1032], torch.bfloat16, 5), (8, 2, [8] * 8, torch.float32, 2)]
+    for W, rows, widths, dtype, G in cases:
+        symm, state, pdata, pflags, offs_vec, buf_bytes, H = setup(W, rows, widths, dtype)
+        esz = torch.empty((), dtype=dtype).element_size()
+        for k in range(4):
+            xs = [make_slice(k, s, rows, widths[s], dtype, "cpu") for s in range(W)]
+            outs = [torch.empty((rows, H), dtype=dtype) for _ in range(W)]
+            for phase in (1, 2):
+                for r in range(W):
+                    tc.all_gather_hidden(xs[r], outs[r], pdata, pflags, state[r], offs_vec, r,
+                                         buf_bytes, G, 0, phase=phase, max_spins=8)
+            want = torch.cat(xs, 1)
+            for r in range(W):
+                assert_bits_equal(outs[r], want, f"sim W={W} {widths} call {k} rank {r}")
+                assert state[r][oc.STATE_SEQ].item() == k + 1
+                assert state[r][oc.STATE_ERR].item() == 0
+                assert state[r][oc.STATE_DONE].item() == 0
+                # call k+1 (epoch) wrote buffer (k+1) & 1
+                data = symm[r][oc.FLAG_BYTES:].view(torch.uint8)
+                buf = data[((k + 1) & 1) * buf_bytes:][: rows * H * esz].view(dtype).view(rows, H)
+                assert_bits_equal(buf, want, "parity buffer")
+                flags = symm[r][: oc.FLAG_BYTES].view(torch.int64).view(3, oc.MAX_BLOCKS,
+                                                                           oc.MAX_RANKS)
+                assert bool((flags[2, :G, :W] == k + 1).all())   # the Triton region
+                assert bool((flags[2, G:] == 0).all()) and bool((flags[2, :, W:] == 0).all())
+                assert bool((flags[:2] == 0).all())              # CUDA data / ready untouched
+        print(f"triton-sim ok: W={W} T={rows} widths={widths} {dtype} G={G}", flush=True)
+
+    # timeout: rank 1 never pushes; rank 0 gives up, records the error, and is poisoned
+    W, rows, widths, dtype, G = 2, 2, [8, 8], torch.bfloat16, 2
+    symm, state, pdata, pflags, offs_vec, buf_bytes, H = setup(W, rows, widths, dtype)
+    x = make_slice(0, 0, rows, 8, dtype, "cpu")
+    out = torch.zeros((rows, H), dtype=dtype)
+    tc.all_gather_hidden(x, out, pdata, pflags, state[0], offs_vec, 0, buf_bytes, G, 0,
+                         phase=3, max_spins=4)
+    st = state[0].tolist()
+    assert st[oc.STATE_ERR] == oc.ERR_TIMEOUT_DATA and st[oc.STATE_ERR_SRC] == 1, st
+    assert st[oc.STATE_ERR_EPOCH] == 1, st
+    assert bool((out.view(torch.int16) == 0).all()), "copied out after a timeout"
+    flags1 = symm[1][: oc.FLAG_BYTES].view(torch.int64)
+    before = flags1.clone()
+    tc.all_gather_hidden(x, out, pdata, pflags, state[0], offs_vec, 0, buf_bytes, G, 0,
+                         phase=3, max_spins=4)
+    assert torch.equal(flags1, before), "a poisoned communicator still signalled"
+    print("triton-sim ok: timeout path", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: ahead-of-time compile of the Triton kernel for sm_90 (no GPU needed)
+# ---------------------------------------------------------------------------------------------
+def triton_aot_check() -> int:
+    """Compiles the Triton kernel for sm_90 and greps its PTX. Returns 5 (skip) when this
+    triton's ahead-of-time API differs, 0 on success; raises on a failed check."""
+    import re
+
+    assert os.environ.get("TRITON_INTERPRET") != "1", "run with the interpreter off"
+    import triton
+
+    from tokenspeed_kernel.triton import comm as tc
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        print(f"triton {triton.__version__}: no ahead-of-time compile API ({e})")
+        return 5
+    for dtype, world in (("bf16", 2), ("fp32", 4)):
+        sig = {"x_ptr": f"*{dtype}", "ldx": "i32", "out_ptr": f"*{dtype}", "ldo": "i32",
+               "peer_data_ptr": "*i64", "peer_flags_ptr": "*i64", "state_ptr": "*i64",
+               "offs_ptr": "*i32", "rows": "i32", "row_vec": "i32", "buf_vec": "i64",
+               "rank": "i32", "timeout_ns": "i64", "W": "constexpr", "VEC": "constexpr",
+               "BLOCK": "constexpr", "MAXR": "constexpr", "FLAG_OFF": "constexpr",
+               "PHASE": "constexpr", "USE_TIMER": "constexpr", "MAX_SPINS": "constexpr"}
+        const = {"W": world, "VEC": 8 if dtype == "bf16" else 4, "BLOCK": tc.BLOCK,
+                 "MAXR": tc.MAX_RANKS, "FLAG_OFF": tc.FLAG_OFFSET, "PHASE": 3,
+                 "USE_TIMER": True, "MAX_SPINS": 1}
+        attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 7, 9)}
+        try:
+            src = ASTSource(fn=tc._all_gather_hidden_kernel, signature=sig, constexprs=const,
+                            attrs=attrs)
+        except TypeError as e:
+            print(f"triton {triton.__version__}: ahead-of-time compile API differs ({e})")
+            return 5
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        ptx = k.asm["ptx"]
+        checks = {
+            "16-byte push (st.global.v4)": r"st\.global\.v4\.b32",
+            "16-byte L1-bypassing copy-out (ld.global.cg.v4)": r"ld\.global\.cg\.v4\.b32",
+            "flag publish (atom.release.sys)": r"atom\.global\.sys\.release\.exch\.b64",
+            "flag wait (ld.acquire.sys)": r"ld\.global\.sys\.acquire\.b64",
+            "bounded wait (%globaltimer)": r"%globaltimer",
+        }
+        for what, pat in checks.items():
+            n = len(re.findall(pat, ptx))
+            assert n > 0, f"{dtype} W={world}: no {what} in the PTX"
+            print(f"  {dtype} W={world}: {what}: {n}")
+        print(f"triton-aot ok: {dtype} W={world}", flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["sanitize", "triton-sim", "triton-aot", "correctness"])
+    ap.add_argument("--world", type=int, default=2)
+    a = ap.parse_args()
+    if a.what == "triton-sim":
+        triton_simulation()
+    elif a.what == "triton-aot":
+        sys.exit(triton_aot_check())
+    elif a.what == "sanitize":
+        run_workers("gpu_sanitize_worker", a.world, "nccl", timeout_s=1200)
+        print("sanitize run: ok")
+    else:
+        run_workers("gpu_correctness_worker", a.world, "nccl", args=(True,))
+        print("correctness (quick): ok")

@@ -1,0 +1,498 @@
+"""Tests of the TP all-gather along the hidden dimension (ops.all_gather_hidden & co).
+
+CPU (always): argument validation, the plain-PyTorch reference, the auto policy, the multicast
+gate, the NCCL-style fallback over gloo with two spawned CPU processes, the Triton kernel under
+TRITON_INTERPRET=1 with simulated ranks (subprocess), importability without the extension.
+GPU (markers gpu + multigpu(2); skipped below 2 GPUs): one process per GPU, bit-exact against
+NCCL, 10000 CUDA-graph replays, interleaving with NCCL, bounded-wait errors, opcheck, the
+multicast gate on the machine's real environment.
+
+Shape grid, on purpose: T in {1, 7, 64, 128, capacity} (one row, an odd count that does not
+divide the grid, two powers of two around the decode sizes, the full workspace); widths even
+(hidden 7168 / vocab 151936 at TP=2) and uneven (ranks with different column counts, so column
+offsets are not multiples of a common width); all three dtypes; random bit patterns (NaN
+payloads, -0.0, inf) so that "bit-exact" means bits, not values.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import tokenspeed_kernel  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import comm_helpers as H  # noqa: E402
+from tokenspeed_kernel import _library, ops  # noqa: E402
+from tokenspeed_kernel.ops import comm as oc  # noqa: E402
+from tokenspeed_kernel.reference import comm as ref  # noqa: E402
+
+N_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _env_for_subprocess(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# constants shared with the CUDA header
+# ---------------------------------------------------------------------------------------------
+def test_constants_match_cuda_header():
+    src = (ROOT / "csrc" / "comm" / "all_gather_hidden.cuh").read_text()
+
+    def const(name):
+        m = re.search(rf"constexpr\s+(?:int|int64_t)\s+{name}\s*=\s*([^;]+);", src)
+        assert m, name
+        return m.group(1).strip()
+
+    assert int(const("kAgMaxRanks")) == oc.MAX_RANKS
+    assert int(const("kAgMaxBlocks")) == oc.MAX_BLOCKS
+    assert int(const("kAgStateWords")) == oc.STATE_WORDS
+    assert int(const("kAgStateSeq")) == oc.STATE_SEQ
+    assert int(const("kAgStateErr")) == oc.STATE_ERR
+    assert int(const("kAgStateErrBlock")) == oc.STATE_ERR_BLOCK
+    assert int(const("kAgStateErrSrc")) == oc.STATE_ERR_SRC
+    assert int(const("kAgStateErrEpoch")) == oc.STATE_ERR_EPOCH
+    assert int(const("kAgStateDone")) == oc.STATE_DONE
+    assert int(const("kAgErrTimeoutData")) == oc.ERR_TIMEOUT_DATA
+    assert int(const("kAgErrTimeoutReady")) == oc.ERR_TIMEOUT_READY
+    assert int(const("kAgFlagMultimem")) == oc.F_MULTIMEM
+    assert int(const("kAgFlagView")) == oc.F_VIEW
+    assert int(const("kAgFlagTrap")) == oc.F_TRAP
+    assert const("kAgReadyOffset") == "int64_t(kAgMaxBlocks) * kAgMaxRanks"
+    assert const("kAgTritonOffset") == "2 * kAgReadyOffset"
+    assert const("kAgFlagBytes") == "3 * kAgReadyOffset * 8"
+    assert oc.READY_OFFSET == oc.MAX_BLOCKS * oc.MAX_RANKS
+    assert oc.TRITON_FLAG_OFFSET == 2 * oc.READY_OFFSET
+    assert oc.FLAG_BYTES == 3 * oc.MAX_BLOCKS * oc.MAX_RANKS * 8
+    from tokenspeed_kernel.triton import comm as tc
+    assert tc.MAX_RANKS == oc.MAX_RANKS and tc.FLAG_OFFSET == oc.TRITON_FLAG_OFFSET
+    assert (tc.STATE_SEQ, tc.STATE_ERR, tc.STATE_DONE, tc.ERR_TIMEOUT_DATA) == \
+        (oc.STATE_SEQ, oc.STATE_ERR, oc.STATE_DONE, oc.ERR_TIMEOUT_DATA)
+
+
+# ---------------------------------------------------------------------------------------------
+# reference
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", oc.DTYPES)
+def test_reference_places_each_slice_at_its_offset(dtype):
+    widths = [8, 24, 16]
+    slices = [H.make_slice(5, s, 7, w, dtype, "cpu") for s, w in enumerate(widths)]
+    y = ref.all_gather_hidden(slices)
+    offs = ref.column_offsets(widths)
+    assert offs == [0, 8, 32, 48] and tuple(y.shape) == (7, 48)
+    for s in range(3):
+        H.assert_bits_equal(y[:, offs[s]:offs[s + 1]], slices[s], f"slice {s}")
+
+
+def test_reference_errors():
+    with pytest.raises(ValueError, match="slices"):
+        ref.all_gather_hidden([])
+    with pytest.raises(ValueError, match=r"slices\[1\]"):
+        ref.all_gather_hidden([torch.zeros(2, 8), torch.zeros(3, 8)])
+    with pytest.raises(ValueError, match=r"slices\[1\]"):
+        ref.all_gather_hidden([torch.zeros(2, 8), torch.zeros(2, 8, dtype=torch.bfloat16)])
+
+
+# ---------------------------------------------------------------------------------------------
+# multicast gate (pure function; the environment is passed in, never modified)
+# ---------------------------------------------------------------------------------------------
+GOOD = dict(requested=True, multicast_ptr=0x7F0000000000, offset_ok=True, capability=(9, 0),
+            extension=True)
+
+
+@pytest.mark.parametrize("name,value", oc.MULTICAST_DISABLE_ENV)
+def test_multimem_gate_refuses_when_a_disabling_variable_is_set(name, value):
+    before = dict(os.environ)
+    ok, why = oc.multimem_gate(**GOOD, environ={name: value})
+    assert not ok and name in why
+    ok, why = oc.multimem_gate(**GOOD, environ={name: value, "UNRELATED": "1"})
+    assert not ok
+    assert dict(os.environ) == before  # read only
+
+
+def test_multimem_gate_conditions():
+    assert oc.multimem_gate(**GOOD, environ={}) == (True, "enabled")
+    assert not oc.multimem_gate(**{**GOOD, "requested": False}, environ={})[0]
+    assert not oc.multimem_gate(**{**GOOD, "multicast_ptr": 0}, environ={})[0]
+    assert not oc.multimem_gate(**{**GOOD, "offset_ok": False}, environ={})[0]
+    assert not oc.multimem_gate(**{**GOOD, "capability": (8, 0)}, environ={})[0]
+    assert not oc.multimem_gate(**{**GOOD, "extension": False}, environ={})[0]
+    # values that do not disable
+    assert oc.multimem_gate(**GOOD, environ={"NCCL_NVLS_ENABLE": "1",
+                                             "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0",
+                                             "NVSHMEM_DISABLE_NVLS": "0"})[0]
+    assert oc.multicast_disabled_by_env({"NCCL_NVLS_ENABLE": " 0 "}) == "NCCL_NVLS_ENABLE=0"
+
+
+# ---------------------------------------------------------------------------------------------
+# auto policy
+# ---------------------------------------------------------------------------------------------
+def _fake_comm(**kw):
+    c = oc.AllGatherComm()
+    c.world_size, c.rank, c.dtype = 2, 0, torch.bfloat16
+    c.p2p, c.extension, c.triton, c.multimem = True, True, True, False
+    c.multimem_reason = "not requested"
+    c.p2p_max_bytes, c.block_bytes, c.max_blocks = oc.DEFAULT_P2P_MAX_BYTES, 16384, 132
+    for k, v in kw.items():
+        setattr(c, k, v)
+    return c
+
+
+def test_select_backend_auto_policy():
+    assert oc.select_backend(_fake_comm(), 1, 7168) == "cuda"
+    assert oc.select_backend(_fake_comm(extension=False), 1, 7168) == "triton"
+    assert oc.select_backend(_fake_comm(extension=False, triton=False), 1, 7168) == "nccl"
+    assert oc.select_backend(_fake_comm(p2p=False), 1, 7168) == "nccl"
+    assert oc.select_backend(_fake_comm(world_size=1), 1, 7168) == "copy"
+    c = _fake_comm(p2p_max_bytes=1 << 20)
+    assert oc.select_backend(c, 64, 8192) == "cuda"          # exactly 1 MiB
+    assert oc.select_backend(c, 65, 8192) == "nccl"          # past the crossover
+    assert oc.select_backend(_fake_comm(multimem=True), 1, 7168) == "cuda"  # never auto
+
+
+def test_select_backend_explicit_refusals():
+    with pytest.raises(ValueError, match="^backend:"):
+        oc.select_backend(_fake_comm(), 1, 8, "bogus")
+    with pytest.raises(ValueError, match="^backend:.*multimem"):
+        oc.select_backend(_fake_comm(), 1, 8, "multimem")
+    for b in ("cuda", "triton", "multimem"):
+        with pytest.raises(ValueError, match="^backend:"):
+            oc.select_backend(_fake_comm(p2p=False), 1, 8, b)
+    with pytest.raises(ValueError, match="^backend:"):
+        oc.select_backend(_fake_comm(triton=False), 1, 8, "triton")
+    with pytest.raises((ValueError, _library.ExtensionUnavailable)):
+        oc.select_backend(_fake_comm(extension=False), 1, 8, "cuda")
+    assert oc.select_backend(_fake_comm(p2p=False), 1, 8, "nccl") == "nccl"
+    assert oc.select_backend(_fake_comm(p2p=False), 1, 8, "reference") == "reference"
+
+
+def test_num_blocks_is_a_function_of_the_call_shape():
+    c = _fake_comm(block_bytes=16384, max_blocks=100)
+    assert oc._num_blocks(c, 1, [3584, 3584]) == 1                  # 7 KiB slice
+    assert oc._num_blocks(c, 8, [3584, 3584]) == 4                  # 56 KiB
+    assert oc._num_blocks(c, 1, [75968, 75968]) == 10               # 148 KiB
+    assert oc._num_blocks(c, 512, [75968, 75968]) == 100            # capped
+    assert oc._num_blocks(c, 8, [3072, 4096]) == 4                  # widest slice decides
+
+
+# ---------------------------------------------------------------------------------------------
+# one-process gloo group: validation and the world-size-1 behaviour
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gloo1():
+    import torch.distributed as dist
+    if dist.is_initialized():
+        pytest.skip("a default process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{H.free_port()}", rank=0,
+                            world_size=1)
+    comm = oc.create_all_gather_comm(max_tokens=16, max_total_width=64, dtype=torch.bfloat16,
+                                     device="cpu")
+    yield comm
+    dist.destroy_process_group()
+
+
+def test_comm_on_cpu_has_no_p2p(gloo1):
+    c = gloo1
+    assert (c.rank, c.world_size, c.p2p, c.multimem, c.state) == (0, 1, False, False, None)
+    assert c.error() is None and c.calls == 0
+    c.check()
+    assert "AllGatherComm(" in repr(c)
+
+
+@pytest.mark.parametrize("backend", ["auto", "nccl", "reference"])
+def test_world_size_one_is_a_copy(gloo1, backend):
+    x = H.make_slice(1, 0, 5, 16, torch.bfloat16, "cpu")
+    y = ops.all_gather_hidden(gloo1, x, backend=backend)
+    H.assert_bits_equal(y, x, backend)
+    assert y.data_ptr() != x.data_ptr()
+
+
+def test_validation_errors_name_the_argument(gloo1):
+    c = gloo1
+    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+
+    def bad(arg, fn, *a, **k):
+        with pytest.raises(ValueError, match=f"^{arg}:"):
+            fn(*a, **k)
+
+    ag, ago = ops.all_gather_hidden, ops.all_gather_hidden_out
+    bad("comm", ag, object(), x)
+    bad("x", ag, c, [[1.0]])
+    bad("x", ag, c, torch.zeros(16, dtype=torch.bfloat16))                 # 1-D
+    bad("x", ag, c, torch.zeros(4, 16, dtype=torch.float32))               # dtype
+    bad("x", ag, c, torch.zeros(4, 16, dtype=torch.bfloat16, device="meta"))  # device
+    bad("x", ag, c, torch.zeros(16, 4, dtype=torch.bfloat16).t())          # last dim stride
+    bad("x", ag, c, torch.zeros(4, 20, dtype=torch.bfloat16)[:, :16])      # 40-byte rows
+    bad("x", ag, c, torch.zeros(4, 24, dtype=torch.bfloat16)[:, 8:24][:, 1:9])  # unaligned ptr
+    bad("x", ag, c, torch.zeros(17, 16, dtype=torch.bfloat16))             # T > capacity
+    bad("x", ag, c, torch.zeros(4, 4, dtype=torch.bfloat16))               # 8-byte width
+    bad("x", ag, c, torch.zeros(4, 72, dtype=torch.bfloat16))              # H > max width
+    bad("widths", ag, c, x, widths=[16, 16])                               # len != world
+    bad("widths", ag, c, x, widths=[8])                                    # != x.shape[1]
+    bad("widths", ag, c, x, widths=[16.0])
+    bad("widths", ag, c, x, widths=[True])
+    bad("widths", ag, c, x, widths=16)
+    bad("backend", ag, c, x, backend="nvls")
+    bad("backend", ag, c, x, backend="cuda")                               # no P2P here
+    bad("backend", ag, c, x, backend="triton")
+    bad("backend", ag, c, x, backend="multimem")
+    bad("out", ago, c, x, None)
+    bad("out", ago, c, x, torch.zeros(4, 32, dtype=torch.bfloat16))        # shape
+    bad("out", ago, c, x, torch.zeros(4, 16, dtype=torch.float16))         # dtype
+    bad("out", ago, c, x, torch.zeros(16, 4, dtype=torch.bfloat16).t())    # stride
+    big = torch.zeros(4, 32, dtype=torch.bfloat16)
+    bad("out", ago, c, big[:, :16], big[:, 8:24])                          # overlap
+    bad("comm", ops.all_gather_hidden_view, c, x)                          # no view buffer
+
+
+def test_create_comm_argument_errors(gloo1):
+    mk = oc.create_all_gather_comm
+    base = dict(max_tokens=4, max_total_width=64, dtype=torch.bfloat16, device="cpu")
+    for arg, upd in [("dtype", dict(dtype=torch.int32)), ("max_tokens", dict(max_tokens=0)),
+                     ("max_total_width", dict(max_total_width=True)),
+                     ("timeout_ms", dict(timeout_ms=-1)), ("block_bytes", dict(block_bytes=8)),
+                     ("max_blocks", dict(max_blocks=0)), ("max_blocks", dict(max_blocks=10**6)),
+                     ("p2p_max_bytes", dict(p2p_max_bytes=-5)),
+                     ("device", dict(device="meta"))]:
+        with pytest.raises(ValueError, match=f"^{arg}:"):
+            mk(**{**base, **upd})
+
+
+def test_comm_error_reporting():
+    c = _fake_comm()
+    c.timeout_ms = 250
+    c.state = torch.zeros(oc.STATE_WORDS, dtype=torch.int64)
+    assert c.error() is None
+    c.state[oc.STATE_ERR] = oc.ERR_TIMEOUT_DATA
+    c.state[oc.STATE_ERR_SRC] = 1
+    c.state[oc.STATE_ERR_BLOCK] = 3
+    c.state[oc.STATE_ERR_EPOCH] = 42
+    msg = c.error()
+    assert "rank 1" in msg and "call 42" in msg and "250 ms" in msg
+    with pytest.raises(oc.CommError, match="gave up"):
+        c.check()
+
+
+# ---------------------------------------------------------------------------------------------
+# two CPU processes over gloo: the NCCL-style fallback + reference, bit-exact
+# ---------------------------------------------------------------------------------------------
+def test_gloo_two_processes_fallback_bit_exact():
+    H.run_workers("gloo_fallback_worker", 2, "gloo", timeout_s=600)
+
+
+# ---------------------------------------------------------------------------------------------
+# the Triton kernel, interpreted on the CPU with simulated ranks
+# ---------------------------------------------------------------------------------------------
+def test_triton_kernel_simulated_ranks_interpreter():
+    r = subprocess.run([sys.executable, str(Path(__file__).parent / "comm_helpers.py"),
+                        "triton-sim"], env=_env_for_subprocess(TRITON_INTERPRET="1"),
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "timeout path" in r.stdout
+
+
+def test_triton_kernel_compiles_for_sm90():
+    """Ahead-of-time compile for sm_90 without a GPU (subprocess, interpreter off): catches what
+    the interpreter does not (types of atomics, constexpr globals) and checks the PTX for
+    vectorized 16-byte pushes, release / acquire flags at system scope and the %globaltimer
+    bound (see comm_helpers.triton_aot_check)."""
+    env = _env_for_subprocess()
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, str(Path(__file__).parent / "comm_helpers.py"),
+                        "triton-aot"], env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode == 5:
+        pytest.skip(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("triton-aot ok") == 2, r.stdout
+
+
+def test_ops_import_without_gpu_or_extension():
+    code = ("import tokenspeed_kernel as t\n"
+            "from tokenspeed_kernel import ops\n"
+            "assert callable(ops.all_gather_hidden) and callable(ops.create_all_gather_comm)\n"
+            "assert not t.extension_available()\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=_env_for_subprocess(TOKENSPEED_KERNEL_NO_EXT="1",
+                                               CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not _library.extension_available(), reason="needs the compiled extension")
+def test_fake_kernel_registered():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    op = torch.ops.tokenspeed_kernel.all_gather_hidden.default
+    with FakeTensorMode():
+        x = torch.empty(2, 8, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(2, 16, dtype=torch.bfloat16, device="cuda")
+        st = torch.empty(oc.STATE_WORDS, dtype=torch.int64, device="cuda")
+        sy = torch.empty(oc.FLAG_BYTES + 1024, dtype=torch.uint8, device="cuda")
+        assert op(x, out, st, sy, [0, 0], [0, 0], 0, [0, 8, 16], 0, 512, 1, 0, 0) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# multi-GPU (one process per GPU, NCCL): run by tools/gpu_comm.sh on the 2-GPU machine
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.multigpu(2)
+@pytest.mark.skipif(N_GPUS < 2, reason="needs 2 CUDA GPUs")
+def test_multigpu_bit_exact_vs_nccl():
+    H.run_workers("gpu_correctness_worker", 2, "nccl", timeout_s=1200)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu(2)
+@pytest.mark.skipif(N_GPUS < 2, reason="needs 2 CUDA GPUs")
+def test_multigpu_graph_replays_10000():
+    H.run_workers("gpu_graph_worker", 2, "nccl", args=(10000,), timeout_s=1200)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu(2)
+@pytest.mark.skipif(N_GPUS < 2, reason="needs 2 CUDA GPUs")
+def test_multigpu_back_to_back_interleaved_with_nccl():
+    H.run_workers("gpu_interleave_worker", 2, "nccl", timeout_s=900)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu(2)
+@pytest.mark.skipif(N_GPUS < 2, reason="needs 2 CUDA GPUs")
+def test_multigpu_missing_peer_times_out_and_raises():
+    H.run_workers("gpu_timeout_worker", 2, "nccl", timeout_s=600)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu(2)
+@pytest.mark.skipif(N_GPUS < 2, reason="needs 2 CUDA GPUs")
+def test_multigpu_opcheck_one_rank_groups():
+    H.run_workers("gpu_opcheck_worker", 2, "nccl", timeout_s=600)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(N_GPUS < 1, reason="needs a CUDA GPU")
+def test_multicast_gate_refuses_on_this_machine():
+    """The project's GPU machines set a multicast-disabling variable: the gate must refuse even
+    with every other condition met. (Evaluates the gate only; never touches multicast.)"""
+    env = oc.multicast_disabled_by_env()
+    if env is None:
+        pytest.skip("no multicast-disabling variable is set on this machine")
+    ok, why = oc.multimem_gate(requested=True, multicast_ptr=0x7F0000000000, offset_ok=True,
+                               capability=torch.cuda.get_device_capability(), extension=True)
+    assert not ok and env in why
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmark plumbing on the CPU (option parsing, CSV / markdown / PNG writers; no timing)
+# ---------------------------------------------------------------------------------------------
+def test_bench_comm_options_and_writers(tmp_path):
+    import argparse
+
+    from tokenspeed_kernel.bench import comm as bc
+    ns = argparse.Namespace(quick=True, batch=None, vocab=None, dtype="bf16", reps=None,
+                            out=str(tmp_path), no_plot=False, eager_only=False, deadline=None,
+                            extra=["--providers", "p2p-triton,nccl+permute", "--nproc", "2"])
+    o = bc._options(ns)
+    assert o["tokens"] == [1, 32, 512] and o["nproc"] == 2 and o["reps"] == 10
+    assert o["shapes"] == [("bf16", 7168), ("bf16", 151936)]
+    assert o["providers"] == ["p2p-triton", "nccl+permute"]
+    o = bc._options(argparse.Namespace(batch="1,8", vocab="7168", dtype=None, extra=[]))
+    assert o["tokens"] == [1, 8] and o["shapes"] == [("bf16", 7168)]
+    assert o["providers"] == bc.PROVIDERS and o["reps"] == 30
+    env = {"gpu": "NVIDIA Test", "gpu_short": "test", "torch": torch.__version__, "cuda": "13.0",
+           "triton": "3.x", "git_sha": "0123456789abcdef", "date": "2026-01-01T00:00:00Z"}
+    rows = []
+    for T in (1, 8):
+        floor = T * 7168 * 2 / 2 / (bc.NVLINK_GBPS * 1e3)
+        for i, p in enumerate(bc.PROVIDERS):
+            t = 5.0 + i + T
+            rows.append({"gpu": env["gpu"], "world": 2, "dtype": "bf16", "T": T, "H": 7168,
+                         "provider": p, "graph_us": t, "graph_p20": t - 0.5, "graph_p80": t + 0.5,
+                         "eager_us": t + 20, "host_us": 9.0, "calls": 16, "samples": 30,
+                         "floor_us": floor, "pct_floor": 100 * floor / t, "gbps_in": 1.0,
+                         "verified": "bit-exact", "git_sha": env["git_sha"]})
+    rows.append({"gpu": env["gpu"], "world": 2, "dtype": "bf16", "T": 32, "H": 7168,
+                 "provider": "p2p-cuda", "graph_us": None, "floor_us": 0.5,
+                 "verified": "FAILED", "note": "failed verification: not timed"})
+    bc._write_csv(tmp_path / "c.csv", rows)
+    head = (tmp_path / "c.csv").read_text().splitlines()
+    assert head[0].split(",")[:6] == ["gpu", "world", "dtype", "T", "H", "provider"]
+    assert len(head) == 1 + len(rows)
+    md = bc._markdown(rows, env, 2, ["bf16/H=7168/T=512"])
+    assert "NVIDIA Test" in md and "| 8 |" in md and "failed verification" in md
+    assert "Skipped (time budget): bf16/H=7168/T=512" in md
+    png = bc._plot(rows, tmp_path / "c.png", 2)
+    assert png is None or (tmp_path / "c.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# plumbing of the P2P backends through the public API, without a GPU
+# ---------------------------------------------------------------------------------------------
+def _attach_cpu_workspace(comm, enable_view=False):
+    """Give a world-size-1 CPU communicator a (process-local) workspace laid out like the
+    symmetric one, so the P2P code paths can run in the interpreter / under fake tensors."""
+    nbuf = 3 if enable_view else 2
+    comm.symm = torch.zeros(oc.FLAG_BYTES + nbuf * comm.buf_bytes, dtype=torch.uint8)
+    comm.peer_flags = [comm.symm.data_ptr()]
+    comm.peer_data = [comm.symm.data_ptr() + oc.FLAG_BYTES]
+    comm.peer_data_dev = torch.tensor(comm.peer_data, dtype=torch.int64)
+    comm.peer_flags_dev = torch.tensor(comm.peer_flags, dtype=torch.int64)
+    comm.state = torch.zeros(oc.STATE_WORDS, dtype=torch.int64)
+    comm.p2p, comm.triton, comm.enable_view = True, True, enable_view
+    return comm
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="runs the Triton kernel on CPU tensors (interpreter only)")
+def test_public_api_triton_backend_one_rank_interpreted(gloo1):
+    c = oc.create_all_gather_comm(max_tokens=8, max_total_width=64, dtype=torch.float32,
+                                  device="cpu")
+    _attach_cpu_workspace(c)
+    for k in range(3):
+        x = H.make_slice(k, 0, 5, 24, torch.float32, "cpu")
+        y = ops.all_gather_hidden(c, x, backend="triton")
+        H.assert_bits_equal(y, x, f"call {k}")
+        out = torch.zeros(5, 40, dtype=torch.float32)[:, :24]
+        ops.all_gather_hidden_out(c, x, out, widths=[24], backend="triton")
+        H.assert_bits_equal(out, x, f"call {k} out")
+    assert c.calls == 6 and c.error() is None
+
+
+@pytest.mark.skipif(not _library.extension_available(), reason="needs the compiled extension")
+def test_cuda_op_arguments_match_the_schema(gloo1):
+    """The Python side of the CUDA op (argument order, types, flags, view offsets) against the
+    real schema, under FakeTensorMode (the fake kernel runs; nothing executes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    c = oc.create_all_gather_comm(max_tokens=8, max_total_width=64, dtype=torch.bfloat16,
+                                  device="cpu")
+    _attach_cpu_workspace(c, enable_view=True)
+    c.extension, c.timeout_ms, c.trap_on_timeout = True, 250, True
+    x = torch.zeros(3, 16, dtype=torch.bfloat16)
+    out = torch.empty(3, 16, dtype=torch.bfloat16)
+    op = torch.ops.tokenspeed_kernel.all_gather_hidden.default
+    a = oc._cuda_args(c, x, out, [0, 16], 0, 3, [16])
+    assert a[0] is x and a[1] is out and a[2] is c.state and a[3] is c.symm
+    assert list(a[4]) == c.peer_data and list(a[5]) == c.peer_flags and a[6] == 0
+    assert list(a[7]) == [0, 16] and a[8] == 0 and a[9] == c.buf_bytes
+    assert a[10] == 1 and a[11] == oc.F_TRAP and a[12] == 250 * 1_000_000
+    v = oc._cuda_args(c, x, None, [0, 16], oc.F_VIEW, 3, [16])
+    assert v[1] is None and v[11] == oc.F_VIEW | oc.F_TRAP
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert op(*a) is None
+        assert op(*v) is None
+    # the view the wrapper returns sits in buffer 2 (no launch: T = 0)
+    view = ops.all_gather_hidden_view(c, torch.zeros(0, 16, dtype=torch.bfloat16))
+    assert view.untyped_storage().data_ptr() == c.symm.untyped_storage().data_ptr()
+    assert view.storage_offset() * 2 == oc.FLAG_BYTES + 2 * c.buf_bytes

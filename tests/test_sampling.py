@@ -1,0 +1,770 @@
+"""Tests of ``ops.sample`` / ``ops.sample_with_logprobs`` on every backend.
+
+The reference (``tokenspeed_kernel.reference.sampling``) is the spec: the Triton and CUDA
+backends must return *the same tokens* (bit-exact Philox, float32 op sequences and integer filter
+decisions), so most tests compare tokens for equality, not distributions (statistics live in
+test_sampling_stats.py).
+
+Shape grid (why these sizes):
+* V = 111: odd, smaller than any block, not a multiple of 4 (Philox lanes) or 16;
+* V = 4097: one past a power of two (a tail chunk of 1 element);
+* V = 32000 / 151936 / 262144: real vocabularies (Llama-2, Qwen, Gemma), GPU runs (CPU: 32000 only
+  with a couple of rows, since the Triton interpreter is slow);
+* batch 1 (split-vocabulary paths) and batch > 1024 (GPU grids wider than one wave);
+* bf16 and integer-valued logits: many exact ties, at the top-k and top-p boundaries too.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import DEVICE, HAS_CUDA, skip_unless_backend
+import tokenspeed_kernel
+from tokenspeed_kernel import ops
+from tokenspeed_kernel.reference import prims
+from tokenspeed_kernel.reference import sampling as ref
+
+# numpy warnings of the Triton interpreter on NaN / inf rows (expected; results are masked)
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS, F_GENERIC = 1, 2, 4, 8, 16, 32
+
+ON_GPU = HAS_CUDA
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _logits(R, V, gen, dtype=torch.float32, scale=3.0, kind="randn"):
+    if kind == "randn":
+        z = torch.randn(R, V, generator=gen) * scale
+    elif kind == "int":      # integer-valued: many exact ties
+        z = torch.randint(-4, 4, (R, V), generator=gen).float()
+    else:
+        raise ValueError(kind)
+    return z.to(dtype).to(DEVICE)
+
+
+FILTERS = ("none", "temperature", "top_k", "top_p", "min_p", "top_k_top_p", "all", "greedy_mix")
+
+
+def _params(kind: str, n: int, V: int, gen: torch.Generator) -> dict:
+    """Per-request filter tensors (on DEVICE) for a filter combination ``kind``."""
+    def u(lo, hi):
+        return (torch.rand(n, generator=gen) * (hi - lo) + lo).float()
+
+    T = u(0.3, 1.7)
+    k = torch.randint(1, max(2, min(V, 64)), (n,), generator=gen, dtype=torch.int32)
+    # a few top-k corner values: off (0, -1, V, V + 3), k = 1, k = V - 1, large k
+    corner = torch.tensor([0, -1, V, V + 3, 1, max(V - 1, 1), max(V // 2, 1)], dtype=torch.int32)
+    pick = torch.rand(n, generator=gen) < 0.3
+    k = torch.where(pick, corner[torch.randint(0, len(corner), (n,), generator=gen)], k)
+    p = u(0.05, 1.0)
+    p = torch.where(torch.rand(n, generator=gen) < 0.15, torch.ones(n), p)
+    p = torch.where(torch.rand(n, generator=gen) < 0.1, torch.full((n,), 0.01), p)
+    mp = u(0.0, 0.3)
+    mp = torch.where(torch.rand(n, generator=gen) < 0.15, torch.zeros(n), mp)
+    out = {"none": {},
+           "temperature": dict(temperature=T),
+           "top_k": dict(temperature=T, top_k=k),
+           "top_p": dict(temperature=T, top_p=p),
+           "min_p": dict(temperature=T, min_p=mp),
+           "top_k_top_p": dict(temperature=T, top_k=k, top_p=p),
+           "all": dict(temperature=T, top_k=k, top_p=p, min_p=mp),
+           "greedy_mix": dict(temperature=torch.where(torch.rand(n, generator=gen) < 0.5,
+                                                      torch.zeros(n), T),
+                              top_k=k, top_p=p, min_p=mp)}[kind]
+    return {name: t.to(DEVICE) for name, t in out.items()}
+
+
+def _seeds(n: int, gen: torch.Generator):
+    seed = torch.randint(-2**62, 2**62, (n,), generator=gen).to(DEVICE)
+    offset = torch.randint(0, 2**40, (n,), generator=gen).to(DEVICE)
+    return seed, offset
+
+
+def _ref(logits, seed, offset, tokens_per_request=1, **kw):
+    """The spec, called directly (no ops layer), on the logits' device."""
+    return ref.sample(logits, seed, offset, kw.get("temperature"), kw.get("top_k"),
+                      kw.get("top_p"), kw.get("min_p"), tokens_per_request)
+
+
+def _kept(logits, tokens_per_request=1, **kw):
+    """Kept mask [R, V] of each row, as the reference defines it (greedy rows: the max)."""
+    R, V = logits.shape
+    dev = logits.device
+    zero = torch.zeros(R // tokens_per_request, dtype=torch.int64, device=dev)
+    T, k, p, mp, _, _ = ref._gather_params(R, tokens_per_request, kw.get("temperature"),
+                                           kw.get("top_k"), kw.get("top_p"), kw.get("min_p"),
+                                           zero, zero, dev)
+    greedy = ~(T > 0)
+    x = logits.float() * prims.inv_temperature(T)[:, None]
+    kept, _, order = ref.kept_mask(x, torch.where(greedy, torch.zeros_like(k), k),
+                                   torch.where(greedy, torch.ones_like(p), p),
+                                   torch.where(greedy, torch.zeros_like(mp), mp))
+    first = torch.zeros_like(kept).scatter(1, order[:, :1], True)
+    return torch.where(greedy[:, None], first, kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# argument validation (backend-independent: ops validates before dispatch)
+# ---------------------------------------------------------------------------------------------
+_BAD = [  # (argument named in the error, case id, call overrides)
+    ("logits", "int32", dict(logits=torch.randn(4, 16).to(torch.int32))),
+    ("logits", "float64", dict(logits=torch.randn(4, 16).double())),
+    ("logits", "rank1", dict(logits=torch.randn(16))),
+    ("logits", "rank3", dict(logits=torch.randn(1, 4, 16))),
+    ("logits", "noncontig", dict(logits=torch.randn(16, 4).t())),
+    ("logits", "empty_vocab", dict(logits=torch.randn(4, 0))),
+    ("seed", "none", dict(seed=None)),
+    ("seed", "length", dict(seed=torch.arange(3))),
+    ("seed", "float", dict(seed=torch.zeros(4))),
+    ("seed", "device", dict(seed=torch.arange(4, device="meta"))),
+    ("offset", "length", dict(offset=torch.arange(5))),
+    ("offset", "rank2", dict(offset=torch.arange(4)[:, None])),
+    ("temperature", "length", dict(temperature=torch.ones(3))),
+    ("temperature", "negative", dict(temperature=torch.tensor([1.0, -0.5, 1.0, 1.0]))),
+    ("temperature", "nan", dict(temperature=torch.tensor([1.0, float("nan"), 1.0, 1.0]))),
+    ("temperature", "inf", dict(temperature=torch.tensor([1.0, float("inf"), 1.0, 1.0]))),
+    ("temperature", "negative_scalar", dict(temperature=-1.0)),
+    ("top_k", "float", dict(top_k=torch.ones(4))),
+    ("top_k", "length", dict(top_k=torch.ones(5, dtype=torch.int32))),
+    ("top_p", "zero", dict(top_p=torch.tensor([0.5, 0.0, 0.5, 0.5]))),
+    ("top_p", "above_1", dict(top_p=torch.tensor([0.5, 1.5, 0.5, 0.5]))),
+    ("top_p", "negative", dict(top_p=torch.tensor([0.5, -0.1, 0.5, 0.5]))),
+    ("top_p", "nan", dict(top_p=torch.tensor([0.5, float("nan"), 0.5, 0.5]))),
+    ("top_p", "int", dict(top_p=torch.ones(4, dtype=torch.int32))),
+    ("top_p", "zero_scalar", dict(top_p=0.0)),
+    ("min_p", "negative", dict(min_p=torch.tensor([0.5, -0.1, 0.5, 0.5]))),
+    ("min_p", "above_1", dict(min_p=torch.tensor([0.5, 1.01, 0.5, 0.5]))),
+    ("min_p", "above_1_scalar", dict(min_p=2.0)),
+    ("tokens_per_request", "zero", dict(tokens_per_request=0)),
+    ("tokens_per_request", "not_divisor", dict(tokens_per_request=3)),   # 4 rows
+    ("tokens_per_request", "float", dict(tokens_per_request=2.0)),
+    ("out_dtype", "float", dict(out_dtype=torch.float32)),
+    ("backend", "unknown", dict(backend="numpy")),
+    ("top_n", "negative", dict(top_n=-1, _logprobs=True)),
+    ("top_n", "above_V", dict(top_n=17, _logprobs=True)),
+]
+
+
+@pytest.mark.parametrize("arg,kw", [(a, kw) for a, _, kw in _BAD],
+                         ids=[f"{a}-{i}" for a, i, _ in _BAD])
+def test_sample_validation_errors(arg, kw):
+    """Bad arguments raise ValueError whose message starts with the argument's name. A
+    partially bad per-request tensor (one bad entry) must be caught too."""
+    kw = dict(kw)
+    logprobs = kw.pop("_logprobs", False)
+    call = dict(logits=torch.randn(4, 16), seed=torch.arange(4), offset=torch.arange(4),
+                backend="reference")
+    call.update(kw)
+    fn = ops.sample_with_logprobs if logprobs else ops.sample
+    logits = call.pop("logits")
+    seed = call.pop("seed")
+    offset = call.pop("offset")
+    with pytest.raises(ValueError, match=rf"^{arg}\b"):
+        fn(logits, seed, offset, **call)
+
+
+def test_sample_validation_accepts_edges():
+    """Boundary values that are legal: k <= 0 / k >= V (off), p == 1, min_p in {0, 1}, T == 0,
+    Python scalars, int32 seeds, any row stride, a single-token vocabulary."""
+    z = torch.randn(4, 16)
+    for kw in (dict(top_k=torch.tensor([0, -5, 16, 1000], dtype=torch.int32)),
+               dict(top_p=1.0), dict(min_p=0.0), dict(min_p=1.0), dict(temperature=0.0),
+               dict(temperature=0.5, top_k=3, top_p=0.5, min_p=0.1)):
+        out = ops.sample(z, 1, 2, backend="reference", **kw)
+        assert out.tokens.shape == (4,) and out.valid.all()
+    ops.sample(z, torch.arange(4, dtype=torch.int32), torch.arange(4, dtype=torch.int32),
+               backend="reference")
+    wide = torch.randn(4, 40)[:, 3:19]
+    assert ops.sample(wide, 0, 0, backend="reference").tokens.shape == (4,)
+    one = ops.sample(torch.randn(3, 1), 0, 0, backend="reference")
+    assert one.tokens.tolist() == [0, 0, 0] and one.valid.all()
+
+
+# ---------------------------------------------------------------------------------------------
+# exactness: every backend returns the reference's tokens
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("filters", FILTERS)
+def test_sample_matches_reference(backend, filters):
+    gen = _gen(FILTERS.index(filters))
+    R, V = 24, 111 if not ON_GPU else 1000
+    z = _logits(R, V, gen)
+    seed, offset = _seeds(R, gen)
+    kw = _params(filters, R, V, gen)
+    want = _ref(z, seed, offset, **kw)
+    got = ops.sample(z, seed, offset, backend=backend, **kw)
+    assert torch.equal(got.tokens, want[0])
+    assert torch.equal(got.valid, want[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["randn", "int"])
+def test_sample_matches_reference_dtypes(backend, dtype, kind):
+    """Native bf16 / fp16 reads, and integer-valued logits (ties everywhere)."""
+    gen = _gen(7)
+    R, V = 16, 257
+    z = _logits(R, V, gen, dtype=dtype, kind=kind)
+    seed, offset = _seeds(R, gen)
+    kw = _params("all", R, V, gen)
+    want = _ref(z, seed, offset, **kw)
+    got = ops.sample(z, seed, offset, backend=backend, **kw)
+    assert torch.equal(got.tokens, want[0])
+    assert torch.equal(got.valid, want[1])
+
+
+# V sizes; see the module docstring. (R, V) pairs: CPU keeps the interpreter affordable.
+_VOCABS_CPU = [(3, 111), (3, 4097), (2, 32000)]
+_VOCABS_GPU = [(1, 111), (1500, 111), (1, 32000), (1100, 32000), (1, 151936), (64, 151936),
+               (1, 262144), (33, 262144)]
+
+
+@pytest.mark.parametrize("R,V", _VOCABS_GPU if ON_GPU else _VOCABS_CPU)
+@pytest.mark.parametrize("filters", ["temperature", "all"])
+def test_sample_vocab_sizes(backend, R, V, filters):
+    gen = _gen(V + R)
+    z = _logits(R, V, gen, dtype=torch.bfloat16 if V % 2 else torch.float32)
+    seed, offset = _seeds(R, gen)
+    kw = _params(filters, R, V, gen)
+    if filters == "all" and V > 1000:  # k beyond the CUDA fast-path bound (256), k off, small k
+        kw["top_k"] = torch.tensor([1000, 0, 300, 5], dtype=torch.int32,
+                                   device=DEVICE)[torch.arange(R, device=DEVICE) % 4]
+    want = _ref(z, seed, offset, **kw)
+    got = ops.sample(z, seed, offset, backend=backend, **kw)
+    assert torch.equal(got.tokens, want[0])
+    assert torch.equal(got.valid, want[1])
+
+
+def _fuzz_case(i: int):
+    """Random case i: V (odd sizes included), dtype, specials, strides, tokens_per_request,
+    partial parameter sets (None = not given), 64-bit seeds and offsets."""
+    g = _gen(1000 + i)
+
+    def r():
+        return torch.rand(1, generator=g).item()
+
+    def ri(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=g))
+
+    R, V = ri(1, 9), ri(1, 700)
+    kind = i % 5
+    if kind == 0:
+        z = torch.randn(R, V, generator=g) * 4
+    elif kind == 1:
+        z = torch.randint(-3, 3, (R, V), generator=g).float()
+    elif kind == 2:
+        z = (torch.randn(R, V, generator=g) * 2).bfloat16()
+    elif kind == 3:
+        z = (torch.randn(R, V, generator=g) * 2).half()
+    else:
+        z = torch.randn(R, V, generator=g)
+        z[torch.rand(R, V, generator=g) < 0.5] = float("-inf")
+    if r() < 0.3:
+        z[ri(0, R), ri(0, V)] = [float("nan"), float("inf"), float("-inf")][ri(0, 3)]
+    if r() < 0.2:
+        z[0, :] = float("-inf")
+    if r() < 0.3:   # a view into a wider buffer
+        big = torch.zeros(R, V + 37, dtype=z.dtype)
+        big[:, 5:5 + V] = z
+        z = big[:, 5:5 + V]
+    tpr = R if (r() < 0.4 and R > 1) else 1
+    n = R // tpr
+    T = torch.where(torch.rand(n, generator=g) < 0.2, torch.zeros(n),
+                    torch.rand(n, generator=g) * 2 + 0.05)
+    k = torch.randint(-2, V + 3, (n,), generator=g, dtype=torch.int32)
+    k = torch.where(torch.rand(n, generator=g) < 0.5,
+                    torch.randint(1, 5, (n,), generator=g, dtype=torch.int32), k)
+    p = torch.where(torch.rand(n, generator=g) < 0.3, torch.ones(n),
+                    torch.rand(n, generator=g).clamp_min(0.001))
+    mp = torch.where(torch.rand(n, generator=g) < 0.5, torch.zeros(n), torch.rand(n, generator=g))
+    seed = torch.randint(-2**62, 2**62, (n,), generator=g)
+    offset = torch.randint(-2**40, 2**62, (n,), generator=g)
+    kw = {name: t.to(DEVICE) for name, t in
+          zip(("temperature", "top_k", "top_p", "min_p"), (T, k, p, mp)) if r() < 0.7}
+    return z.to(DEVICE), seed.to(DEVICE), offset.to(DEVICE), tpr, kw
+
+
+@pytest.mark.parametrize("i", range(96 if ON_GPU else 40))
+def test_sample_fuzz_matches_reference(backend, i):
+    z, seed, offset, tpr, kw = _fuzz_case(i)
+    want = _ref(z, seed, offset, tokens_per_request=tpr, **kw)
+    got = ops.sample_with_logprobs(z, seed, offset, tokens_per_request=tpr, backend=backend, **kw)
+    assert torch.equal(got.tokens, want[0])
+    assert torch.equal(got.valid, want[1])
+    v = want[1]
+    torch.testing.assert_close(got.logprobs[v], want[2][v], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.processed_logprobs[v], want[3][v], atol=1e-4, rtol=1e-4)
+    assert torch.isnan(got.logprobs[~v]).all() and torch.isnan(got.processed_logprobs[~v]).all()
+
+
+def test_sample_strided_rows(backend):
+    """Any row stride (last dim contiguous): a view into a wider buffer, and a stride-0 batch."""
+    gen = _gen(11)
+    big = _logits(6, 300, gen)
+    z = big[:, 17:17 + 211]
+    assert z.stride(0) == 300
+    seed, offset = _seeds(6, gen)
+    kw = _params("all", 6, 211, gen)
+    assert torch.equal(ops.sample(z, seed, offset, backend=backend, **kw).tokens,
+                       _ref(z.contiguous(), seed, offset, **kw)[0])
+    row = _logits(1, 97, gen).expand(8, 97)   # stride(0) == 0
+    seed, offset = _seeds(8, gen)
+    assert torch.equal(ops.sample(row, seed, offset, backend=backend, top_p=0.7).tokens,
+                       _ref(row.contiguous(), seed, offset,
+                            top_p=torch.full((8,), 0.7, device=DEVICE))[0])
+
+
+def test_sample_determinism(backend):
+    gen = _gen(3)
+    R, V = 8, 333
+    z = _logits(R, V, gen, scale=0.5)   # flat: different noise almost surely moves the token
+    seed, offset = _seeds(R, gen)
+    kw = _params("top_k_top_p", R, V, gen)
+    kw["top_k"] = torch.zeros_like(kw["top_k"])
+    kw["top_p"] = torch.full_like(kw["top_p"], 0.95)
+    a = ops.sample(z, seed, offset, backend=backend, **kw).tokens
+    b = ops.sample(z, seed, offset, backend=backend, **kw).tokens
+    assert torch.equal(a, b)
+    c = ops.sample(z, seed + 1, offset, backend=backend, **kw).tokens
+    d = ops.sample(z, seed, offset + 1, backend=backend, **kw).tokens
+    assert (a != c).sum() >= R // 2 and (a != d).sum() >= R // 2
+
+
+def test_sample_batch_invariance(backend):
+    """A row's token depends only on (seed, offset, its logits and parameters): not on its
+    position, its batch-mates or the batch size."""
+    gen = _gen(5)
+    R, V = 12, 199
+    z = _logits(R, V, gen)
+    seed, offset = _seeds(R, gen)
+    kw = _params("greedy_mix", R, V, gen)
+    base = ops.sample(z, seed, offset, backend=backend, **kw).tokens
+    perm = torch.randperm(R, generator=gen).to(DEVICE)
+    got = ops.sample(z[perm], seed[perm], offset[perm], backend=backend,
+                     **{k: v[perm] for k, v in kw.items()}).tokens
+    assert torch.equal(got, base[perm])
+    # new batch-mates (different logits, parameters, seeds) around rows 3 and 7
+    z2 = _logits(R, V, gen)
+    seed2, offset2 = _seeds(R, gen)
+    kw2 = _params("all", R, V, gen)
+    for r in (3, 7):
+        z2[r] = z[r]
+        seed2[r], offset2[r] = seed[r], offset[r]
+        for name in kw2:
+            kw2[name][r] = kw[name][r]
+    kw2 = {n: kw2[n] for n in kw}
+    got = ops.sample(z2, seed2, offset2, backend=backend, **kw2).tokens
+    assert got[3] == base[3] and got[7] == base[7]
+    one = ops.sample(z[5:6], seed[5:6], offset[5:6], backend=backend,
+                     **{k: v[5:6] for k, v in kw.items()}).tokens
+    assert one[0] == base[5]
+
+
+@pytest.mark.parametrize("tpr", [2, 5])
+def test_sample_tokens_per_request(backend, tpr):
+    """Row r = request r // tpr, position j = r % tpr: request parameters, offset[q] + j."""
+    gen = _gen(tpr)
+    n, V = 4, 150
+    R = n * tpr
+    z = _logits(R, V, gen)
+    seed, offset = _seeds(n, gen)
+    kw = _params("greedy_mix", n, V, gen)
+    got = ops.sample(z, seed, offset, tokens_per_request=tpr, backend=backend, **kw).tokens
+    q = torch.arange(R, device=DEVICE) // tpr
+    j = torch.arange(R, device=DEVICE) % tpr
+    flat = ops.sample(z, seed[q], offset[q] + j, backend=backend,
+                      **{k: v[q] for k, v in kw.items()}).tokens
+    assert torch.equal(got, flat)
+    assert torch.equal(got, _ref(z, seed, offset, tokens_per_request=tpr, **kw)[0])
+
+
+def test_sample_greedy(backend):
+    """T == 0: argmax of the raw row, lowest id among ties (-0.0 ties +0.0), filters ignored;
+    mixed with sampled rows in one batch."""
+    V = 50
+    z = torch.full((6, V), -3.0)
+    z[0, [7, 20, 41]] = 2.0                        # tie: 7
+    z[1, 49] = 5.0
+    z[2, :] = 1.0                                  # all tied: 0
+    z[3, [4, 9]] = torch.tensor([-0.0, 0.0])       # -0.0 == +0.0: 4
+    z[3, :4] = -1.0
+    z[4, [0, 1]] = float("-inf")                   # -inf entries are legal
+    z[4, 30] = 1.0
+    z[5] = torch.randn(V, generator=_gen(0))       # sampled row
+    z = z.to(DEVICE)
+    T = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 1.0], device=DEVICE)
+    kw = dict(temperature=T, top_k=torch.tensor([1, 3, 2, 5, 2, 10], dtype=torch.int32,
+                                                   device=DEVICE),
+              top_p=torch.full((6,), 0.3, device=DEVICE), min_p=torch.full((6,), 0.5,
+                                                                         device=DEVICE))
+    seed, offset = _seeds(6, _gen(1))
+    got = ops.sample(z, seed, offset, backend=backend, **kw)
+    assert got.tokens[:5].tolist() == [7, 49, 0, 4, 30]
+    assert got.valid.all()
+    assert torch.equal(got.tokens, _ref(z, seed, offset, **kw)[0])
+
+
+@pytest.mark.parametrize("filters", ["top_k", "top_p", "min_p", "all", "greedy_mix"])
+def test_sample_support(backend, filters):
+    """Never outside the kept set (reference.sampling.kept_mask), many rows."""
+    gen = _gen(17)
+    R = 512 if ON_GPU or backend == "reference" else 96
+    V = 64
+    z = _logits(R, V, gen, kind="int" if filters in ("top_p", "all") else "randn",
+                dtype=torch.bfloat16)
+    seed, offset = _seeds(R, gen)
+    kw = _params(filters, R, V, gen)
+    tok = ops.sample(z, seed, offset, backend=backend, **kw).tokens
+    kept = _kept(z, **kw)
+    assert kept.gather(1, tok[:, None]).all()
+
+
+def test_sample_special_values(backend):
+    """NaN / +inf / all -inf rows are invalid (token 0, valid False, NaN logprobs); -inf entries
+    are legal; other rows are undisturbed. Also +inf produced by temperature scaling."""
+    gen = _gen(23)
+    R, V = 8, 77
+    z = _logits(R, V, gen)
+    z[1, 5] = float("nan")
+    z[2, 70] = float("inf")
+    z[3, :] = float("-inf")
+    z[4, ::2] = float("-inf")                      # legal
+    z[5, 0] = 3e38                                 # finite, but x = z / 0.5 overflows to +inf
+    z[6, 3] = float("-inf")
+    z[6, 4] = float("nan")                         # invalid even if greedy
+    T = torch.ones(R, device=DEVICE)
+    T[5] = 0.5
+    T[6] = 0.0
+    seed, offset = _seeds(R, gen)
+    kw = dict(temperature=T, top_p=torch.full((R,), 0.9, device=DEVICE))
+    out = ops.sample_with_logprobs(z, seed, offset, backend=backend, **kw)
+    bad = [1, 2, 3, 5, 6]
+    good = [0, 4, 7]
+    assert out.valid.tolist() == [r in good for r in range(R)]
+    assert out.tokens[bad].tolist() == [0] * len(bad)
+    assert torch.isnan(out.logprobs[bad]).all() and torch.isnan(out.processed_logprobs[bad]).all()
+    assert torch.isfinite(out.logprobs[good]).all()
+    assert (z[4, out.tokens[4]] > float("-inf")).item()
+    alone = ops.sample(z[good], seed[good], offset[good], backend=backend,
+                       **{k: v[good] for k, v in kw.items()}).tokens
+    assert torch.equal(out.tokens[good], alone)
+    want = _ref(z, seed, offset, **kw)
+    assert torch.equal(out.tokens, want[0]) and torch.equal(out.valid, want[1])
+
+
+def test_sample_boundary_ties(backend):
+    """Ties exactly at the top-k and top-p boundaries: the lowest ids of the tied group are
+    kept (key order), on every backend, and both sides of the boundary are exercised."""
+    V, R = 12, 64 if (ON_GPU or backend == "reference") else 32
+    z = torch.zeros(R, V)
+    z[:, 8:] = -1.0        # 8 tied maxima (ids 0..7), 4 smaller ones
+    z = z.to(torch.bfloat16).to(DEVICE)
+    seed, offset = _seeds(R, _gen(29))
+    # top-k = 3 cuts the tied group: ids {0, 1, 2}
+    tk = ops.sample(z, seed, offset, top_k=3, backend=backend).tokens
+    assert set(tk.tolist()) == {0, 1, 2}
+    # top-p: the tied group's masses are equal (2^38 each); p = 0.3 of S = 8 * 2^38 +
+    # 4 * e(-1) * 2^38 keeps the tokens whose mass before them is < P': ids 0..2
+    tp = ops.sample(z, seed, offset, top_p=0.3, backend=backend).tokens
+    kept = _kept(z, top_p=torch.full((R,), 0.3, device=DEVICE))[0].nonzero()[:, 0].tolist()
+    assert set(tp.tolist()) == set(kept)
+    assert kept == [0, 1, 2]    # before(3) = 3 * 2^38 >= P' = trunc(0.3 * 9.47 * 2^38)
+    # top-k + top-p on the top-k mass: k = 5, p = 0.5 of 5 * 2^38 -> ids 0..2
+    both = ops.sample(z, seed, offset, top_k=5, top_p=0.5, backend=backend).tokens
+    assert set(both.tolist()) == {0, 1, 2}
+    # min-p = 1 keeps exactly the tied maxima
+    mp = ops.sample(z, seed, offset, min_p=1.0, backend=backend).tokens
+    assert set(mp.tolist()) <= set(range(8)) and len(set(mp.tolist())) >= 4
+    for kw in (dict(top_k=3), dict(top_p=0.3), dict(top_k=5, top_p=0.5), dict(min_p=1.0)):
+        full = {n: torch.full((R,), v, device=DEVICE,
+                              dtype=torch.int32 if n == "top_k" else torch.float32)
+                for n, v in kw.items()}
+        assert torch.equal(ops.sample(z, seed, offset, backend=backend, **kw).tokens,
+                           _ref(z, seed, offset, **full)[0])
+
+
+def test_sample_int32_out(backend):
+    gen = _gen(31)
+    z = _logits(5, 100, gen)
+    seed, offset = _seeds(5, gen)
+    kw = _params("all", 5, 100, gen)
+    a = ops.sample(z, seed, offset, backend=backend, out_dtype=torch.int32, **kw)
+    b = ops.sample(z, seed, offset, backend=backend, **kw)
+    assert a.tokens.dtype == torch.int32 and b.tokens.dtype == torch.int64
+    assert torch.equal(a.tokens.long(), b.tokens)
+    c = ops.sample_with_logprobs(z, seed, offset, backend=backend, out_dtype=torch.int32, **kw)
+    assert c.tokens.dtype == torch.int32 and torch.equal(c.tokens.long(), b.tokens)
+
+
+def test_sample_empty_batch(backend):
+    z = torch.randn(0, 50, device=DEVICE)
+    e = torch.zeros(0, dtype=torch.int64, device=DEVICE)
+    out = ops.sample(z, e, e, backend=backend)
+    assert out.tokens.shape == (0,) and out.valid.shape == (0,)
+
+
+# ---------------------------------------------------------------------------------------------
+# logprobs
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("filters", ["temperature", "all", "greedy_mix"])
+def test_sample_logprobs(backend, filters):
+    gen = _gen(37)
+    R, V = 16, 211
+    z = _logits(R, V, gen, dtype=torch.bfloat16)
+    z[0, :100] = float("-inf")
+    seed, offset = _seeds(R, gen)
+    kw = _params(filters, R, V, gen)
+    out = ops.sample_with_logprobs(z, seed, offset, backend=backend, top_n=5, **kw)
+    plain = ops.sample(z, seed, offset, backend=backend, **kw)
+    assert torch.equal(out.tokens, plain.tokens)             # same tokens with or without
+    tok = out.tokens
+    raw = torch.log_softmax(z.float(), dim=1).gather(1, tok[:, None])[:, 0]
+    torch.testing.assert_close(out.logprobs, raw, atol=2e-5, rtol=1e-5)
+    probs = ref.probabilities(z, kw.get("temperature"), kw.get("top_k"), kw.get("top_p"),
+                              kw.get("min_p"))
+    proc = probs.gather(1, tok[:, None])[:, 0].log().float()
+    torch.testing.assert_close(out.processed_logprobs, proc, atol=2e-5, rtol=1e-5)
+    if "temperature" in kw:
+        greedy = kw["temperature"] == 0
+        assert (out.processed_logprobs[greedy] == 0).all()
+    want = _ref(z, seed, offset, **kw)
+    torch.testing.assert_close(out.logprobs, want[2], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out.processed_logprobs, want[3], atol=2e-5, rtol=1e-5)
+    # top-n: the largest raw logits, ties by lowest id, with their raw logprobs
+    assert out.top_ids.shape == (R, 5) and out.top_logprobs.shape == (R, 5)
+    zf = z.float()
+    key = prims.key56(zf, torch.arange(V, device=DEVICE)[None, :])
+    ids = key.topk(5, dim=1).indices
+    assert torch.equal(out.top_ids, ids)
+    torch.testing.assert_close(out.top_logprobs,
+                               torch.log_softmax(zf, 1).gather(1, ids), atol=2e-5, rtol=1e-5)
+
+
+def test_sample_logprobs_top_n_ties(backend):
+    """top-n ids follow the total order: value descending, lowest id first among ties, also
+    for ties that straddle the n-th place (torch.topk alone does not promise which)."""
+    gen = _gen(43)
+    R, V = 6, 3000
+    z = torch.randint(0, 4, (R, V), generator=gen).float().to(DEVICE)
+    out = ops.sample_with_logprobs(z, 0, 0, top_n=8, backend=backend)
+    key = prims.key56(z, torch.arange(V, device=DEVICE)[None, :])
+    assert torch.equal(out.top_ids, key.topk(8, dim=1).indices)
+
+
+def test_sample_logprobs_top_n_zero(backend):
+    z = _logits(3, 40, _gen(41))
+    out = ops.sample_with_logprobs(z, 1, 2, backend=backend)
+    assert out.top_ids.shape == (3, 0) and out.top_logprobs.shape == (3, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the Triton primitives against the reference primitives (bit patterns)
+# ---------------------------------------------------------------------------------------------
+try:
+    import triton
+    import triton.language as tl
+    from tokenspeed_kernel.triton import prims as TP
+
+    @triton.jit
+    def _prims_kernel(x_ptr, y_ptr, bits_ptr, tok_ptr, seed, offset, o_ln, o_exp, o_g, o_w, o_k,
+                      o_m, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        msk = offs < N
+        x = tl.load(x_ptr + offs, mask=msk, other=1.0)
+        y = tl.load(y_ptr + offs, mask=msk, other=0.0)
+        bits = tl.load(bits_ptr + offs, mask=msk, other=0).to(tl.uint32)
+        tok = tl.load(tok_ptr + offs, mask=msk, other=0)
+        tl.store(o_ln + offs, TP.soft_ln(x), mask=msk)
+        tl.store(o_exp + offs, TP.soft_exp_neg(y), mask=msk)
+        tl.store(o_g + offs, TP.gumbel_from_bits(bits), mask=msk)
+        tl.store(o_w + offs, TP.philox_word(seed, offset, tok, 0).to(tl.int64), mask=msk)
+        tl.store(o_k + offs, TP.key56(y, tok), mask=msk)
+        tl.store(o_m + offs, TP.mass_fixed(y), mask=msk)
+except ImportError:  # pragma: no cover
+    _prims_kernel = None
+
+
+def test_triton_prims_bit_exact():
+    """soft_ln, soft_exp_neg, Gumbel, Philox words, key56 and mass_fixed of the Triton prims
+    against the reference prims, bit for bit (incl. -0.0, -64, < -64, -inf, extreme bits)."""
+    skip_unless_backend("triton")
+    if _prims_kernel is None:
+        pytest.skip("triton not installed")
+    gen = _gen(43)
+    N = 4096
+    x = torch.exp(torch.randn(N, generator=gen) * 10).clamp(1e-30, 1e30)
+    y = -torch.rand(N, generator=gen) * 70
+    y[:8] = torch.tensor([0.0, -0.0, -64.0, -64.00001, float("-inf"), -1e-8, -88.0, -1.0])
+    bits = torch.randint(0, 2**32, (N,), generator=gen)
+    bits[:4] = torch.tensor([0, 2**32 - 1, 511, 512])
+    tok = torch.randint(0, 2**24, (N,), generator=gen, dtype=torch.int32)
+    seed, offset = -1234567890123, 2**33 + 5
+    dev = DEVICE
+    outs = [torch.empty(N, dtype=d, device=dev) for d in
+            (torch.float32, torch.float32, torch.float32, torch.int64, torch.int64, torch.int64)]
+    _prims_kernel[(triton.cdiv(N, 512),)](x.to(dev), y.to(dev), bits.to(dev), tok.to(dev), seed,
+                                          offset,
+                                          *outs, N, BLOCK=512, enable_fp_fusion=False)
+    ln, ex, g, w, k56, mass = (o.cpu() for o in outs)
+
+    def same(a, b):
+        return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+    assert same(ln, prims.soft_ln(x))
+    assert same(ex, prims.soft_exp_neg(y))
+    assert same(g, prims.gumbel_from_bits(bits))
+    want_w = prims.philox_bits(torch.tensor(seed), torch.tensor(offset), tok.long(),
+                               prims.STREAM_SAMPLE)
+    assert torch.equal(w, want_w)
+    assert torch.equal(k56, prims.key56(y, tok.long()))
+    assert torch.equal(mass, prims.mass_fixed(y))
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU reference vs GPU reference, CUDA graphs, torch.library / torch.compile integration
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("be", ["cuda", "triton"])
+def test_sample_beyond_int32_elements(be):
+    """rows * V > 2^31 elements (int64 element offsets): the last rows still match."""
+    skip_unless_backend(be)
+    R, V = 14200, 151936                    # 2.16e9 elements, 4.3 GB of bf16
+    z = torch.randn(R, V, device=DEVICE, dtype=torch.bfloat16)
+    seed = torch.arange(R, device=DEVICE)
+    offset = torch.arange(R, device=DEVICE) * 5
+    T = torch.full((R,), 0.9, device=DEVICE)
+    T[-1] = 0.0
+    out = ops.sample(z, seed, offset, temperature=T, backend=be)
+    tail = slice(R - 8, R)
+    want = _ref(z[tail], seed[tail], offset[tail], temperature=T[tail])[0]
+    assert torch.equal(out.tokens[tail], want)
+    del z
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_reference_cpu_vs_gpu():
+    """The reference on the CPU performs the same float32 operations; rows may differ only where
+    two perturbed scores are within rounding of each other. Count them and bound them."""
+    gen = _gen(47)
+    R, V = 2048, 4096
+    z = torch.randn(R, V, generator=gen) * 4
+    seed = torch.randint(-2**62, 2**62, (R,), generator=gen)
+    offset = torch.randint(0, 2**40, (R,), generator=gen)
+    kw = {k: v.cpu() for k, v in _params("all", R, V, gen).items()}
+    cpu = _ref(z, seed, offset, **kw)[0]
+    gpu = _ref(z.cuda(), seed.cuda(), offset.cuda(), **{k: v.cuda() for k, v in kw.items()})[0]
+    diff = (cpu != gpu.cpu()).nonzero()[:, 0]
+    assert len(diff) <= max(2, R // 1000), f"{len(diff)} rows differ"
+    if len(diff):
+        T = kw["temperature"][diff]
+        x = z[diff] * prims.inv_temperature(T)[:, None]
+        ids = torch.arange(V)
+        bits = prims.philox_bits(seed[diff][:, None], offset[diff][:, None], ids[None, :], 0)
+        score = x + prims.gumbel_from_bits(bits)
+        a = score.gather(1, cpu[diff][:, None])
+        b = score.gather(1, gpu.cpu()[diff][:, None])
+        assert ((a - b).abs() <= 4 * torch.finfo(torch.float32).eps * a.abs().clamp_min(1)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("be", ["cuda", "triton"])
+def test_sample_cuda_graph_replay(be):
+    skip_unless_backend(be)
+    gen = _gen(53)
+    R, V = 32, 32000
+    z = _logits(R, V, gen, dtype=torch.bfloat16)
+    seed, offset = _seeds(R, gen)
+    kw = _params("all", R, V, gen)
+    kw["top_k"][:4] = 1000                  # generic path rows under capture
+    eager = ops.sample(z, seed, offset, backend=be, **kw).tokens
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):               # warm-up (compiles Triton kernels)
+        ops.sample(z, seed, offset, backend=be, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ops.sample(z, seed, offset, backend=be, top_k_max=1000, **kw)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.tokens, eager)
+    # new seeds / offsets / logits in the same buffers: the graph follows them
+    seed.add_(1)
+    offset.add_(7)
+    z.copy_(_logits(R, V, gen, dtype=torch.bfloat16))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.tokens, _ref(z, seed, offset, **kw)[0])
+
+
+def _opcheck_args(device):
+    gen = _gen(59)
+    R, V = 6, 97
+    z = torch.randn(R, V, generator=gen).to(device)
+    T = torch.tensor([1.0, 0.5, 0.0, 2.0, 1.0, 0.8], device=device)
+    k = torch.tensor([0, 5, 3, 400, 1, 20], dtype=torch.int32, device=device)
+    p = torch.tensor([1.0, 0.9, 0.5, 0.3, 1.0, 0.7], device=device)
+    mp = torch.tensor([0.0, 0.1, 0.0, 0.05, 0.0, 0.2], device=device)
+    seed = torch.arange(R, dtype=torch.int64, device=device)
+    offset = torch.arange(R, dtype=torch.int64, device=device) * 3
+    flags = F_TEMP | F_TOPK | F_TOPP | F_MINP | F_GENERIC | F_LOGPROBS
+    outs = (torch.empty(R, dtype=torch.int64, device=device),
+            torch.empty(R, dtype=torch.bool, device=device),
+            torch.empty(R, dtype=torch.float32, device=device),
+            torch.empty(R, dtype=torch.float32, device=device))
+    return (z, T, k, p, mp, seed, offset, 1, flags, *outs)
+
+
+def _need_extension():
+    if not tokenspeed_kernel.extension_available():
+        pytest.skip(f"extension unavailable: {tokenspeed_kernel.extension_error()}")
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_sample_opcheck(dev):
+    _need_extension()
+    args = _opcheck_args(dev)
+    torch.library.opcheck(torch.ops.tokenspeed_kernel.sample.default, args)
+    torch.ops.tokenspeed_kernel.sample(*args)
+    z, T, k, p, mp, seed, offset = args[:7]
+    want = _ref(z, seed, offset, temperature=T, top_k=k, top_p=p, min_p=mp)
+    assert torch.equal(args[9], want[0]) and torch.equal(args[10], want[1])
+
+
+def test_sample_torch_compile():
+    """ops.sample under torch.compile(fullgraph=True): the reference backend traced by dynamo
+    (aot_eager: no codegen, so no FMA contraction of its float ops), and the custom op
+    (opaque to the compiler; its fake kernel gives the shapes) when the extension is loaded."""
+    gen = _gen(61)
+    R, V = 8, 120
+    z = _logits(R, V, gen)
+    seed, offset = _seeds(R, gen)
+    kw = _params("all", R, V, gen)
+    want = _ref(z, seed, offset, **kw)[0]
+
+    def f(z, seed, offset, T, k, p, mp, backend):
+        return ops.sample(z, seed, offset, temperature=T, top_k=k, top_p=p, min_p=mp,
+                          backend=backend).tokens
+
+    args = (z, seed, offset, kw["temperature"], kw["top_k"], kw["top_p"], kw["min_p"])
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(*args, "reference")
+    assert torch.equal(got, want)
+    if tokenspeed_kernel.extension_available() and (DEVICE.type == "cpu" or HAS_CUDA):
+        be = "cuda" if DEVICE.type == "cuda" else "auto"
+        torch._dynamo.reset()
+        if DEVICE.type == "cpu":   # 'auto' on CPU is the reference; call the op itself
+            def g(*a):
+                out = (torch.empty(R, dtype=torch.int64), torch.empty(R, dtype=torch.bool))
+                torch.ops.tokenspeed_kernel.sample(a[0], a[3], a[4], a[5], a[6], a[1], a[2], 1,
+                                                   F_TEMP | F_TOPK | F_TOPP | F_MINP | F_GENERIC,
+                                                   *out, None, None)
+                return out[0]
+            got = torch.compile(g, fullgraph=True, backend="aot_eager")(*args)
+        else:
+            got = torch.compile(f, fullgraph=True)(*args, be)
+        assert torch.equal(got, want)

@@ -1,0 +1,630 @@
+"""Speculative verify: cross-backend identity, strict == sample-then-compare, ragged == padded,
+batch invariance, graph replay, bad input, opcheck.
+
+CPU: reference + Triton (TRITON_INTERPRET=1). GPU: + CUDA. Statistical tests live in
+test_verify_stats.py.
+
+Shape grid (why):
+* V = 1000 / 613: not a multiple of any block size; 613 is odd (scalar, unaligned CUDA path for
+  bf16/fp16 when the row stride is odd).
+* bs = 1 and ragged n_i with zeros (empty requests share cu values; n_i = 0 is bonus-only).
+* a lowered Triton block (64) so rows span several vocabulary splits on the CPU too.
+* GPU only: bs = 1500 > 1024 (grid over requests), V = 151936 / 262144 (clusters of 8 CTAs), and
+  rows * V > 2**31 elements (64-bit row offsets).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+from tokenspeed_kernel import ops
+from tokenspeed_kernel.reference import verify as rv
+
+ov = importlib.import_module("tokenspeed_kernel.ops.verify")   # ops.verify is also a function
+
+HAS_CUDA = torch.cuda.is_available()
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cuda" if HAS_CUDA else "cpu"
+
+
+def _has_ext():
+    import tokenspeed_kernel
+    return tokenspeed_kernel.extension_available()
+
+
+def _backends():
+    out = ["reference"]
+    if HAS_CUDA or INTERP:
+        out.append("triton")
+    if HAS_CUDA and _has_ext():
+        out.append("cuda")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _small_triton_blocks():
+    from tokenspeed_kernel.triton import verify as tv
+    old = tv.DEFAULT_BLOCK
+    if not HAS_CUDA:
+        tv.DEFAULT_BLOCK = 64
+    yield
+    tv.DEFAULT_BLOCK = old
+
+
+def make_problem(n_list, V, dtype=torch.float32, seed=0, device=DEV, scale=3.0, agree=0.6,
+                 noise=0.7):
+    """Ragged problem: target rows, draft rows close to the target, drafts from the draft argmax
+    for a fraction ``agree`` of the slots (so acceptances happen), random ids otherwise."""
+    g = torch.Generator().manual_seed(seed)
+    bs = len(n_list)
+    n = torch.tensor(n_list, dtype=torch.int64)
+    cu = torch.zeros(bs + 1, dtype=torch.int64)
+    cu[1:] = n.cumsum(0)
+    tot = int(cu[-1])
+    tgt = torch.randn(tot + bs, V, generator=g) * scale
+    t_start = cu[:-1] + torch.arange(bs)
+    rows = [int(t_start[i]) + j for i in range(bs) for j in range(n_list[i])]
+    drf = tgt[rows] + torch.randn(tot, V, generator=g) * noise if tot else torch.zeros(0, V)
+    ids = torch.randint(0, V, (tot,), generator=g)
+    if tot:
+        pick = torch.rand(tot, generator=g) < agree
+        ids = torch.where(pick, drf.argmax(1), ids)
+    seed_t = torch.randint(0, 2**62, (bs,), generator=g)
+    off = torch.randint(0, 2**40, (bs,), generator=g)
+    return dict(target_logits=tgt.to(dtype).to(device), draft_token_ids=ids.to(device),
+                cu_num_draft=cu.to(device), draft_logits=drf.to(dtype).to(device),
+                seed=seed_t.to(device), offset=off.to(device))
+
+
+def params(bs, kind, device=DEV):
+    g = torch.Generator().manual_seed(bs * 7 + len(kind))
+    T = (torch.rand(bs, generator=g) * 1.5 + 0.3)
+    out = {}
+    if kind in ("temp", "mixed", "minp"):
+        out["temperature"] = T
+    if kind == "mixed":
+        T[::3] = 0.0     # greedy rows
+        out["temperature"] = T
+        out["min_p"] = torch.where(torch.arange(bs) % 2 == 0, torch.full((bs,), 0.05),
+                                   torch.zeros(bs))
+    if kind == "minp":
+        out["min_p"] = torch.full((bs,), 0.2)
+    if kind == "greedy":
+        out["temperature"] = torch.zeros(bs)
+    if kind == "topkp":     # top-k / top-p / min-p together; one greedy row
+        out["temperature"] = T
+        T[1] = 0.0
+        out["top_k"] = torch.tensor([5, 0, 40, 1, 0, 7][:bs] + [0] * max(0, bs - 6))
+        out["top_p"] = torch.tensor([1.0, 0.8, 0.6, 0.9, 0.3, 1.0][:bs] + [1.0] * max(0, bs - 6))
+        out["min_p"] = torch.tensor([0.0, 0.0, 0.02, 0.0, 0.1, 0.0][:bs] + [0.0] * max(0, bs - 6))
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def run(backend, mode, prob, extra=None, logprobs=True, **kw):
+    args = dict(prob)
+    tl = args.pop("target_logits")
+    ids = args.pop("draft_token_ids")
+    seed = args.pop("seed")
+    off = args.pop("offset")
+    if mode != "probabilistic":
+        args.pop("draft_logits", None)
+    args.update(extra or {})
+    args.update(kw)
+    fn = ops.verify_with_logprobs if logprobs else ops.verify
+    return fn(tl, ids, seed, off, mode=mode, backend=backend, **args)
+
+
+def assert_same(a, b, lp_tol=2e-4):
+    assert torch.equal(a.tokens.cpu(), b.tokens.cpu()), (a.tokens, b.tokens)
+    assert torch.equal(a.num_accepted.cpu(), b.num_accepted.cpu())
+    assert torch.equal(a.valid.cpu(), b.valid.cpu())
+    if hasattr(a, "logprobs") and hasattr(b, "logprobs"):
+        torch.testing.assert_close(a.logprobs.cpu(), b.logprobs.cpu(), atol=lp_tol, rtol=1e-4,
+                                   equal_nan=True)
+        torch.testing.assert_close(a.processed_logprobs.cpu(), b.processed_logprobs.cpu(),
+                                   atol=lp_tol, rtol=1e-4, equal_nan=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# cross-backend identity
+# ---------------------------------------------------------------------------------------------
+CASES = [
+    # (n_list, V, dtype, param kind)
+    ([3, 0, 2, 4, 1], 1000, torch.float32, "temp"),
+    ([2], 613, torch.bfloat16, "mixed"),
+    ([1, 5, 0, 3], 613, torch.float16, "minp"),
+    ([4, 4, 4], 1000, torch.float32, "greedy"),
+    ([0, 0], 300, torch.float32, "none"),
+    ([2, 1, 2, 0], 150, torch.float32, "topkp"),
+]
+
+
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_verify_backends_identical(mode, case):
+    n_list, V, dtype, kind = CASES[case]
+    prob = make_problem(n_list, V, dtype, seed=case)
+    extra = params(len(n_list), kind)
+    ref = run("reference", mode, prob, extra)
+    for b in _backends()[1:]:
+        out = run(b, mode, prob, extra)
+        assert_same(ref, out)
+    # emitted tokens are well formed
+    for i, nacc in enumerate(ref.num_accepted.tolist()):
+        assert 0 <= nacc <= n_list[i]
+        row = ref.tokens[i].tolist()
+        assert all(t >= 0 for t in row[:nacc + 1]) and all(t == -1 for t in row[nacc + 1:])
+
+
+def test_verify_identical_draft_accepts_everything():
+    """q == p: every draft sampled from p is accepted (u < 1 = p/q)."""
+    prob = make_problem([3, 2], 500, seed=3, agree=0.0)
+    prob["draft_logits"] = prob["target_logits"][[0, 1, 2, 4, 5]].clone()
+    s = ops.sample(prob["draft_logits"], torch.tensor([5, 6, 7, 8, 9], device=DEV),
+                   torch.zeros(5, dtype=torch.int64, device=DEV), backend="reference")
+    prob["draft_token_ids"] = s.tokens
+    for b in _backends():
+        out = run(b, "probabilistic", prob, logprobs=False)
+        assert out.num_accepted.tolist() == [3, 2]
+
+
+def test_verify_invalid_rows():
+    """NaN in the target (or draft) row at a position stops the walk there with token 0."""
+    prob = make_problem([3, 3, 2], 400, seed=4, agree=1.0, noise=0.0)
+    tl = prob["target_logits"]
+    tl[1, 7] = float("nan")            # request 0, position 1
+    prob["draft_logits"][3 + 0, :] = float("-inf")   # request 1, position 0: no finite logit
+    for mode in ("probabilistic", "ngram"):
+        ref = run("reference", mode, prob)
+        assert not bool(ref.valid[0])
+        assert ref.tokens[0, int(ref.num_accepted[0])].item() == 0
+        if mode == "probabilistic":
+            assert not bool(ref.valid[1]) and int(ref.num_accepted[1]) == 0
+        assert bool(ref.valid[2])
+        for b in _backends()[1:]:
+            assert_same(ref, run(b, mode, prob))
+
+
+def test_reference_probabilistic_top_k_top_p_kept_sets():
+    """Reference probabilistic verify with top-k / top-p: every emitted token is in the
+    sampler's kept set (reference.sampling.kept_mask) of its position."""
+    prob = make_problem([4, 3, 2], 200, seed=6, agree=0.3)
+    extra = {"top_k": torch.tensor([5, 0, 20], device=DEV),
+             "top_p": torch.tensor([1.0, 0.7, 0.9], device=DEV),
+             "temperature": torch.tensor([1.0, 0.8, 1.2], device=DEV)}
+    for mode in ("probabilistic", "ngram"):
+        for s in range(4):
+            prob["seed"] = prob["seed"] + 1
+            out = run("reference", mode, prob, extra)
+            P = rv.target_probabilities(prob["target_logits"].cpu(), prob["cu_num_draft"].cpu(),
+                                        **{k: v.cpu() for k, v in extra.items()})
+            cu = prob["cu_num_draft"].cpu()
+            for i in range(3):
+                for j in range(int(out.num_accepted[i]) + 1):
+                    tok = int(out.tokens[i, j])
+                    assert P[int(cu[i]) + i + j, tok] > 0
+
+
+def test_triton_kept_thresholds_match_kept_mask():
+    """Triton's top-k / top-p threshold (bisection over key56) gives exactly the sampler's kept
+    set, ties and -inf included."""
+    if "triton" not in _backends():
+        pytest.skip("triton unavailable")
+    from tokenspeed_kernel.reference import prims, sampling as rs
+    from tokenspeed_kernel.triton import verify as tv
+    g = torch.Generator().manual_seed(5)
+    R, V = 8, 96
+    z = (torch.randn(R, V, generator=g) * 2).round(decimals=1)    # many exact ties
+    z[1, :50] = float("-inf")
+    z[2] = 0.5                                                   # all equal
+    T = torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 0.9, 2.0, 1.0])
+    k = torch.tensor([5, 10, 7, 0, 96, 1, 30, 0], dtype=torch.int32)
+    p = torch.tensor([1.0, 0.9, 0.5, 0.3, 0.999, 1.0, 0.05, 1.0])
+    zd, Td, kd, pd = (t.to(DEV) for t in (z, T, k, p))
+    thr = tv.kept_thresholds(zd, Td, kd, pd).cpu()
+    x = z * prims.inv_temperature(T)[:, None]
+    kept, _, _ = rs.kept_mask(x, k.long(), p, torch.zeros(R))
+    key = prims.key56(x, torch.arange(V)[None, :])
+    assert torch.equal(key >= thr[:, None], kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# strict mode
+# ---------------------------------------------------------------------------------------------
+def _triton_sampler_available():
+    try:
+        import tokenspeed_kernel.triton.sampling  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def _strict_backends():
+    out = []
+    for b in _backends():
+        if b == "triton" and not _triton_sampler_available():
+            continue
+        out.append(b)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["temp", "mixed", "greedy"])
+def test_strict_equals_sample_then_compare(kind):
+    n_list = [3, 0, 2, 4]
+    V = 613
+    prob = make_problem(n_list, V, seed=11, agree=0.8, noise=0.0)
+    extra = params(len(n_list), kind)
+    # drafts = the target's own samples at most positions, so long accepted runs happen
+    cu = prob["cu_num_draft"].cpu()
+    bs = len(n_list)
+    for b in _strict_backends():
+        req = torch.repeat_interleave(torch.arange(bs), torch.tensor(n_list) + 1).to(DEV)
+        pos = torch.cat([torch.arange(k + 1) for k in n_list]).to(DEV)
+        kw = {k: v[req] for k, v in extra.items()}
+        s = ops.sample(prob["target_logits"], prob["seed"][req], prob["offset"][req] + pos,
+                       backend=b, **kw)
+        ids = prob["draft_token_ids"].clone()
+        rows = torch.cat([torch.arange(int(cu[i]) + i, int(cu[i]) + i + n_list[i])
+                          for i in range(bs)]).to(DEV)
+        agree = torch.rand(ids.shape[0]) < 0.8
+        ids = torch.where(agree.to(DEV), s.tokens[rows], ids)
+        prob2 = dict(prob, draft_token_ids=ids)
+        out = run(b, "strict", prob2, extra)
+        # by hand
+        for i in range(bs):
+            j = 0
+            base = int(cu[i]) + i
+            while j < n_list[i] and int(ids[int(cu[i]) + j]) == int(s.tokens[base + j]):
+                j += 1
+            assert int(out.num_accepted[i]) == j
+            expect = ids[int(cu[i]):int(cu[i]) + j].tolist() + [int(s.tokens[base + j])]
+            assert out.tokens[i, :j + 1].tolist() == expect
+            assert out.tokens[i, j + 1:].eq(-1).all()
+        ref = run("reference", "strict", prob2, extra)
+        assert_same(ref, out, lp_tol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# layouts and invariances
+# ---------------------------------------------------------------------------------------------
+def to_padded(prob, max_n):
+    cu = prob["cu_num_draft"].cpu()
+    bs = cu.shape[0] - 1
+    V = prob["target_logits"].shape[1]
+    dev = prob["target_logits"].device
+    dt = prob["target_logits"].dtype
+    tl = torch.full((bs, max_n + 1, V), float("nan"), dtype=dt, device=dev)   # padding = NaN
+    dl = torch.full((bs, max_n, V), float("nan"), dtype=dt, device=dev)
+    ids = torch.full((bs, max_n), -1, dtype=torch.int64, device=dev)
+    for i in range(bs):
+        a, b = int(cu[i]), int(cu[i + 1])
+        n = b - a
+        tl[i, :n + 1] = prob["target_logits"][a + i:b + i + 1]
+        dl[i, :n] = prob["draft_logits"][a:b]
+        ids[i, :n] = prob["draft_token_ids"][a:b]
+    return tl, dl, ids
+
+
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram", "strict"])
+def test_ragged_equals_padded(mode):
+    n_list = [2, 0, 3, 1]
+    prob = make_problem(n_list, 613, seed=21)
+    extra = params(4, "mixed")
+    tl, dl, ids = to_padded(prob, 4)
+    bks = _strict_backends() if mode == "strict" else _backends()
+    for b in bks:
+        a = run(b, mode, prob, extra, max_num_draft=4)
+        kw = dict(mode=mode, backend=b, **extra)
+        if mode == "probabilistic":
+            kw["draft_logits"] = dl
+        p1 = ops.verify_with_logprobs(tl, ids, prob["seed"], prob["offset"], **kw)
+        assert_same(a, p1)
+        # explicit num_draft with arbitrary padding values
+        ids2 = torch.where(ids < 0, torch.zeros_like(ids), ids)
+        p2 = ops.verify_with_logprobs(tl.reshape(-1, tl.shape[-1]), ids2, prob["seed"],
+                                      prob["offset"],
+                                      num_draft=torch.tensor(n_list, device=DEV), **kw)
+        assert_same(a, p2)
+
+
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram"])
+def test_batch_invariance(mode):
+    """A request's tokens do not depend on its batch position or its neighbours."""
+    n_list = [2, 3, 1, 0, 4]
+    prob = make_problem(n_list, 400, seed=31)
+    extra = params(5, "temp")
+    for b in _backends():
+        full = run(b, mode, prob, extra, max_num_draft=4)
+        cu = prob["cu_num_draft"].cpu()
+        for i in (0, 2, 4):
+            a, c = int(cu[i]), int(cu[i + 1])
+            sub = dict(target_logits=prob["target_logits"][a + i:c + i + 1],
+                       draft_token_ids=prob["draft_token_ids"][a:c],
+                       cu_num_draft=torch.tensor([0, c - a], device=DEV),
+                       draft_logits=prob["draft_logits"][a:c],
+                       seed=prob["seed"][i:i + 1], offset=prob["offset"][i:i + 1])
+            one = run(b, mode, sub, {k: v[i:i + 1] for k, v in extra.items()}, max_num_draft=4)
+            assert torch.equal(one.tokens[0].cpu(), full.tokens[i].cpu())
+            assert int(one.num_accepted[0]) == int(full.num_accepted[i])
+
+
+def test_reproducible_and_seed_sensitive():
+    prob = make_problem([3, 3, 3, 3], 300, seed=41, agree=0.0)
+    a = run("reference", "probabilistic", prob, logprobs=False)
+    b = run("reference", "probabilistic", prob, logprobs=False)
+    assert torch.equal(a.tokens, b.tokens)
+    prob2 = dict(prob, seed=prob["seed"] + 1)
+    c = run("reference", "probabilistic", prob2, logprobs=False)
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_logprobs_match_sampler_definition():
+    """Emitted-token logprobs equal log_softmax of the raw row and the processed distribution."""
+    prob = make_problem([2, 3], 300, seed=51)
+    extra = params(2, "minp")
+    out = run("reference", "probabilistic", prob, extra)
+    P = rv.target_probabilities(prob["target_logits"].cpu(), prob["cu_num_draft"].cpu(),
+                                **{k: v.cpu() for k, v in extra.items()})
+    LS = torch.log_softmax(prob["target_logits"].cpu().float(), 1)
+    cu = prob["cu_num_draft"].cpu()
+    for i in range(2):
+        for j in range(int(out.num_accepted[i]) + 1):
+            r = int(cu[i]) + i + j
+            t = int(out.tokens[i, j])
+            assert abs(out.logprobs[i, j].item() - LS[r, t].item()) < 1e-4
+            assert abs(out.processed_logprobs[i, j].item() - P[r, t].log().item()) < 1e-4
+    # out dtype
+    o32 = run("reference", "probabilistic", prob, extra, out_dtype=torch.int32)
+    assert o32.tokens.dtype == torch.int32 and torch.equal(o32.tokens.long(), out.tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# exact arithmetic helpers
+# ---------------------------------------------------------------------------------------------
+def test_mul_wide_exact():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 2**62, (2000,), generator=g)
+    b = torch.randint(0, 2**62, (2000,), generator=g)
+    a[:4] = torch.tensor([0, 1, 2**62, 2**62 - 1])
+    b[:4] = torch.tensor([2**62, 2**62, 2**62, 2**62 - 1])
+    hi, lo = rv.mul_wide(a, b)
+    for x, y, h, l in zip(a.tolist(), b.tolist(), hi.tolist(), lo.tolist()):
+        assert h * 2**62 + l == x * y and 0 <= l < 2**62
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input
+# ---------------------------------------------------------------------------------------------
+def test_bad_input_names_the_argument():
+    prob = make_problem([2, 1], 100, seed=61)
+    tl, ids, cu = prob["target_logits"], prob["draft_token_ids"], prob["cu_num_draft"]
+    dl, seed, off = prob["draft_logits"], prob["seed"], prob["offset"]
+
+    def call(**kw):
+        a = dict(cu_num_draft=cu, draft_logits=dl, backend="reference")
+        a.update(kw)
+        t = a.pop("tl", tl)
+        i = a.pop("ids", ids)
+        return ops.verify(t, i, seed, off, **a)
+
+    with pytest.raises(ValueError, match="cu_num_draft"):
+        call(cu_num_draft=torch.tensor([0, 2, 1], device=DEV), tl=tl[:3],
+             draft_logits=dl[:1], ids=ids[:1])
+    with pytest.raises(ValueError, match="cu_num_draft"):
+        call(cu_num_draft=torch.tensor([1, 2, 3], device=DEV))
+    with pytest.raises(ValueError, match="draft_token_ids"):
+        call(ids=torch.tensor([5, 100, 3], device=DEV))
+    with pytest.raises(ValueError, match="draft_token_ids"):
+        call(ids=torch.tensor([5, -1, 3], device=DEV))
+    with pytest.raises(ValueError, match="target_logits"):
+        call(tl=tl[:-1])
+    with pytest.raises(ValueError, match="draft_logits"):
+        call(draft_logits=None)
+    with pytest.raises(ValueError, match="draft_logits"):
+        call(draft_logits=dl[:, :50])
+    with pytest.raises(ValueError, match="draft_logits"):
+        call(mode="ngram")
+    with pytest.raises(ValueError, match="mode"):
+        call(mode="tree")
+    with pytest.raises(ValueError, match="seed"):
+        ops.verify(tl, ids, seed[:1], off, cu_num_draft=cu, draft_logits=dl)
+    with pytest.raises(ValueError, match="temperature"):
+        call(temperature=torch.tensor([1.0, -1.0], device=DEV))
+    with pytest.raises(ValueError, match="max_num_draft"):
+        call(max_num_draft=1)
+    with pytest.raises(ValueError, match="draft_token_ids"):     # padding not a suffix
+        ops.verify(torch.zeros(6, 100, device=DEV), torch.tensor([[-1, 3], [1, 2]], device=DEV),
+                   seed, off, mode="ngram")
+    with pytest.raises(ValueError, match="num_draft"):
+        ops.verify(torch.zeros(6, 100, device=DEV), torch.tensor([[1, 3], [1, 2]], device=DEV),
+                   seed, off, mode="ngram", num_draft=torch.tensor([3, 0], device=DEV))
+    with pytest.raises(ValueError, match="out_dtype"):
+        call(out_dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# opcheck of the op schemas (CPU kernels = reference; CUDA kernels on the GPU)
+# ---------------------------------------------------------------------------------------------
+_defined = {}
+
+
+def _ensure_ops():
+    """Use the extension's ops; where it lacks them (no extension, or one built from older
+    sources), define the same schemas from Python (test only) and register fake + CPU kernels."""
+    if _defined:
+        return
+    _has_ext()    # loads the extension (and its registrations) if there is one
+    missing = [n for n in ov.SCHEMAS if not hasattr(torch.ops.tokenspeed_kernel, n)]
+    _defined["done"] = True
+    if not missing:
+        return
+    lib = torch.library.Library("tokenspeed_kernel", "FRAGMENT")
+    for name in missing:
+        lib.define(ov.SCHEMAS[name])
+    _defined["lib"] = lib
+    ov._register_library()
+
+
+def _op_args(device, mode="probabilistic", logprobs=True):
+    prob = make_problem([2, 0, 3], 64, seed=71, device=device)
+    flags = (ov.F_NGRAM if mode == "ngram" else 0) | (ov.F_LOGPROBS if logprobs else 0)
+    bs, W = 3, 4
+    out = (torch.empty(bs, W, dtype=torch.int64, device=device),
+           torch.empty(bs, dtype=torch.int64, device=device),
+           torch.empty(bs, dtype=torch.bool, device=device),
+           torch.empty(bs, W, device=device) if logprobs else None,
+           torch.empty(bs, W, device=device) if logprobs else None)
+    return (prob["target_logits"], prob["draft_logits"] if mode == "probabilistic" else None,
+            prob["draft_token_ids"], prob["cu_num_draft"], prob["seed"], prob["offset"],
+            torch.full((bs,), 0.9, device=device), torch.tensor([3, 0, 10], device=device,
+                                                                dtype=torch.int32),
+            torch.tensor([1.0, 0.8, 0.9], device=device), None, W - 1, flags) + out
+
+
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram"])
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_opcheck_verify_probabilistic(mode, logprobs):
+    _ensure_ops()
+    op = torch.ops.tokenspeed_kernel.verify_probabilistic.default
+    devs = ["cpu"] + (["cuda"] if HAS_CUDA and _has_ext() else [])
+    for d in devs:
+        torch.library.opcheck(op, _op_args(d, mode, logprobs))
+
+
+def test_opcheck_verify_strict_accept():
+    _ensure_ops()
+    op = torch.ops.tokenspeed_kernel.verify_strict_accept.default
+    devs = ["cpu"] + (["cuda"] if HAS_CUDA and _has_ext() else [])
+    for d in devs:
+        R, bs, W = 7, 3, 4
+        cu = torch.tensor([0, 2, 2, 4], device=d)
+        rt = torch.randint(0, 5, (R,), device=d)
+        rv_ = torch.ones(R, dtype=torch.bool, device=d)
+        ids = torch.randint(0, 5, (4,), device=d)
+        lp = torch.randn(R, device=d)
+        outs = (torch.empty(bs, W, dtype=torch.int64, device=d),
+                torch.empty(bs, dtype=torch.int64, device=d),
+                torch.empty(bs, dtype=torch.bool, device=d),
+                torch.empty(bs, W, device=d), torch.empty(bs, W, device=d))
+        torch.library.opcheck(op, (rt, rv_, ids, cu, lp, lp.clone(), W - 1, 0) + outs)
+
+
+def test_schemas_match_extension():
+    if not _has_ext() or _defined.get("lib") is not None or not all(
+            hasattr(torch.ops.tokenspeed_kernel, n) for n in ov.SCHEMAS):
+        pytest.skip("compiled extension with the verify ops not available")
+    for name, schema in ov.SCHEMAS.items():
+        op = getattr(torch.ops.tokenspeed_kernel, name).default
+        assert str(op._schema).replace("tokenspeed_kernel::", "") == schema
+
+
+def test_cpu_op_matches_reference():
+    _ensure_ops()
+    args = _op_args("cpu", "probabilistic", True)
+    torch.ops.tokenspeed_kernel.verify_probabilistic(*args)
+    prob = make_problem([2, 0, 3], 64, seed=71, device="cpu")
+    ref = run("reference", "probabilistic", prob, {"temperature": torch.full((3,), 0.9),
+                                                   "top_k": torch.tensor([3, 0, 10]),
+                                                   "top_p": torch.tensor([1.0, 0.8, 0.9])},
+              max_num_draft=3)
+    assert torch.equal(args[10], ref.tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU-only: large shapes, graphs
+# ---------------------------------------------------------------------------------------------
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("V,dtype", [(151936, torch.float32), (262144, torch.bfloat16)])
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram"])
+def test_gpu_large_vocab_identity(V, dtype, mode):
+    n_list = [4, 1, 0, 8, 3, 5]
+    prob = make_problem(n_list, V, dtype, seed=81)
+    extra = params(len(n_list), "mixed")
+    ref = run("reference", mode, prob, extra)
+    for b in _backends()[1:]:
+        assert_same(ref, run(b, mode, prob, extra), lp_tol=2e-3)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_batch_over_1024():
+    n_list = [(i * 7) % 6 for i in range(1500)]
+    prob = make_problem(n_list, 1000, torch.bfloat16, seed=91)
+    extra = params(1500, "mixed")
+    for mode in ("probabilistic", "ngram"):
+        ref = run("reference", mode, prob, extra)
+        for b in _backends()[1:]:
+            assert_same(ref, run(b, mode, prob, extra), lp_tol=1e-3)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_rows_times_vocab_over_2_31():
+    """8200 rows x 262144 > 2**31 elements: requests at the end (64-bit offsets) match a small
+    call on their rows alone."""
+    V = 262144
+    bs = 2050
+    n_list = [3] * bs
+    total_rows = bs * 4
+    if torch.cuda.get_device_properties(0).total_memory < 20 * 2**30:
+        pytest.skip("needs ~10 GB")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tl = torch.randn(total_rows, V, device="cuda", dtype=torch.bfloat16, generator=g)
+    dl = torch.randn(bs * 3, V, device="cuda", dtype=torch.bfloat16, generator=g)
+    ids = torch.randint(0, V, (bs * 3,), device="cuda", generator=g)
+    cu = torch.arange(bs + 1, device="cuda") * 3
+    seed = torch.arange(bs, device="cuda")
+    off = torch.zeros(bs, dtype=torch.int64, device="cuda")
+    assert total_rows * V > 2**31
+    for b in _backends()[1:]:
+        full = ops.verify(tl, ids, seed, off, cu_num_draft=cu, draft_logits=dl, backend=b,
+                          max_num_draft=3)
+        for i in (bs - 1, bs - 2):
+            one = ops.verify(tl[4 * i:4 * i + 4], ids[3 * i:3 * i + 3], seed[i:i + 1],
+                             off[i:i + 1], cu_num_draft=torch.tensor([0, 3], device="cuda"),
+                             draft_logits=dl[3 * i:3 * i + 3], backend=b, max_num_draft=3)
+            assert torch.equal(one.tokens[0], full.tokens[i])
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram", "strict"])
+def test_gpu_graph_replay_equals_eager(mode):
+    n_list = [3, 1, 4, 0]
+    prob = make_problem(n_list, 151936, torch.bfloat16, seed=101)
+    extra = params(4, "mixed")
+    bks = _strict_backends() if mode == "strict" else _backends()
+    for b in bks[1:]:
+        kw = dict(mode=mode, backend=b, cu_num_draft=prob["cu_num_draft"], max_num_draft=4,
+                  draft_logits=prob["draft_logits"] if mode == "probabilistic" else None, **extra)
+        seed = prob["seed"].clone()
+        off = prob["offset"].clone()
+        eager = ops.verify_with_logprobs(prob["target_logits"], prob["draft_token_ids"], seed, off,
+                                         **kw)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ops.verify_with_logprobs(prob["target_logits"], prob["draft_token_ids"], seed, off,
+                                     **kw)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.verify_with_logprobs(prob["target_logits"], prob["draft_token_ids"], seed,
+                                           off, **kw)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same(eager, out, lp_tol=0)
+        # device-side parameters: a new offset changes the replayed result like eager does
+        off.add_(7)
+        graph.replay()
+        eager2 = ops.verify_with_logprobs(prob["target_logits"], prob["draft_token_ids"], seed,
+                                          off, **kw)
+        torch.cuda.synchronize()
+        assert_same(eager2, out, lp_tol=0)
