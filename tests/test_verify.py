@@ -452,13 +452,16 @@ _defined = {}
 
 
 def _ensure_ops():
-    """Use the extension's ops; where it lacks them (no extension, or one built from older
-    sources), define the same schemas from Python (test only) and register fake + CPU kernels."""
+    """Use the extension's ops; where it lacks them (no extension), define the same schemas from
+    Python (test only) and register fake + CPU kernels. An extension built from older sources
+    (different schemas) is reported: the opcheck tests skip, test_schemas_match_extension fails."""
     if _defined:
         return
     _has_ext()    # loads the extension (and its registrations) if there is one
     missing = [n for n in ov.SCHEMAS if not hasattr(torch.ops.tokenspeed_kernel, n)]
     _defined["done"] = True
+    stale = [n for n in ov.SCHEMAS if n not in missing and _schema_of(n) != ov.SCHEMAS[n]]
+    _defined["stale"] = stale
     if not missing:
         return
     lib = torch.library.Library("tokenspeed_kernel", "FRAGMENT")
@@ -466,6 +469,17 @@ def _ensure_ops():
         lib.define(ov.SCHEMAS[name])
     _defined["lib"] = lib
     ov._register_library()
+
+
+def _schema_of(name):
+    op = getattr(torch.ops.tokenspeed_kernel, name).default
+    return str(op._schema).replace("tokenspeed_kernel::", "")
+
+
+def _skip_if_stale():
+    if _defined.get("stale"):
+        pytest.skip(f"the loaded extension has other schemas for {_defined['stale']}: it was "
+                    f"built from older sources; rebuild it (make build)")
 
 
 def _op_args(device, mode="probabilistic", logprobs=True):
@@ -488,6 +502,7 @@ def _op_args(device, mode="probabilistic", logprobs=True):
 @pytest.mark.parametrize("logprobs", [False, True])
 def test_opcheck_verify_probabilistic(mode, logprobs):
     _ensure_ops()
+    _skip_if_stale()
     op = torch.ops.tokenspeed_kernel.verify_probabilistic.default
     devs = ["cpu"] + (["cuda"] if HAS_CUDA and _has_ext() else [])
     for d in devs:
@@ -496,6 +511,7 @@ def test_opcheck_verify_probabilistic(mode, logprobs):
 
 def test_opcheck_verify_strict_accept():
     _ensure_ops()
+    _skip_if_stale()
     op = torch.ops.tokenspeed_kernel.verify_strict_accept.default
     devs = ["cpu"] + (["cuda"] if HAS_CUDA and _has_ext() else [])
     for d in devs:
@@ -513,16 +529,19 @@ def test_opcheck_verify_strict_accept():
 
 
 def test_schemas_match_extension():
-    if not _has_ext() or _defined.get("lib") is not None or not all(
-            hasattr(torch.ops.tokenspeed_kernel, n) for n in ov.SCHEMAS):
+    """The Python copy of the schemas (used without the extension) equals the C++ ones."""
+    _ensure_ops()
+    if not _has_ext() or _defined.get("lib") is not None:
         pytest.skip("compiled extension with the verify ops not available")
     for name, schema in ov.SCHEMAS.items():
-        op = getattr(torch.ops.tokenspeed_kernel, name).default
-        assert str(op._schema).replace("tokenspeed_kernel::", "") == schema
+        assert _schema_of(name) == schema, (
+            f"{name}: extension schema differs (rebuild the extension if it predates "
+            f"csrc/verify/verify_ops.cu)")
 
 
 def test_cpu_op_matches_reference():
     _ensure_ops()
+    _skip_if_stale()
     args = _op_args("cpu", "probabilistic", True)
     torch.ops.tokenspeed_kernel.verify_probabilistic(*args)
     prob = make_problem([2, 0, 3], 64, seed=71, device="cpu")
@@ -571,7 +590,6 @@ def test_gpu_rows_times_vocab_over_2_31():
     call on their rows alone."""
     V = 262144
     bs = 2050
-    n_list = [3] * bs
     total_rows = bs * 4
     if torch.cuda.get_device_properties(0).total_memory < 20 * 2**30:
         pytest.skip("needs ~10 GB")
@@ -620,11 +638,11 @@ def test_gpu_graph_replay_equals_eager(mode):
                                            off, **kw)
         graph.replay()
         torch.cuda.synchronize()
-        assert_same(eager, out, lp_tol=0)
+        assert_same(eager, out, lp_tol=1e-5)   # Triton sums exp with float atomics
         # device-side parameters: a new offset changes the replayed result like eager does
         off.add_(7)
         graph.replay()
         eager2 = ops.verify_with_logprobs(prob["target_logits"], prob["draft_token_ids"], seed,
                                           off, **kw)
         torch.cuda.synchronize()
-        assert_same(eager2, out, lp_tol=0)
+        assert_same(eager2, out, lp_tol=1e-5)

@@ -47,6 +47,7 @@ struct Params {
   const int64_t* offset;
   int flags;
   int splits, chunk;      // chunk: elements per split (multiple of 8)
+  int row0;               // first row of this launch (grid.y <= 65535 rows per launch)
 };
 
 struct Partial {
@@ -329,7 +330,7 @@ __device__ __forceinline__ void partial_loop(const Params& p, const RowParams& r
           const uint32_t bits[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            if (!kept[j]) continue;
+            if (!kept[j] || x[j] + 16.75f < warp_thr) continue;
             // conservative test of G(u) >= d  <=>  u >= exp(-exp(-d)); exact scores decide
             const float d = warp_thr - x[j] - 0.01f;
             const float thr_u = __expf(-__expf(-d)) - 1e-5f;
@@ -345,8 +346,8 @@ __device__ __forceinline__ void partial_loop(const Params& p, const RowParams& r
       }
     }
     if (kKind == kKindTopK) {
-      // appends are rare once the threshold has risen: one vote per tile, details only if needed
-      if (__syncthreads_or(want_append)) {
+      // appends are rare once the threshold has risen: one vote per warp, details only if needed
+      if (__any_sync(0xffffffffu, want_append)) {
 #pragma unroll
         for (int g = 0; g < kGroupsPerThread; ++g) {
           const int i0 = base + (g * kThreads + threadIdx.x) * 4;
@@ -364,10 +365,15 @@ __device__ __forceinline__ void partial_loop(const Params& p, const RowParams& r
             }
           }
         }
+      }
+      {
         __syncthreads();
         const int n = int(sm.count);
         __syncthreads();   // everyone has read count before it changes
-        if (n > kCandCap - kTile) {   // refresh the threshold: keep the current top-k
+        // refresh the threshold (keep the current top-k) once the buffer holds a few times k;
+        // always before it could overflow in the next tile
+        const int trigger = min(kCandCap - kTile, max(4 * rp.k, 1024));
+        if (n > trigger) {
           const unsigned long long t = block_select_kth(sm.buf, n, rp.k, sm.hist, sm.sh);
           const int c = block_compact(sm.buf, n, t, sm.kept, &sm.counter);
           for (int i = threadIdx.x; i < c; i += blockDim.x) sm.buf[i] = sm.kept[i];
@@ -383,7 +389,7 @@ template <typename T, int kPass>
 __global__ void __launch_bounds__(kThreads) partial_kernel(Params p, Workspace ws) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   PartialSmem& sm = *reinterpret_cast<PartialSmem*>(smem_raw);
-  const int row = blockIdx.y, split = blockIdx.x;
+  const int row = p.row0 + int(blockIdx.y), split = blockIdx.x;
   const RowParams rp = row_params(p, row);
   if (kPass == 1 && rp.mode != kGeneric) return;
   const int begin = split * p.chunk;
@@ -519,7 +525,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   LevelSmem& sm = *reinterpret_cast<LevelSmem*>(smem_raw);
-  const int row = blockIdx.y, split = blockIdx.x;
+  const int row = p.row0 + int(blockIdx.y), split = blockIdx.x;
   RowState* stp = ws.state + row;
   const RowParams rp = row_params(p, row);
   if (rp.mode != kGeneric) return;
@@ -884,13 +890,27 @@ cudaError_t launch_sample(Params p, Workspace ws, TokT* tokens, bool* valid, flo
     if ((e = cudaFuncSetAttribute(finalize_kernel<T, TokT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(final_smem(true)))) != cudaSuccess) return e;
     attr_set = true;
   }
-  dim3 grid(p.splits, p.rows);
   const bool topk = p.flags & F_TOPK;
-  partial_kernel<T, 0><<<grid, kThreads, partial_smem(topk), stream>>>(p, ws);
+  // kernels with a (split, row) grid run in launches of at most 65535 rows (grid.y limit)
+  auto per_rows = [&](auto&& launch) {
+    for (int r0 = 0; r0 < p.rows; r0 += 65535) {
+      Params q = p;
+      q.row0 = r0;
+      launch(q, dim3(p.splits, min(65535, p.rows - r0)));
+    }
+  };
+  per_rows([&](const Params& q, dim3 grid) {
+    partial_kernel<T, 0><<<grid, kThreads, partial_smem(topk), stream>>>(q, ws);
+  });
   if (p.flags & F_GENERIC) {
     generic_init_kernel<<<p.rows, 256, 0, stream>>>(p, ws);
-    for (int l = 0; l < 10; ++l) level_kernel<T><<<grid, kThreads, level_smem(), stream>>>(p, ws);
-    partial_kernel<T, 1><<<grid, kThreads, partial_smem(false), stream>>>(p, ws);
+    for (int l = 0; l < 10; ++l)
+      per_rows([&](const Params& q, dim3 grid) {
+        level_kernel<T><<<grid, kThreads, level_smem(), stream>>>(q, ws);
+      });
+    per_rows([&](const Params& q, dim3 grid) {
+      partial_kernel<T, 1><<<grid, kThreads, partial_smem(false), stream>>>(q, ws);
+    });
   }
   finalize_kernel<T, TokT><<<p.rows, kThreads, final_smem(topk), stream>>>(p, ws, tokens, valid,
                                                                       logprobs, plogprobs);

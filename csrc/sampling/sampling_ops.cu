@@ -34,12 +34,13 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   TORCH_CHECK(logits.stride(1) == 1, "logits: last dimension must be contiguous");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   TORCH_CHECK(vocab >= 1 && vocab <= (1 << 24), "logits: vocab must be in [1, 2^24]");
-  TORCH_CHECK(rows <= 65535, "logits: at most 65535 rows per call (grid.y limit)");
+  TORCH_CHECK(rows < (int64_t(1) << 31), "logits: fewer than 2^31 rows");
   TORCH_CHECK(tokens_per_request >= 1 && rows % tokens_per_request == 0,
               "tokens_per_request: must divide rows");
   const int64_t n = rows / tokens_per_request;
   const at::cuda::CUDAGuard guard(logits.device());
   Params p{};
+  p.row0 = 0;
   p.logits = logits.data_ptr();
   p.row_stride = logits.stride(0);
   p.rows = int(rows);

@@ -10,11 +10,12 @@
 //      V / cs elements and was read microseconds earlier) for the fixed-point mass sum S of the
 //      kept set (and sum exp(z - zmax) for logprobs). Rank 0 then decides the accept coin of the
 //      position's draft token. Nothing [rows, V] is written.
-//   2. verify_final_kernel: one cluster per request. Warp 0 finds the first failed position
-//      (ballot over the accept bits), rank 0 writes the accepted tokens; then the cluster samples
-//      the one final token: the residual max(0, p - q) at the first rejection (Gumbel-max, stream
-//      2) or the bonus token from p (the sampler's Gumbel-max, stream 0), reading one (or two)
-//      rows once.
+//   2. verify_final_kernel: `splits` CTAs per request. Warp 0 finds the first failed position
+//      (ballot over the accept bits), split 0 writes the accepted tokens; then the CTAs sample the
+//      one final token over their vocabulary chunk: the residual max(0, p - q) at the first
+//      rejection (Gumbel-max, stream 2) or the bonus token from p (the sampler's Gumbel-max,
+//      stream 0), reading one (or two) rows once; packed candidates meet in an atomicMax and the
+//      last CTA to arrive writes the token.
 // Strict mode: the foundation sampler samples every target row; verify_strict_kernel compares.
 #pragma once
 
@@ -632,20 +633,36 @@ __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const Verify
 // ------------------------------------------------------------------------------------------
 // kernel 2: walk + final token (residual resample or bonus sample)
 // ------------------------------------------------------------------------------------------
-struct FinalSlot {
-  float s[2];
-  int32_t id[2];
+// grid = bs * splits CTAs (no cluster): the final token's row is split over `splits` CTAs so a
+// small batch still uses the whole GPU (the Gumbel scores are compute-heavy). Each CTA packs its
+// best candidate as (key32(score) << 32) | (2^32 - 1 - id) (larger = higher score, then lower
+// id) and atomicMax'es it into the request's slot; the last CTA to arrive (counter) writes the
+// token and its logprobs. Slots and counters are zeroed by the launcher (memset) every call.
+__device__ __forceinline__ unsigned long long pack_cand(Cand c) {
+  if (!(c.s > -INFINITY)) return 0ull;
+  return (static_cast<unsigned long long>(key32(c.s)) << 32) |
+         static_cast<unsigned long long>(0xFFFFFFFFu - uint32_t(c.id));
+}
+__device__ __forceinline__ int64_t unpack_id(unsigned long long k) {
+  return int64_t(0xFFFFFFFFu - uint32_t(k & 0xFFFFFFFFull));
+}
+
+struct FinalWs {
+  unsigned long long* cand;   // [bs]
+  unsigned int* count;        // [bs]
+  int32_t splits;
+  int32_t chunk;              // elements per split (multiple of 8)
 };
 
-template <typename T, int VEC, bool CLUSTER>
-__global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyParams p) {
-  using G = Grp<CLUSTER>;
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyParams p,
+                                                                const FinalWs ws) {
   __shared__ BlockScratch scratch;
-  __shared__ FinalSlot slot;
   __shared__ int sh_f;
-  const unsigned cs = G::size();
-  const unsigned rank = G::rank();
-  const int i = int(blockIdx.x / cs);
+  __shared__ int sh_last;
+  __shared__ unsigned long long sh_key;
+  const int i = int(blockIdx.x / unsigned(ws.splits));
+  const int sp = int(blockIdx.x % unsigned(ws.splits));
   const int n = int(p.cu[i + 1] - p.cu[i]);
   const int W = p.max_n + 1;
 
@@ -671,7 +688,7 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
   const bool bonus = f == n;
   const bool bad = (st.status & kBadT) || (!bonus && (st.status & kBadQ));
   const bool logprobs = p.flags & kLogprobs;
-  if (rank == 0) {
+  if (sp == 0) {
     for (int j = threadIdx.x; j < W; j += kThreads) {
       const int64_t o = int64_t(i) * W + j;
       if (j < f) {
@@ -691,7 +708,7 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
       p.valid[i] = !bad;
     }
   }
-  if (bad) return;  // uniform over the cluster: no cluster barrier has been reached yet
+  if (bad) return;  // uniform over the request's CTAs: nobody touches its slot / counter
 
   const RowParams rp = row_params(p, i);
   const T* trow = static_cast<const T*>(p.tgt) + tr * p.stride_t;
@@ -701,8 +718,8 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
   const int64_t xd = (!bonus) ? p.ids[ds] : -1;
   const uint64_t seed = uint64_t(p.seed[i]);
   const uint64_t offp = uint64_t(p.offset[i] + f);
-  const int64_t start = int64_t(rank) * p.chunk;
-  const int64_t end = start + p.chunk < p.V ? start + p.chunk : int64_t(p.V);
+  const int64_t start = int64_t(sp) * ws.chunk;
+  const int64_t end = start + ws.chunk < p.V ? start + ws.chunk : int64_t(p.V);
   Cand best{-INFINITY, INT32_MAX};
   uint32_t blk = 0xffffffffu;
   Philox4 ph{0, 0, 0, 0};
@@ -716,13 +733,15 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
   if (bonus) {
     // the sampler: argmax over the kept set of x + G(seed, offset + n, id, stream 0)
     const float span = kGumbelSpan + fabsf(st.m_t) * 9.5367431640625e-07f;
-    for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) {
-      const float x = fmul(z, rp.inv_t);
-      const float y = fsub(x, st.m_t);
-      if (y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t)) {
-        best = best_of(best, Cand{fadd(x, noise(id, kStreamSample)), int32_t(id)});
-      }
-    });
+    if (start < end) {
+      for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) {
+        const float x = fmul(z, rp.inv_t);
+        const float y = fsub(x, st.m_t);
+        if (y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t)) {
+          best = best_of(best, Cand{fadd(x, noise(id, kStreamSample)), int32_t(id)});
+        }
+      });
+    }
   } else {
     // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
     const u128 Sq = u128(uint64_t(st.S_q)), Sp = u128(uint64_t(st.S_t));
@@ -746,25 +765,36 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
         best = best_of(best, Cand{s, int32_t(id)});
       }
     };
-    if (ngram) {
-      for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) { visit(id, z, 0.0f); });
-    } else {
-      for_chunk2<T, VEC>(trow, drow, start, end, visit);
+    if (start < end) {
+      if (ngram) {
+        for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) { visit(id, z, 0.0f); });
+      } else {
+        for_chunk2<T, VEC>(trow, drow, start, end, visit);
+      }
     }
   }
   best = block_best(best, scratch);
-  if (threadIdx.x == 0) { slot.s[0] = best.s; slot.id[0] = best.id; }
-  G::sync();
-  Cand win{-INFINITY, INT32_MAX};
-  for (unsigned q = 0; q < cs; ++q) {
-    const FinalSlot* s = G::map(&slot, q);
-    win = best_of(win, Cand{s->s[0], s->id[0]});
+  if (threadIdx.x == 0) {
+    const unsigned long long k = pack_cand(best);
+    if (k) atomicMax(&ws.cand[i], k);
+    __threadfence();
+    sh_last = atomicAdd(&ws.count[i], 1u) == unsigned(ws.splits) - 1u;
   }
-  if (!bonus && !(win.s > -INFINITY)) {
-    // empty residual (p == q and p(x) = 0): resample from p, weights e^p_i, same noise
+  __syncthreads();
+  if (!sh_last) return;
+  // ---- the last CTA of the request: winner, fallback, token, logprobs ----
+  if (threadIdx.x == 0) {
+    __threadfence();
+    sh_key = atomicMax(&ws.cand[i], 0ull);   // atomic read of the final maximum
+  }
+  __syncthreads();
+  unsigned long long key = sh_key;
+  if (!bonus && key == 0) {
+    // empty residual (p == q and p(x) = 0): resample from p, weights e^p_i, same noise. Rare
+    // (a draft outside its own distribution's support): this CTA scans the whole row.
     Cand fb{-INFINITY, INT32_MAX};
     blk = 0xffffffffu;
-    for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) {
+    for_chunk<T, VEC>(trow, 0, p.V, [&](int64_t id, float z) {
       const float xt = fmul(z, rp.inv_t);
       const float yt = fsub(xt, st.m_t);
       if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return;
@@ -774,16 +804,10 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
       fb = best_of(fb, Cand{s, int32_t(id)});
     });
     fb = block_best(fb, scratch);
-    if (threadIdx.x == 0) { slot.s[1] = fb.s; slot.id[1] = fb.id; }
-    G::sync();
-    win = Cand{-INFINITY, INT32_MAX};
-    for (unsigned q = 0; q < cs; ++q) {
-      const FinalSlot* s = G::map(&slot, q);
-      win = best_of(win, Cand{s->s[1], s->id[1]});
-    }
+    key = pack_cand(fb);
   }
-  if (rank == 0 && threadIdx.x == 0) {
-    const int64_t tok = win.id;
+  if (threadIdx.x == 0) {
+    const int64_t tok = unpack_id(key);
     const int64_t o = int64_t(i) * W + f;
     store_tok(p, o, tok);
     if (logprobs) {
@@ -793,7 +817,6 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
                            : fsub(fmul(z, rp.inv_t), st.m_t) - (logf(float(st.S_t)) - kLn2Pow38);
     }
   }
-  G::sync();  // keep shared memory alive until every peer has read it
 }
 
 // ------------------------------------------------------------------------------------------
@@ -877,10 +900,12 @@ inline cudaError_t launch_maybe_cluster(Kernel kernel, bool cluster, unsigned cs
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-// cs: CTAs per row (1..8, 1 on GPUs without clusters); vec_ok: rows 16-byte aligned.
+// cs: CTAs per row of the statistics kernel (1..8, 1 on GPUs without clusters); splits: CTAs
+// per request of the final kernel; ws.cand / ws.count must hold bs entries (zeroed here);
+// vec_ok: rows 16-byte aligned.
 template <typename T>
-inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, bool vec_ok,
-                                               cudaStream_t stream) {
+inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int splits, FinalWs ws,
+                                               bool vec_ok, cudaStream_t stream) {
   constexpr int VEC = 16 / sizeof(T);
   if (p.bs == 0) return cudaSuccess;
   const int64_t per = (int64_t(p.V) + cs - 1) / cs;
@@ -905,15 +930,18 @@ inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, bool vec_
     }
     if (e != cudaSuccess) return e;
   }
-  const int64_t blocks = int64_t(p.bs) * cs;
-  if (vec_ok) {
-    e = cl ? launch_maybe_cluster(verify_final_kernel<T, VEC, true>, true, cs, blocks, stream, p)
-           : launch_maybe_cluster(verify_final_kernel<T, VEC, false>, false, 1, blocks, stream, p);
-  } else {
-    e = cl ? launch_maybe_cluster(verify_final_kernel<T, 1, true>, true, cs, blocks, stream, p)
-           : launch_maybe_cluster(verify_final_kernel<T, 1, false>, false, 1, blocks, stream, p);
-  }
-  return e;
+  if (splits < 1) splits = 1;
+  ws.splits = splits;
+  const int64_t fper = (int64_t(p.V) + splits - 1) / splits;
+  ws.chunk = int32_t((fper + 7) / 8 * 8);
+  e = cudaMemsetAsync(ws.cand, 0, sizeof(unsigned long long) * size_t(p.bs), stream);
+  if (e != cudaSuccess) return e;
+  e = cudaMemsetAsync(ws.count, 0, sizeof(unsigned int) * size_t(p.bs), stream);
+  if (e != cudaSuccess) return e;
+  const unsigned fblocks = unsigned(int64_t(p.bs) * splits);
+  if (vec_ok) verify_final_kernel<T, VEC><<<fblocks, kThreads, 0, stream>>>(p, ws);
+  else verify_final_kernel<T, 1><<<fblocks, kThreads, 0, stream>>>(p, ws);
+  return cudaGetLastError();
 }
 
 inline cudaError_t launch_verify_strict(const StrictParams& p, cudaStream_t stream) {

@@ -63,6 +63,15 @@ int cluster_size(const at::Tensor& logits, int64_t V) {
   return c;
 }
 
+// CTAs per request of the final kernel: fill ~4 waves of the GPU, chunks of >= 2048 elements.
+int final_splits(const at::Tensor& logits, int64_t bs, int64_t V) {
+  const auto* prop = at::cuda::getDeviceProperties(logits.get_device());
+  int64_t want = (4 * int64_t(prop->multiProcessorCount) + bs - 1) / bs;
+  const int64_t cap = std::max<int64_t>(1, V / 2048);
+  want = std::min<int64_t>(std::min<int64_t>(want, cap), 128);
+  return int(std::max<int64_t>(want, 1));
+}
+
 bool rows_aligned(const at::Tensor& t) {
   const int64_t bytes = t.element_size();
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.stride(0) * bytes) % 16 == 0;
@@ -165,13 +174,20 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.out64 = tokens.scalar_type() == at::kLong;
   const bool vec_ok = rows_aligned(tgt) && (!draft_logits.has_value() || rows_aligned(*draft_logits));
   const int cs = cluster_size(tgt, V);
+  const int splits = final_splits(tgt, bs, V);
+  at::Tensor fws = at::empty({bs * 12}, tgt.options().dtype(at::kByte));   // 8 B key + 4 B count
+  FinalWs fw{};
+  fw.cand = reinterpret_cast<unsigned long long*>(fws.data_ptr());
+  fw.count = reinterpret_cast<unsigned int*>(static_cast<uint8_t*>(fws.data_ptr()) + bs * 8);
   cudaError_t err;
   switch (dtype) {
-    case at::kFloat: err = launch_verify_probabilistic<float>(p, cs, vec_ok, stream); break;
-    case at::kBFloat16:
-      err = launch_verify_probabilistic<__nv_bfloat16>(p, cs, vec_ok, stream);
+    case at::kFloat:
+      err = launch_verify_probabilistic<float>(p, cs, splits, fw, vec_ok, stream);
       break;
-    default: err = launch_verify_probabilistic<__half>(p, cs, vec_ok, stream); break;
+    case at::kBFloat16:
+      err = launch_verify_probabilistic<__nv_bfloat16>(p, cs, splits, fw, vec_ok, stream);
+      break;
+    default: err = launch_verify_probabilistic<__half>(p, cs, splits, fw, vec_ok, stream); break;
   }
   TORCH_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
               cudaGetErrorString(err));

@@ -79,12 +79,12 @@ def _check_values(vocab, temperature, top_k, top_p, min_p) -> bool:
     sampled = torch.ones((), dtype=torch.bool, device=dev)
     if temperature is not None:
         checks.append(("temperature", "must be finite and >= 0 (0 = greedy)",
-                       ~(torch.isfinite(temperature) & (temperature >= 0)).any()))
+                       (~(torch.isfinite(temperature) & (temperature >= 0))).any()))
         sampled = temperature > 0
     if top_p is not None:
-        checks.append(("top_p", "must be in (0, 1] (1 = off)", ~((top_p > 0) & (top_p <= 1)).any()))
+        checks.append(("top_p", "must be in (0, 1] (1 = off)", (~((top_p > 0) & (top_p <= 1))).any()))
     if min_p is not None:
-        checks.append(("min_p", "must be in [0, 1] (0 = off)", ~((min_p >= 0) & (min_p <= 1)).any()))
+        checks.append(("min_p", "must be in [0, 1] (0 = off)", (~((min_p >= 0) & (min_p <= 1))).any()))
     k_on = (top_k > 0) & (top_k < vocab) if top_k is not None else f
     p_on = (top_p < 1) if top_p is not None else f
     mp_on = (min_p > 0) if min_p is not None else f
@@ -176,10 +176,12 @@ def sample_with_logprobs(logits: torch.Tensor, seed, offset, *, temperature=None
     """``sample`` plus logprobs of the sampled token (raw and processed) and the top-n raw ones.
 
     Same arguments and tokens as ``sample`` (same seeds give the same tokens). ``top_n >= 0``:
-    the ``top_n`` largest raw logits per row and their log_softmax values (computed with
-    ``torch.topk`` on the logits: one extra read of the row, only when ``top_n > 0``).
+    the ``top_n`` first raw logits per row in the total order (value descending, id ascending)
+    and their log_softmax values (computed in PyTorch over key56: extra passes over the row,
+    only when ``top_n > 0``).
     Processed logprob of a greedy row is 0. Invalid rows: NaN logprobs.
     """
+    C.check_logits(logits)
     C.check(isinstance(top_n, int) and 0 <= top_n <= logits.shape[-1], "top_n",
             f"must be an int in [0, V], got {top_n!r}")
     seed, offset, temperature, top_k, top_p, min_p, backend, flags = _prepare(
@@ -189,17 +191,13 @@ def sample_with_logprobs(logits: torch.Tensor, seed, offset, *, temperature=None
                                tokens_per_request, out_dtype, backend, flags, True)
     rows = logits.shape[0]
     if top_n > 0:
-        vals, ids = torch.topk(logits, top_n, dim=1, sorted=True)
-        # raw logprob = z - lse(z); recover lse from the sampled token's logprob
+        # the total order (value descending, id ascending) through the unique 56-bit key
+        from ..reference import prims
+        vocab = torch.arange(logits.shape[1], device=logits.device)
+        ids = prims.key56(logits.float(), vocab[None, :]).topk(top_n, dim=1).indices
+        # raw logprob = z - lse(z); lse recovered from the sampled token's logprob
         lse = logits.gather(1, tok.to(torch.int64)[:, None]).float()[:, 0] - lp
-        top_lp = vals.float() - lse[:, None]
-        # lowest id among equal values (torch.topk does not promise an order for ties)
-        order = torch.argsort(ids, dim=1, stable=True)
-        ids_s, vals_s = ids.gather(1, order), vals.gather(1, order)
-        order2 = torch.argsort(vals_s.float(), dim=1, descending=True, stable=True)
-        ids = ids_s.gather(1, order2)
-        top_lp = top_lp.gather(1, order).gather(1, order2)
-        del vals_s
+        top_lp = logits.gather(1, ids).float() - lse[:, None]
     else:
         ids = torch.empty((rows, 0), dtype=torch.int64, device=logits.device)
         top_lp = torch.empty((rows, 0), dtype=torch.float32, device=logits.device)

@@ -162,7 +162,7 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
         max_n = max_num_draft
         if checks and bs:
             C.check(bool((cu[1:] - cu[:-1]).max() <= max_n), "max_num_draft",
-                    f"is smaller than the largest number of drafts")
+                    "is smaller than the largest number of drafts")
     V = tgt.shape[1]
     if mode == "probabilistic":
         C.check(draft_logits is not None, "draft_logits",

@@ -246,7 +246,6 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, cu_num_dr
     T_t, k_t, p_t, mp_t = row_params(req_t, temperature, top_k, top_p, min_p)
     x_t, kept_t, m_t, e_t, S_t, inv_t, greedy_t = process_rows(z_t, T_t, k_t, p_t, mp_t)
     row_d_t = t_start[req_d] + pos_d                  # target row of each draft position
-    final_t = t_start  # placeholder, set below
 
     if mode == "strict":
         if req_t.numel():

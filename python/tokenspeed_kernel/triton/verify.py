@@ -32,8 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .prims import (gumbel_from_bits, key32, key32_to_float, philox4x32_10, soft_ln,
-                    soft_exp_neg, uniform_from_bits)
+from .prims import gumbel_from_bits, key32, key32_to_float, philox4x32_10, soft_exp_neg, soft_ln
 
 _LN_2POW38 = tl.constexpr(26.33959286127792)   # 38 * ln 2 (logprobs only, not bit-exact)
 GUMBEL_SPAN = tl.constexpr(19.5)   # G in [-2.8116, 16.6356]: x < m - span never wins Gumbel-max
