@@ -29,8 +29,11 @@ else
 endif
 
 # The same sources built through Torch's CMake config (for C++ users and IDEs).
+CUDA_HOME ?= $(shell [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda || dirname $$(dirname $$(command -v nvcc)))
 cmake-build:
-	cmake -S . -B cmake-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	TORCH_CUDA_ARCH_LIST=$${TORCH_CUDA_ARCH_LIST:-9.0a} cmake -S . -B cmake-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_CUDA_COMPILER=$(CUDA_HOME)/bin/nvcc -DCUDA_TOOLKIT_ROOT_DIR=$(CUDA_HOME) \
+	  -DCUDAToolkit_ROOT=$(CUDA_HOME) -DCMAKE_MAKE_PROGRAM=$$(dirname $(PY))/ninja \
 	  -DPython3_EXECUTABLE=$(PY) -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import torch;print(torch.utils.cmake_prefix_path)')"
 	cmake --build cmake-build -j $(MAX_JOBS)
 
