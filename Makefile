@@ -21,7 +21,9 @@ endif
 
 bench: build
 ifeq ($(HAS_GPU),1)
-	$(PY) -m tokenspeed_kernel.bench all
+	@# FlashInfer (baseline only): an offline bundle made by ../shared/tools/flashinfer-bundle.sh .bench-deps
+	if [ -f .bench-deps/flashinfer.tgz ]; then mkdir -p /tmp/ts-fi && tar xzf .bench-deps/flashinfer.tgz -C /tmp/ts-fi; fi; \
+	PYTHONPATH=$${PYTHONPATH:+$$PYTHONPATH:}/tmp/ts-fi $(PY) -m tokenspeed_kernel.bench all
 else
 	@echo "[bench] no GPU here: running a CPU smoke of the reference and Triton (interpreter) backends."
 	@echo "[bench] GPU numbers need a GPU (committed results: bench/results/)."
