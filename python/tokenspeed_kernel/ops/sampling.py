@@ -141,8 +141,12 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
     backend : "auto" | "cuda" | "triton" | "reference".
     validate : range-check parameter values (one host sync; skipped under CUDA-graph capture and
         torch.compile).
-    top_k_max : optional promise that every active ``k`` is <= this; lets the CUDA backend skip
-        its generic (multi-pass) path under capture. A broken promise marks rows invalid.
+    top_k_max : optional promise, used when values are not inspected (``validate=False`` or
+        CUDA-graph capture): every active ``k`` is <= ``top_k_max``, and every row that uses
+        top-p or min-p also has an active top-k. With ``top_k_max <= 256`` the CUDA backend then
+        skips its generic multi-pass path (top-p / min-p without top-k, or k > 256). A row that
+        breaks the promise is marked invalid (``valid = False``, token 0), never sampled
+        inexactly.
 
     Returns
     -------
