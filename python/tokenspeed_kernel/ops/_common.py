@@ -93,3 +93,43 @@ def check_logits(logits, name: str = "logits") -> None:
 
 IntOrTensor = Union[int, torch.Tensor]
 FloatOrTensor = Union[float, torch.Tensor]
+
+
+def copy_outputs(dsts, srcs) -> None:
+    """Copy a reference kernel's results into an out-variant op's outputs (CPU kernels);
+    optional outputs that are None are skipped."""
+    for dst, src in zip(dsts, srcs):
+        if dst is not None:
+            dst.copy_(src)
+
+
+def sampling_params(n: int, device: torch.device, seed, offset, temperature, top_k, top_p,
+                    min_p):
+    """The per-request sampling parameters shared by sampling and verify, as device tensors
+    (seed/offset int64 required; temperature/top_p/min_p float32, top_k int32, or None)."""
+    return (as_param(seed, "seed", n, torch.int64, device, allow_none=False),
+            as_param(offset, "offset", n, torch.int64, device, allow_none=False),
+            as_param(temperature, "temperature", n, torch.float32, device),
+            as_param(top_k, "top_k", n, torch.int32, device),
+            as_param(top_p, "top_p", n, torch.float32, device),
+            as_param(min_p, "min_p", n, torch.float32, device))
+
+
+def param_range_checks(temperature, top_p, min_p):
+    """[(argument, message, device bool 'some value is out of range')] for the given params;
+    the caller reads them (with anything else it needs) in one host sync."""
+    checks = []
+    if temperature is not None:
+        checks.append(("temperature", "must be finite and >= 0 (0 = greedy)",
+                       (~(torch.isfinite(temperature) & (temperature >= 0))).any()))
+    if top_p is not None:
+        checks.append(("top_p", "must be in (0, 1] (1 = off)", (~((top_p > 0) & (top_p <= 1))).any()))
+    if min_p is not None:
+        checks.append(("min_p", "must be in [0, 1] (0 = off)",
+                       (~((min_p >= 0) & (min_p <= 1))).any()))
+    return checks
+
+
+def raise_failed_checks(checks, bad_flags) -> None:
+    for (name, msg, _), bad in zip(checks, bad_flags):
+        check(not bad, name, msg)

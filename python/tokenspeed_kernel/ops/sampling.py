@@ -42,12 +42,8 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
             f"must be torch.int64 or torch.int32, got {out_dtype}")
     n = rows // tokens_per_request
     dev = logits.device
-    seed = C.as_param(seed, "seed", n, torch.int64, dev, allow_none=False)
-    offset = C.as_param(offset, "offset", n, torch.int64, dev, allow_none=False)
-    temperature = C.as_param(temperature, "temperature", n, torch.float32, dev)
-    top_k = C.as_param(top_k, "top_k", n, torch.int32, dev)
-    top_p = C.as_param(top_p, "top_p", n, torch.float32, dev)
-    min_p = C.as_param(min_p, "min_p", n, torch.float32, dev)
+    seed, offset, temperature, top_k, top_p, min_p = C.sampling_params(
+        n, dev, seed, offset, temperature, top_k, top_p, min_p)
     backend = C.pick_backend(backend, dev, "sample")
     generic = None
     if validate and not C.is_tracing() and n > 0:
@@ -68,31 +64,19 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
 
 def _check_values(vocab, temperature, top_k, top_p, min_p) -> bool:
     """Range checks with one host sync; returns whether any row needs the generic CUDA path."""
-    checks = []
-    dev = None
-    for t in (temperature, top_k, top_p, min_p):
-        if t is not None:
-            dev = t.device
+    dev = next((t.device for t in (temperature, top_k, top_p, min_p) if t is not None), None)
     if dev is None:
         return False
+    checks = C.param_range_checks(temperature, top_p, min_p)
     f = torch.zeros((), dtype=torch.bool, device=dev)
-    sampled = torch.ones((), dtype=torch.bool, device=dev)
-    if temperature is not None:
-        checks.append(("temperature", "must be finite and >= 0 (0 = greedy)",
-                       (~(torch.isfinite(temperature) & (temperature >= 0))).any()))
-        sampled = temperature > 0
-    if top_p is not None:
-        checks.append(("top_p", "must be in (0, 1] (1 = off)", (~((top_p > 0) & (top_p <= 1))).any()))
-    if min_p is not None:
-        checks.append(("min_p", "must be in [0, 1] (0 = off)", (~((min_p >= 0) & (min_p <= 1))).any()))
+    sampled = (temperature > 0) if temperature is not None else ~f
     k_on = (top_k > 0) & (top_k < vocab) if top_k is not None else f
     p_on = (top_p < 1) if top_p is not None else f
     mp_on = (min_p > 0) if min_p is not None else f
     big_k = k_on & (top_k > FAST_TOP_K_MAX) if top_k is not None else f
     generic = (sampled & (big_k | (~k_on & (p_on | mp_on)))).any()
     vals = torch.stack([c[2] for c in checks] + [generic]).tolist()
-    for (name, msg, _), bad in zip(checks, vals[:-1]):
-        C.check(not bad, name, msg)
+    C.raise_failed_checks(checks, vals[:-1])
     return bool(vals[-1])
 
 
@@ -223,9 +207,4 @@ def _register_library() -> None:
         from ..reference import sampling as ref
         tok, ok, lp, plp = ref.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
                                       tokens_per_request)
-        tokens.copy_(tok)
-        valid.copy_(ok)
-        if logprobs is not None:
-            logprobs.copy_(lp)
-        if processed_logprobs is not None:
-            processed_logprobs.copy_(plp)
+        C.copy_outputs((tokens, valid, logprobs, processed_logprobs), (tok, ok, lp, plp))

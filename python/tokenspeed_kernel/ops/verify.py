@@ -183,12 +183,8 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
         else:
             bad = ((ids < 0) | (ids >= V)).any()
         C.check(not bool(bad), "draft_token_ids", f"ids must be in [0, {V})")
-    seed = C.as_param(seed, "seed", bs, torch.int64, dev, allow_none=False)
-    offset = C.as_param(offset, "offset", bs, torch.int64, dev, allow_none=False)
-    temperature = C.as_param(temperature, "temperature", bs, torch.float32, dev)
-    top_k = C.as_param(top_k, "top_k", bs, torch.int32, dev)
-    top_p = C.as_param(top_p, "top_p", bs, torch.float32, dev)
-    min_p = C.as_param(min_p, "min_p", bs, torch.float32, dev)
+    seed, offset, temperature, top_k, top_p, min_p = C.sampling_params(
+        bs, dev, seed, offset, temperature, top_k, top_p, min_p)
     if checks and bs:
         _check_values(temperature, top_p, min_p)
     backend = C.pick_backend(backend, dev, "verify")
@@ -198,20 +194,9 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
 
 def _check_values(temperature, top_p, min_p) -> None:
     """Range checks, one host sync."""
-    items = []
-    if temperature is not None:
-        items.append(("temperature", "must be finite and >= 0 (0 = greedy)",
-                      (~(torch.isfinite(temperature) & (temperature >= 0))).any()))
-    if top_p is not None:
-        items.append(("top_p", "must be in (0, 1] (1 = off)", (~((top_p > 0) & (top_p <= 1))).any()))
-    if min_p is not None:
-        items.append(("min_p", "must be in [0, 1] (0 = off)",
-                      (~((min_p >= 0) & (min_p <= 1))).any()))
-    if not items:
-        return
-    bad = torch.stack([t for _, _, t in items]).tolist()
-    for (name, msg, _), b in zip(items, bad):
-        C.check(not b, name, msg)
+    checks = C.param_range_checks(temperature, top_p, min_p)
+    if checks:
+        C.raise_failed_checks(checks, torch.stack([c[2] for c in checks]).tolist())
 
 
 def _to_ragged(plan: _Plan):
@@ -416,13 +401,8 @@ def _register_library() -> None:
         tgt, drf, ids = _to_ragged(plan)
         tok, acc, ok, lp, plp = ref.verify(tgt, ids, cu_num_draft, seed, offset, drf, temperature,
                                            top_k, top_p, min_p, plan.mode, plan.max_n)
-        tokens.copy_(tok)
-        num_accepted.copy_(acc)
-        valid.copy_(ok)
-        if logprobs is not None:
-            logprobs.copy_(lp)
-        if processed_logprobs is not None:
-            processed_logprobs.copy_(plp)
+        C.copy_outputs((tokens, num_accepted, valid, logprobs, processed_logprobs),
+                       (tok, acc, ok, lp, plp))
 
     @L.impl("tokenspeed_kernel::verify_strict_accept", "CPU")
     def _cpu_strict(target_tokens, target_valid, draft_token_ids, cu_num_draft, target_logprobs,
@@ -432,10 +412,5 @@ def _register_library() -> None:
         tok, acc, ok, lp, plp = ref.strict_accept(
             target_tokens, target_valid, draft_token_ids, cu_num_draft, target_logprobs,
             target_processed_logprobs, int(max_num_draft), bool(flags & F_PADDED))
-        tokens.copy_(tok)
-        num_accepted.copy_(acc)
-        valid.copy_(ok)
-        if logprobs is not None:
-            logprobs.copy_(lp)
-        if processed_logprobs is not None:
-            processed_logprobs.copy_(plp)
+        C.copy_outputs((tokens, num_accepted, valid, logprobs, processed_logprobs),
+                       (tok, acc, ok, lp, plp))
