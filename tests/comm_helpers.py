@@ -164,10 +164,19 @@ def gloo_fallback_worker(rank: int, world: int) -> None:
 # ---------------------------------------------------------------------------------------------
 # GPU (NCCL) workers
 # ---------------------------------------------------------------------------------------------
+CUDA_VARIANTS = ["cuda:ll", "cuda:flag"]   # the CUDA backend with each protocol forced
+
+
+def bp(b: str) -> dict:
+    """'cuda:ll' -> backend='cuda', protocol='ll'; 'triton' -> backend='triton' (auto)."""
+    name, _, proto = b.partition(":")
+    return {"backend": name, "protocol": proto or "auto"}
+
+
 def _gpu_backends(comm) -> list:
     b = ["triton", "nccl", "reference", "auto"]
     if comm.extension:
-        b.insert(0, "cuda")
+        b = CUDA_VARIANTS + ["cuda"] + b
     return b
 
 
@@ -185,7 +194,9 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
     max_w = max(sum(w) for _, w in layouts)
     rows_list = [1, 7, 64] if quick else [1, 7, 64, 128, cap]
     for dtype in oc.DTYPES:
-        comm = oc.create_all_gather_comm(max_tokens=cap, max_total_width=max_w, dtype=dtype)
+        # LL region for every shape of the grid, so protocol="ll" is checked on all of them
+        comm = oc.create_all_gather_comm(max_tokens=cap, max_total_width=max_w, dtype=dtype,
+                                         ll_max_bytes=1 << 40)
         assert comm.p2p, f"rank {rank}: no P2P workspace: {comm.multimem_reason}"
         assert not comm.multimem and "not requested" in comm.multimem_reason
         for name, ws in layouts:
@@ -198,13 +209,13 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
                 assert_bits_equal(nccl_ref, want, "NCCL reference vs local cat")
                 for backend in _gpu_backends(comm):
                     y = ops.all_gather_hidden(comm, x, widths=None if even else ws,
-                                              backend=backend)
+                                              **bp(backend))
                     assert_bits_equal(y, nccl_ref, f"{dtype} {name} T={rows} {backend}")
                     # out-variant, row-strided output
                     H = sum(ws)
                     big = torch.zeros((rows, H + 64), dtype=dtype, device=dev)
                     out = big[:, :H]
-                    ops.all_gather_hidden_out(comm, x, out, widths=ws, backend=backend)
+                    ops.all_gather_hidden_out(comm, x, out, widths=ws, **bp(backend))
                     assert_bits_equal(out, nccl_ref, f"{dtype} {name} T={rows} {backend} out")
                     assert int((big[:, H:] != 0).sum()) == 0, "wrote outside out"
         comm.check()
@@ -236,7 +247,7 @@ def gpu_graph_worker(rank: int, world: int, replays: int = 10000) -> None:
         for v in ws:
             offs.append(offs[-1] + v)
         it = int_view_dtype(dtype)
-        backends = (["cuda"] if comm.extension else []) + ["triton"]
+        backends = (CUDA_VARIANTS if comm.extension else []) + ["triton"]
         x = torch.zeros((rows, w), dtype=dtype, device=dev)
         outs = {b: torch.zeros((rows, H), dtype=dtype, device=dev) for b in backends}
         counter = torch.zeros((), dtype=torch.int64, device=dev)
@@ -248,7 +259,7 @@ def gpu_graph_worker(rank: int, world: int, replays: int = 10000) -> None:
         def step():
             x.view(it).copy_(_gen_bits(idx[rank], counter, rank, it))
             for b in backends:
-                ops.all_gather_hidden_out(comm, x, outs[b], widths=ws, backend=b)
+                ops.all_gather_hidden_out(comm, x, outs[b], widths=ws, **bp(b))
                 red.fill_(1.0)
                 dist.all_reduce(red, group=comm.group)   # NCCL collective in between
                 o = outs[b].view(it)
@@ -302,7 +313,7 @@ def gpu_interleave_worker(rank: int, world: int, iters: int = 300) -> None:
                                      enable_view=comm_view_ok())
     rng = random.Random(99)          # same sequence of choices on every rank
     delay = random.Random(1000 + rank)  # different delays per rank
-    backends = (["cuda"] if comm.extension else []) + ["triton", "nccl"]
+    backends = (CUDA_VARIANTS if comm.extension else []) + ["triton", "nccl"]
     pending = []
     for i in range(iters):
         rows = rng.choice([1, 3, 8, 32])
@@ -312,7 +323,7 @@ def gpu_interleave_worker(rank: int, world: int, iters: int = 300) -> None:
             torch.cuda._sleep(int(delay.random() * 200_000))
         if op in backends:
             x = make_slice(i, rank, rows, ws[rank], torch.bfloat16, dev)
-            y = ops.all_gather_hidden(comm, x, widths=ws, backend=op)
+            y = ops.all_gather_hidden(comm, x, widths=ws, **bp(op))
             pending.append((i, rows, "ag", y))
         elif op == "view":
             x = make_slice(i, rank, rows, ws[rank], torch.bfloat16, dev)
@@ -355,14 +366,14 @@ def gpu_timeout_worker(rank: int, world: int) -> None:
     from tokenspeed_kernel.ops import comm as oc
 
     dev = torch.device("cuda", rank)
-    backends = (["cuda"] if comm_view_ok() else []) + ["triton"]
+    backends = (CUDA_VARIANTS if comm_view_ok() else []) + ["triton"]
     for b in backends:
         comm = oc.create_all_gather_comm(max_tokens=8, max_total_width=1024,
                                          dtype=torch.bfloat16, timeout_ms=300)
         if rank == 0:
             x = torch.ones((4, 256), dtype=torch.bfloat16, device=dev)
             t0 = time.monotonic()
-            ops.all_gather_hidden(comm, x, backend=b)
+            ops.all_gather_hidden(comm, x, **bp(b))
             torch.cuda.synchronize()
             dt = time.monotonic() - t0
             err = comm.error()
@@ -374,7 +385,7 @@ def gpu_timeout_worker(rank: int, world: int) -> None:
                 pass
             # poisoned: the next call returns at once instead of waiting again
             t1 = time.monotonic()
-            ops.all_gather_hidden(comm, x, backend=b)
+            ops.all_gather_hidden(comm, x, **bp(b))
             torch.cuda.synchronize()
             assert time.monotonic() - t1 < 5.0
             print(f"[timeout/{b}] rank 0 gave up after {dt:.2f} s: {err}", flush=True)
@@ -397,12 +408,16 @@ def gpu_opcheck_worker(rank: int, world: int) -> None:
     dev = torch.device("cuda", rank)
     x = make_slice(3, rank, 5, 256, torch.bfloat16, dev)
     out = torch.empty((5, 256), dtype=torch.bfloat16, device=dev)
-    args = (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags, 0, [0, 256],
-            0, comm.buf_bytes, 1, 0, 10**9)
-    torch.library.opcheck(torch.ops.tokenspeed_kernel.all_gather_hidden.default, args)
-    torch.ops.tokenspeed_kernel.all_gather_hidden(*args)
-    torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.int16), x.view(torch.int16))
+    # (opcheck passes copies of the mutated workspace / state; the op addresses the workspace
+    # through the peer tables, so the copies are harmless.) Both protocols.
+    for flags, ll_off, ll_bytes in ((0, 0, 0), (oc.F_LL, comm.ll_off, comm.ll_bytes)):
+        args = (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags, 0, [0, 256],
+                0, comm.buf_bytes, 1, flags, 10**9, ll_off, ll_bytes)
+        torch.library.opcheck(torch.ops.tokenspeed_kernel.all_gather_hidden.default, args)
+        out.zero_()
+        torch.ops.tokenspeed_kernel.all_gather_hidden(*args)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), x.view(torch.int16)), flags
     comm.check()
 
 
@@ -416,12 +431,12 @@ def gpu_sanitize_worker(rank: int, world: int) -> None:
     ws = uneven_widths(world, 8, 64)
     comm = oc.create_all_gather_comm(max_tokens=8, max_total_width=sum(ws), dtype=torch.bfloat16,
                                      enable_view=comm_view_ok())
-    backends = (["cuda"] if comm.extension else []) + ["triton"]
+    backends = (CUDA_VARIANTS if comm.extension else []) + ["triton"]
     for i in range(3):
         slices = [make_slice(i, s, 7, ws[s], torch.bfloat16, dev) for s in range(world)]
         want = ref.all_gather_hidden(slices)
         for b in backends:
-            assert_bits_equal(ops.all_gather_hidden(comm, slices[rank], widths=ws, backend=b),
+            assert_bits_equal(ops.all_gather_hidden(comm, slices[rank], widths=ws, **bp(b)),
                               want, f"sanitize {b}")
         if comm.extension:
             assert_bits_equal(ops.all_gather_hidden_view(comm, slices[rank], widths=ws).clone(),

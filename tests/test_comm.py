@@ -71,6 +71,7 @@ def test_constants_match_cuda_header():
     assert int(const("kAgFlagMultimem")) == oc.F_MULTIMEM
     assert int(const("kAgFlagView")) == oc.F_VIEW
     assert int(const("kAgFlagTrap")) == oc.F_TRAP
+    assert int(const("kAgFlagLL")) == oc.F_LL
     assert const("kAgReadyOffset") == "int64_t(kAgMaxBlocks) * kAgMaxRanks"
     assert const("kAgTritonOffset") == "2 * kAgReadyOffset"
     assert const("kAgFlagBytes") == "3 * kAgReadyOffset * 8"
@@ -146,6 +147,7 @@ def _fake_comm(**kw):
     c.p2p, c.extension, c.triton, c.multimem = True, True, True, False
     c.multimem_reason = "not requested"
     c.p2p_max_bytes, c.block_bytes, c.max_blocks = oc.DEFAULT_P2P_MAX_BYTES, 16384, 132
+    c.ll_max_bytes = oc.DEFAULT_LL_MAX_BYTES
     for k, v in kw.items():
         setattr(c, k, v)
     return c
@@ -161,6 +163,24 @@ def test_select_backend_auto_policy():
     assert oc.select_backend(c, 64, 8192) == "cuda"          # exactly 1 MiB
     assert oc.select_backend(c, 65, 8192) == "nccl"          # past the crossover
     assert oc.select_backend(_fake_comm(multimem=True), 1, 7168) == "cuda"  # never auto
+
+
+def test_cuda_protocol_policy():
+    c = _fake_comm(ll_max_bytes=1 << 20)
+    assert oc.cuda_protocol(c, 1, 7168) == "ll"
+    assert oc.cuda_protocol(c, 64, 8192) == "ll"              # exactly 1 MiB of output
+    assert oc.cuda_protocol(c, 65, 8192) == "flag"            # past the crossover
+    assert oc.cuda_protocol(c, 65, 8192, "flag") == "flag"
+    assert oc.cuda_protocol(c, 1, 8, "flag") == "flag"
+    assert oc.cuda_protocol(c, 64, 8192, "ll") == "ll"
+    with pytest.raises(ValueError, match="^protocol: 'll' needs"):
+        oc.cuda_protocol(c, 65, 8192, "ll")                   # beyond the LL region
+    off = _fake_comm(ll_max_bytes=0)                          # LL disabled
+    assert oc.cuda_protocol(off, 1, 8) == "flag"
+    with pytest.raises(ValueError, match="^protocol:"):
+        oc.cuda_protocol(off, 1, 8, "ll")
+    with pytest.raises(ValueError, match="^protocol: must be one of"):
+        oc.cuda_protocol(c, 1, 8, "LL")
 
 
 def test_select_backend_explicit_refusals():
@@ -246,6 +266,7 @@ def test_validation_errors_name_the_argument(gloo1):
     bad("widths", ag, c, x, widths=[True])
     bad("widths", ag, c, x, widths=16)
     bad("backend", ag, c, x, backend="nvls")
+    bad("protocol", ag, c, x, protocol="fast")                             # before any backend
     bad("backend", ag, c, x, backend="cuda")                               # no P2P here
     bad("backend", ag, c, x, backend="triton")
     bad("backend", ag, c, x, backend="multimem")
@@ -424,7 +445,7 @@ def test_bench_comm_options_and_writers(tmp_path):
                          "floor_us": floor, "pct_floor": 100 * floor / t, "gbps_in": 1.0,
                          "verified": "bit-exact", "git_sha": env["git_sha"]})
     rows.append({"gpu": env["gpu"], "world": 2, "dtype": "bf16", "T": 32, "H": 7168,
-                 "provider": "p2p-cuda", "graph_us": None, "floor_us": 0.5,
+                 "provider": "p2p-cuda-ll", "graph_us": None, "floor_us": 0.5,
                  "verified": "FAILED", "note": "failed verification: not timed"})
     bc._write_csv(tmp_path / "c.csv", rows)
     head = (tmp_path / "c.csv").read_text().splitlines()
@@ -432,6 +453,7 @@ def test_bench_comm_options_and_writers(tmp_path):
     assert len(head) == 1 + len(rows)
     md = bc._markdown(rows, env, 2, ["bf16/H=7168/T=512"])
     assert "NVIDIA Test" in md and "| 8 |" in md and "failed verification" in md
+    assert "auto picks" in md and "NCCL ÷ auto" in md and "| ll |" in md
     assert "Skipped (time budget): bf16/H=7168/T=512" in md
     png = bc._plot(rows, tmp_path / "c.png", 2)
     assert png is None or (tmp_path / "c.png").stat().st_size > 0
@@ -444,7 +466,9 @@ def _attach_cpu_workspace(comm, enable_view=False):
     """Give a world-size-1 CPU communicator a (process-local) workspace laid out like the
     symmetric one, so the P2P code paths can run in the interpreter / under fake tensors."""
     nbuf = 3 if enable_view else 2
-    comm.symm = torch.zeros(oc.FLAG_BYTES + nbuf * comm.buf_bytes, dtype=torch.uint8)
+    comm.ll_off = nbuf * comm.buf_bytes
+    comm.symm = torch.zeros(oc.FLAG_BYTES + nbuf * comm.buf_bytes + 2 * comm.ll_bytes,
+                            dtype=torch.uint8)
     comm.peer_flags = [comm.symm.data_ptr()]
     comm.peer_data = [comm.symm.data_ptr() + oc.FLAG_BYTES]
     comm.peer_data_dev = torch.tensor(comm.peer_data, dtype=torch.int64)
@@ -487,11 +511,17 @@ def test_cuda_op_arguments_match_the_schema(gloo1):
     assert list(a[4]) == c.peer_data and list(a[5]) == c.peer_flags and a[6] == 0
     assert list(a[7]) == [0, 16] and a[8] == 0 and a[9] == c.buf_bytes
     assert a[10] == 1 and a[11] == oc.F_TRAP and a[12] == 250 * 1_000_000
+    assert a[13] == 0 and a[14] == 0                      # flag protocol: no LL region
     v = oc._cuda_args(c, x, None, [0, 16], oc.F_VIEW, 3, [16])
     assert v[1] is None and v[11] == oc.F_VIEW | oc.F_TRAP
+    ll = oc._cuda_args(c, x, out, [0, 16], oc.F_LL, 3, [16])
+    assert ll[11] == oc.F_LL | oc.F_TRAP and ll[13] == 3 * c.buf_bytes
+    assert ll[14] == c.ll_bytes >= 2 * 3 * 16 * 2
+    assert c.symm.numel() >= oc.FLAG_BYTES + ll[13] + 2 * ll[14]
     with FakeTensorMode(allow_non_fake_inputs=True):
         assert op(*a) is None
         assert op(*v) is None
+        assert op(*ll) is None
     # the view the wrapper returns sits in buffer 2 (no launch: T = 0)
     view = ops.all_gather_hidden_view(c, torch.zeros(0, 16, dtype=torch.bfloat16))
     assert view.untyped_storage().data_ptr() == c.symm.untyped_storage().data_ptr()

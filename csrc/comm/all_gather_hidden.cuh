@@ -64,6 +64,7 @@ constexpr int kAgErrTimeoutReady = 2;
 constexpr int kAgFlagMultimem = 1;  // push through the multicast address (sm_90+, opt-in only)
 constexpr int kAgFlagView = 2;      // no copy-out; result stays in buffer 2 (entry handshake)
 constexpr int kAgFlagTrap = 4;      // __trap() after recording a timeout (default: flag only)
+constexpr int kAgFlagLL = 8;        // low-latency protocol: flag-carrying packets, no barrier
 
 struct AllGatherHiddenParams {
   const uint8_t* x;  // [rows, my width] (byte row stride ldx)
@@ -85,6 +86,8 @@ struct AllGatherHiddenParams {
   int32_t num_blocks;                 // grid size; the same on every rank for a given call
   int32_t flags;
   int64_t timeout_ns;                 // bounded wait; <= 0 waits forever
+  int64_t ll_off;                     // LL protocol: byte offset of the LL region in data
+  int64_t ll_bytes;                   // LL protocol: bytes of one LL parity region
 };
 
 namespace detail {
@@ -215,6 +218,51 @@ __device__ __forceinline__ void copy_out_chunk(const AllGatherHiddenParams& p, i
   }
 }
 
+
+// ---- LL ("low latency") packets --------------------------------------------------------------
+// One 16-byte LL unit carries 8 data bytes as two 8-byte packets {data32 | flag32 << 32}. Each
+// packet is a u64 element of a v2.u64 access, and an aligned 64-bit access is single-copy atomic
+// (PTX memory model: a vector access is a set of scalar accesses of its elements), so a reader
+// that sees a packet's flag also sees that packet's data: no fence and no separate flag store.
+__device__ __forceinline__ void st_ll(uint8_t* p, uint32_t d0, uint32_t d1, uint32_t f) {
+  const uint64_t a = uint64_t(d0) | (uint64_t(f) << 32);
+  const uint64_t b = uint64_t(d1) | (uint64_t(f) << 32);
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+
+__device__ __forceinline__ ulonglong2 ld_ll(const uint8_t* p) {
+  ulonglong2 v;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+               : "=l"(v.x), "=l"(v.y)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ bool ll_ready(const ulonglong2& a, const ulonglong2& b, uint32_t f) {
+  return uint32_t(a.x >> 32) == f && uint32_t(a.y >> 32) == f && uint32_t(b.x >> 32) == f &&
+         uint32_t(b.y >> 32) == f;
+}
+
+// Spin until both LL units of a 16-byte data vector at `a` carry flag f (bounded like
+// wait_flag_ge). On success (a0, a1) hold the packets.
+__device__ __forceinline__ bool wait_ll(const AllGatherHiddenParams& p, const uint8_t* a, uint32_t f,
+                                     ulonglong2& a0, ulonglong2& a1, int src, uint64_t epoch) {
+  const uint64_t start = globaltimer_ns();
+  for (uint32_t it = 1;; ++it) {
+    a0 = ld_ll(a);
+    a1 = ld_ll(a + 16);
+    if (ll_ready(a0, a1, f)) return true;
+    if ((it & 63u) == 0u) {
+      if (ld_relaxed_gpu(p.state + kAgStateErr) != 0) return false;
+      if (p.timeout_ns > 0 && globaltimer_ns() - start > static_cast<uint64_t>(p.timeout_ns)) {
+        record_timeout(p, kAgErrTimeoutData, src, epoch);
+        return false;
+      }
+    }
+  }
+}
+
 }  // namespace detail
 
 // One CTA per chunk b. Phases: [view: entry handshake] -> push own chunk b to every rank ->
@@ -318,6 +366,135 @@ __global__ void __launch_bounds__(kAgThreads)
   }
 }
 
+// Low-latency variant (flag kAgFlagLL; copy-out mode, P2P only): no barrier at all. Each 16-byte
+// data vector travels as two LL units (32 bytes) stamped with the call's flag f, into the LL
+// region of parity epoch & 1 on every peer; the reader polls its own LL region until the stamp
+// matches, writes the vector to the caller's output and zeroes the units. Costs 2x the NVLink
+// bytes, saves the release/acquire round trip: the choice between the two is the auto policy's
+// (ops/comm.py, measured crossover).
+//
+// LL region (one parity, identical layout on every rank): source s's area starts at byte
+// 2 * rows * col_vec[s] * 16 and holds its rows * w_s vectors in (t, c) order, 32 bytes each.
+// Flag f = ((epoch - 1) mod (2^32 - 1)) + 1 is never 0, and consumed units are zeroed, so stale
+// units never match (no wrap hazard). Reuse of a parity region is safe by the same argument as
+// the rotating gather buffers (header): a rank writes p's parity (e + 1) & 1 in call e + 1 only
+// after finishing call e, which needed p's call-e packets, which p sent after its call e - 1
+// kernel (the last reader and zeroer of that parity) had ended.
+template <int kW>
+__global__ void __launch_bounds__(kAgThreads)
+    all_gather_hidden_ll_kernel(const __grid_constant__ AllGatherHiddenParams p) {
+  __shared__ uint64_t s_epoch;
+  __shared__ int s_abort;
+  const int tid = threadIdx.x;
+  const int b = blockIdx.x;
+  if (tid == 0) {
+    s_abort = detail::ld_relaxed_gpu(p.state + kAgStateErr) != 0;  // poisoned communicator
+    s_epoch = static_cast<uint64_t>(detail::ld_relaxed_gpu(p.state + kAgStateSeq)) + 1;
+  }
+  __syncthreads();
+  if (s_abort) return;
+  const uint64_t epoch = s_epoch;
+  const uint32_t f = static_cast<uint32_t>((epoch - 1) % 0xFFFFFFFFull) + 1u;
+  const int64_t par = p.ll_off + static_cast<int64_t>(epoch & 1) * p.ll_bytes;
+  const int64_t rows = p.rows;
+
+  // ---- push chunk b of my slice: LL units to every peer, the vector itself to my output ----
+  {
+    const uint32_t col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
+    const uint32_t wv = static_cast<uint32_t>(p.col_vec[p.rank + 1]) - col0;
+    const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
+    const uint32_t lo = wv ? detail::chunk_begin(n, b, p.num_blocks) : 0;
+    const uint32_t hi = wv ? detail::chunk_begin(n, b + 1, p.num_blocks) : 0;
+    const int64_t area = par + 2 * rows * col0 * 16;
+    for (uint32_t base = lo + tid; base < hi; base += kAgThreads * kAgUnroll) {
+      uint4 v[kAgUnroll];
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {
+        const uint32_t i = base + u * kAgThreads;
+        if (i < hi) {
+          const uint32_t t = i / wv;
+          const uint32_t c = i - t * wv;
+          v[u] = detail::ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {
+        const uint32_t i = base + u * kAgThreads;
+        if (i < hi) {
+          const int64_t dst = area + static_cast<int64_t>(i) * 32;
+#pragma unroll
+          for (int q = 0; q < kW; ++q) {
+            if (q < p.world && q != p.rank) {
+              detail::st_ll(p.peer_data[q] + dst, v[u].x, v[u].y, f);
+              detail::st_ll(p.peer_data[q] + dst + 16, v[u].z, v[u].w, f);
+            }
+          }
+          const uint32_t t = i / wv;
+          const uint32_t c = i - t * wv;
+          detail::st_v4(p.out + static_cast<int64_t>(t) * p.ldo + static_cast<int64_t>(col0 + c) * 16,
+                        v[u]);
+        }
+      }
+    }
+  }
+
+  // ---- receive chunk b of every peer's slice from the local LL region ----
+  bool ok = true;
+#pragma unroll 1
+  for (int s = 0; s < kW; ++s) {
+    if (s >= p.world || s == p.rank || !ok) continue;
+    const uint32_t col0 = static_cast<uint32_t>(p.col_vec[s]);
+    const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
+    if (wv == 0) continue;
+    const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
+    const uint32_t lo = detail::chunk_begin(n, b, p.num_blocks);
+    const uint32_t hi = detail::chunk_begin(n, b + 1, p.num_blocks);
+    uint8_t* area = p.my_data + par + 2 * rows * col0 * 16;
+    for (uint32_t base = lo + tid; ok && base < hi; base += kAgThreads * kAgUnroll) {
+      ulonglong2 a0[kAgUnroll], a1[kAgUnroll];
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {  // issue every load first, then wait
+        const uint32_t i = base + u * kAgThreads;
+        if (i < hi) {
+          a0[u] = detail::ld_ll(area + static_cast<int64_t>(i) * 32);
+          a1[u] = detail::ld_ll(area + static_cast<int64_t>(i) * 32 + 16);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {
+        const uint32_t i = base + u * kAgThreads;
+        if (i < hi && ok) {
+          uint8_t* a = area + static_cast<int64_t>(i) * 32;
+          if (!detail::ll_ready(a0[u], a1[u], f))
+            ok = detail::wait_ll(p, a, f, a0[u], a1[u], s, epoch);
+          if (ok) {
+            const uint4 v = make_uint4(static_cast<uint32_t>(a0[u].x), static_cast<uint32_t>(a0[u].y),
+                                       static_cast<uint32_t>(a1[u].x), static_cast<uint32_t>(a1[u].y));
+            const uint32_t t = i / wv;
+            const uint32_t c = i - t * wv;
+            detail::st_v4(p.out + static_cast<int64_t>(t) * p.ldo +
+                              static_cast<int64_t>(col0 + c) * 16, v);
+            detail::st_v4(a, make_uint4(0, 0, 0, 0));  // consumed: zero both units
+            detail::st_v4(a + 16, make_uint4(0, 0, 0, 0));
+          }
+        }
+      }
+    }
+  }
+
+  // ---- the last CTA to finish advances seq (next call reads seq + 1) ----
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    const unsigned long long prev =
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.state + kAgStateDone), 1ull);
+    if (prev == static_cast<unsigned long long>(p.num_blocks - 1)) {
+      p.state[kAgStateDone] = 0;
+      p.state[kAgStateSeq] = static_cast<int64_t>(epoch);
+    }
+  }
+}
+
 // Host launcher. The caller guarantees (and comm_ops.cu checks) the 16-byte alignment of every
 // pointer, stride and column offset, that the buffers hold rows * row_vec vectors, and that every
 // rank launches the same call (same rows, widths, num_blocks, flags) in the same order.
@@ -327,9 +504,24 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
     return cudaErrorInvalidValue;
   const bool view = (p.flags & kAgFlagView) != 0;
   const bool mm = (p.flags & kAgFlagMultimem) != 0;
+  const bool ll = (p.flags & kAgFlagLL) != 0;
   if ((!view && p.out == nullptr && p.rows > 0) || (mm && p.mc_data == nullptr))
     return cudaErrorInvalidValue;
   const dim3 grid(p.num_blocks), block(kAgThreads);
+  if (ll) {
+    if (view || mm || p.ll_bytes < 2 * int64_t(p.rows) * p.row_vec * 16 || p.ll_off < 0 ||
+        p.ll_off % 16 != 0)
+      return cudaErrorInvalidValue;
+    if (p.world <= 2)
+      all_gather_hidden_ll_kernel<2><<<grid, block, 0, stream>>>(p);
+    else if (p.world <= 4)
+      all_gather_hidden_ll_kernel<4><<<grid, block, 0, stream>>>(p);
+    else if (p.world <= 8)
+      all_gather_hidden_ll_kernel<8><<<grid, block, 0, stream>>>(p);
+    else
+      all_gather_hidden_ll_kernel<16><<<grid, block, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
 #define TS_AG_LAUNCH(W)                                                      \
   do {                                                                       \
     if (mm)                                                                  \

@@ -36,7 +36,8 @@ void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out
                        const at::Tensor& state, const at::Tensor& symm,
                        at::IntArrayRef peer_data, at::IntArrayRef peer_flags, int64_t mc_data,
                        at::IntArrayRef col_offsets, int64_t rank, int64_t buf_bytes,
-                       int64_t num_blocks, int64_t flags, int64_t timeout_ns) {
+                       int64_t num_blocks, int64_t flags, int64_t timeout_ns, int64_t ll_off,
+                       int64_t ll_bytes) {
   TORCH_CHECK(x.is_cuda(), "all_gather_hidden: x must be a CUDA tensor");
   const auto dt = x.scalar_type();
   TORCH_CHECK(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat,
@@ -71,8 +72,15 @@ void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out
               "all_gather_hidden: num_blocks must be in [1, ", kAgMaxBlocks, "]");
   const bool view = (flags & kAgFlagView) != 0;
   const bool mm = (flags & kAgFlagMultimem) != 0;
-  TORCH_CHECK((flags & ~(kAgFlagMultimem | kAgFlagView | kAgFlagTrap)) == 0,
+  const bool ll = (flags & kAgFlagLL) != 0;
+  TORCH_CHECK((flags & ~(kAgFlagMultimem | kAgFlagView | kAgFlagTrap | kAgFlagLL)) == 0,
               "all_gather_hidden: unknown flag bits ", flags);
+  if (ll) {
+    TORCH_CHECK(!view && !mm, "all_gather_hidden: the LL protocol is copy-out and P2P only");
+    TORCH_CHECK(ll_off >= 0 && ll_off % 16 == 0 && ll_bytes >= 2 * rows * H * elt,
+                "all_gather_hidden: LL region (", ll_bytes, " bytes per parity) too small for ",
+                rows, " x ", H, " (needs ", 2 * rows * H * elt, ")");
+  }
 
   if (view) {
     TORCH_CHECK(!out.has_value(), "all_gather_hidden: out must be None in view mode");
@@ -90,13 +98,16 @@ void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out
               "all_gather_hidden: state must be a contiguous int64 CUDA tensor of ",
               kAgStateWords, " words on ", x.device());
   const int64_t nbuf = view ? 3 : 2;
+  const int64_t need = kAgFlagBytes + (ll ? ll_off + 2 * ll_bytes : nbuf * buf_bytes);
   TORCH_CHECK(symm.device() == x.device() && symm.scalar_type() == at::kByte &&
-                  symm.is_contiguous() && symm.numel() >= kAgFlagBytes + nbuf * buf_bytes,
+                  symm.is_contiguous() && symm.numel() >= need,
               "all_gather_hidden: symm must be the communicator's uint8 workspace on ", x.device(),
-              " (", kAgFlagBytes + nbuf * buf_bytes, " bytes)");
-  TORCH_CHECK(reinterpret_cast<int64_t>(symm.data_ptr()) == peer_flags[rank] &&
-                  peer_data[rank] == peer_flags[rank] + kAgFlagBytes,
-              "all_gather_hidden: peer tables do not match this rank's workspace");
+              " (", need, " bytes)");
+  // The kernel addresses the workspace through the peer tables only; `symm` is in the schema to
+  // order the op against other users of the workspace. (It is not required to be the same
+  // storage: torch.library.opcheck and functionalization pass copies of mutated arguments.)
+  TORCH_CHECK(peer_data[rank] == peer_flags[rank] + kAgFlagBytes,
+              "all_gather_hidden: peer tables do not match this rank's workspace layout");
   for (int64_t s = 0; s < world; ++s) {
     TORCH_CHECK(peer_data[s] != 0 && peer_flags[s] != 0 && peer_data[s] % 16 == 0 &&
                     peer_flags[s] % 16 == 0,
@@ -137,6 +148,8 @@ void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out
   p.num_blocks = static_cast<int32_t>(num_blocks);
   p.flags = static_cast<int32_t>(flags);
   p.timeout_ns = timeout_ns;
+  p.ll_off = ll ? ll_off : 0;
+  p.ll_bytes = ll ? ll_bytes : 0;
   C10_CUDA_CHECK(launch_all_gather_hidden(p, at::cuda::getCurrentCUDAStream(x.device().index())));
 }
 
@@ -147,7 +160,8 @@ void define_ops(torch::Library& m) {
   m.def(
       "all_gather_hidden(Tensor x, Tensor(a!)? out, Tensor(b!) state, Tensor(c!) symm, "
       "int[] peer_data, int[] peer_flags, int mc_data, int[] col_offsets, int rank, "
-      "int buf_bytes, int num_blocks, int flags, int timeout_ns) -> ()");
+      "int buf_bytes, int num_blocks, int flags, int timeout_ns, int ll_off=0, "
+      "int ll_bytes=0) -> ()");
 }
 
 void impl_cuda(torch::Library& m) { m.impl("all_gather_hidden", &all_gather_hidden); }

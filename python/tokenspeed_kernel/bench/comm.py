@@ -1,7 +1,10 @@
 """Benchmark of the TP all-gather along the hidden / vocab dimension (``ops.all_gather_hidden``).
 
-Providers: ``p2p-cuda`` (the CUDA push kernel), ``p2p-triton`` (the Triton push kernel),
-``nccl+permute`` (``all_gather_into_tensor`` + permute, what the auto policy falls back to).
+Providers: ``p2p-cuda-ll`` and ``p2p-cuda-flag`` (the CUDA push kernel with its LL and flag
+protocols forced, see ``ops.comm.cuda_protocol``), ``p2p-triton`` (the Triton push kernel),
+``nccl+permute`` (``all_gather_into_tensor`` + permute, what the auto policy falls back to). The
+markdown also shows what ``protocol="auto"`` picks at the default crossover
+(``DEFAULT_LL_MAX_BYTES``) and NCCL's time divided by that pick's.
 Grid: T in {1, 8, 32, 128, 512}; H in {7168 (hidden), 151936 (vocab)} bf16, and fp32 for the
 vocab (logits). Even widths (H / W per rank).
 
@@ -46,8 +49,9 @@ import torch
 NVLINK_GBPS = 450.0           # per direction per GPU (H100 / H200 NV18)
 T_GRID = [1, 8, 32, 128, 512]
 SHAPES = [("bf16", 7168), ("bf16", 151936), ("fp32", 151936)]
-PROVIDERS = ["p2p-cuda", "p2p-triton", "nccl+permute"]
-BACKEND_OF = {"p2p-cuda": "cuda", "p2p-triton": "triton", "nccl+permute": "nccl"}
+PROVIDERS = ["p2p-cuda-ll", "p2p-cuda-flag", "p2p-triton", "nccl+permute"]
+BACKEND_OF = {"p2p-cuda-ll": ("cuda", "ll"), "p2p-cuda-flag": ("cuda", "flag"),
+              "p2p-triton": ("triton", "auto"), "nccl+permute": ("nccl", "auto")}
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STEM = "comm_all_gather_hidden"
 COLUMNS = ["gpu", "world", "dtype", "T", "H", "provider", "graph_us", "graph_p20", "graph_p80",
@@ -130,9 +134,11 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
     for dt, H in sorted({(r["dtype"], r["H"]) for r in rows}, key=lambda k: (k[1], k[0])):
         sub = [r for r in rows if r["dtype"] == dt and r["H"] == H]
         provs = [p for p in PROVIDERS if any(r["provider"] == p for r in sub)]
+        auto_col = "p2p-cuda-ll" in provs and "p2p-cuda-flag" in provs and "nccl+permute" in provs
         lines += [f"## {dt}, H = {H} ({H // world} per rank)", "",
-                  "| T | floor µs | " + " | ".join(f"{p} µs (%floor)" for p in provs) + " |",
-                  "|---|---|" + "---|" * len(provs)]
+                  "| T | floor µs | " + " | ".join(f"{p} µs (%floor)" for p in provs)
+                  + (" | auto picks | NCCL ÷ auto |" if auto_col else " |"),
+                  "|---|---|" + "---|" * len(provs) + ("---|---|" if auto_col else "")]
         for T in sorted({r["T"] for r in sub}):
             cells = []
             floor = None
@@ -147,11 +153,29 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
                 else:
                     cells.append(f"{_f(r['graph_us'])} ({_f(r['graph_p20'])}–{_f(r['graph_p80'])}) "
                                  f"{_f(r['pct_floor'], 0)}%")
+            if auto_col:
+                esz = {"bf16": 2, "fp16": 2, "fp32": 4}.get(dt, 2)
+                pick = "ll" if T * H * esz <= _default_ll_max() else "flag"
+                ra = next((r for r in sub if r["T"] == T and r["provider"] == f"p2p-cuda-{pick}"),
+                          None)
+                rn = next((r for r in sub if r["T"] == T and r["provider"] == "nccl+permute"),
+                          None)
+                ratio = (rn["graph_us"] / ra["graph_us"]
+                         if ra and rn and ra.get("graph_us") and rn.get("graph_us") else None)
+                cells += [pick, "–" if ratio is None else f"{ratio:.2f}×"]
             lines.append(f"| {T} | {_f(floor, 2)} | " + " | ".join(cells) + " |")
         lines.append("")
     if skipped:
         lines += ["Skipped (time budget): " + ", ".join(skipped), ""]
     return "\n".join(lines)
+
+
+def _default_ll_max() -> int:
+    try:
+        from ..ops.comm import DEFAULT_LL_MAX_BYTES
+        return DEFAULT_LL_MAX_BYTES
+    except Exception:  # pragma: no cover
+        return 0
 
 
 def _plot(rows: List[Dict], path: Path, world: int) -> Optional[Path]:
@@ -291,8 +315,9 @@ def _bench_rank(opts: Dict) -> int:
         if any(H % (world * (16 // torch.empty((), dtype=dtype).element_size())) for H in hs):
             say(f"skip {dtname}: H not a multiple of {world} x 16 bytes")
             continue
+        # LL region for every shape (so both protocols are measured everywhere)
         comm = oc.create_all_gather_comm(max_tokens=max(t_grid), max_total_width=max(hs),
-                                         dtype=dtype)
+                                         dtype=dtype, ll_max_bytes=1 << 40)
         if not comm.p2p:
             say(f"no P2P workspace ({comm.multimem_reason}): only nccl+permute is measured")
         for H in hs:
@@ -315,7 +340,7 @@ def _bench_rank(opts: Dict) -> int:
                 floor_us = bytes_in / (NVLINK_GBPS * 1e3)
                 line = []
                 for prov in providers:
-                    backend = BACKEND_OF[prov]
+                    backend, proto = BACKEND_OF[prov]
                     row = {"gpu": env["gpu"], "world": world, "dtype": dtname, "T": T, "H": H,
                            "provider": prov, "floor_us": floor_us, "torch": env["torch"],
                            "triton": env.get("triton", ""), "cuda": env.get("cuda", ""),
@@ -336,7 +361,7 @@ def _bench_rank(opts: Dict) -> int:
                     ok = True
                     try:
                         for o in outs:
-                            oc.all_gather_hidden_out(comm, x, o, backend=backend)
+                            oc.all_gather_hidden_out(comm, x, o, backend=backend, protocol=proto)
                         torch.cuda.synchronize(device)
                         if comm.state is not None:
                             comm.check()
@@ -359,8 +384,9 @@ def _bench_rank(opts: Dict) -> int:
                     est = max(1.0, floor_us * 2 + 8.0)
                     n = max(1, min(32, int(200.0 / est)))
                     outs = [torch.empty((T, H), dtype=dtype, device=device) for _ in range(n)]
-                    fns = [(lambda o=o, c=comm, xx=x, be=backend:
-                            oc.all_gather_hidden_out(c, xx, o, backend=be)) for o in outs]
+                    fns = [(lambda o=o, c=comm, xx=x, be=backend, pr=proto:
+                            oc.all_gather_hidden_out(c, xx, o, backend=be, protocol=pr))
+                           for o in outs]
                     reps = opts["reps"]
                     try:
                         res = _time_provider(fns, reps, device, align, graph=not opts["eager_only"])

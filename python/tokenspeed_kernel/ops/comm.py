@@ -40,7 +40,8 @@ FLAG_BYTES = 3 * READY_OFFSET * 8
 STATE_WORDS = 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
-F_MULTIMEM, F_VIEW, F_TRAP = 1, 2, 4
+F_MULTIMEM, F_VIEW, F_TRAP, F_LL = 1, 2, 4, 8
+PROTOCOLS = ("auto", "ll", "flag")
 
 BACKENDS = ("auto", "cuda", "triton", "nccl", "reference", "multimem")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -58,6 +59,11 @@ DEFAULT_P2P_MAX_BYTES = 256 << 20
 # Bytes of the widest slice pushed per CTA (grid = ceil(slice bytes / this), capped by SMs).
 DEFAULT_BLOCK_BYTES = 16 << 10
 DEFAULT_TIMEOUT_MS = 30_000
+# Output bytes (T * H * element size) up to which the CUDA backend uses the LL protocol (packets
+# stamped with the call's flag: one NVLink trip, no barrier, 2x the bytes) instead of the flag
+# protocol (push, release/acquire flag round trip, copy-out). It also sizes the LL region
+# (2 parities x 2 x min(this, buffer) bytes). Crossover: bench/results/<gpu>/comm_* (COMM.md).
+DEFAULT_LL_MAX_BYTES = 2 << 20
 
 
 class CommError(RuntimeError):
@@ -142,11 +148,12 @@ class AllGatherComm:
     Attributes (read-only): ``group, rank, world_size, device, dtype, max_tokens,
     max_total_width``; ``p2p`` (symmetric workspace mapped on every rank), ``extension`` /
     ``triton`` (backends usable on every rank), ``multimem`` and ``multimem_reason`` (the gate's
-    agreed outcome), ``max_blocks``, ``block_bytes``, ``p2p_max_bytes``, ``timeout_ms``,
-    ``enable_view``.
+    agreed outcome), ``max_blocks``, ``block_bytes``, ``p2p_max_bytes``, ``ll_max_bytes``,
+    ``timeout_ms``, ``enable_view``.
 
-    Memory: ``96 KiB + (3 if enable_view else 2) * max_tokens * max_total_width * elt`` bytes of
-    symmetric memory per rank, plus 128 bytes of state.
+    Memory: ``96 KiB + (3 if enable_view else 2) * B + 4 * min(ll_max_bytes, B)`` bytes of
+    symmetric memory per rank (``B = max_tokens * max_total_width * elt``), plus 128 bytes of
+    state.
     """
 
     def __init__(self):  # use create_all_gather_comm
@@ -221,7 +228,8 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
                            p2p_max_bytes: int = DEFAULT_P2P_MAX_BYTES,
                            block_bytes: int = DEFAULT_BLOCK_BYTES,
                            max_blocks: Optional[int] = None,
-                           use_symmetric_memory: bool = True) -> AllGatherComm:
+                           use_symmetric_memory: bool = True,
+                           ll_max_bytes: int = DEFAULT_LL_MAX_BYTES) -> AllGatherComm:
     """Create the all-gather workspace of ``group`` (collective: every rank calls it).
 
     Parameters
@@ -241,6 +249,10 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     p2p_max_bytes, block_bytes, max_blocks : auto-policy crossover and grid sizing (agreed as
         the MIN over ranks).
     use_symmetric_memory : False builds a communicator without P2P (NCCL-style path only).
+    ll_max_bytes : output bytes (T * H * element size) up to which the CUDA backend's ``auto``
+        protocol is LL (see ``cuda_protocol``); also the capacity of ``protocol="ll"``. 0
+        disables LL. Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)`` bytes
+        of symmetric memory. Agreed as the MIN over ranks.
 
     Host-blocking (symmetric allocation, rendezvous, two small all-reduces); not allowed under
     CUDA-graph capture.
@@ -261,6 +273,8 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
             f"must be an int >= 16, got {block_bytes!r}")
     C.check(isinstance(p2p_max_bytes, int) and p2p_max_bytes >= 0, "p2p_max_bytes",
             f"must be an int >= 0, got {p2p_max_bytes!r}")
+    C.check(isinstance(ll_max_bytes, int) and not isinstance(ll_max_bytes, bool)
+            and ll_max_bytes >= 0, "ll_max_bytes", f"must be an int >= 0, got {ll_max_bytes!r}")
     C.check(max_blocks is None or (isinstance(max_blocks, int) and 1 <= max_blocks <= MAX_BLOCKS),
             "max_blocks", f"must be None or an int in [1, {MAX_BLOCKS}], got {max_blocks!r}")
     if device is None:
@@ -310,21 +324,25 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     cap = torch.cuda.get_device_capability(device) if cuda else (0, 0)
     want_blocks = min(MAX_BLOCKS, sms, max_blocks or MAX_BLOCKS)
     r1 = _agree_min(group, device, [can_symm, ext, tri, want_blocks, block_bytes, p2p_max_bytes,
-                                    allow_multimem])
+                                    allow_multimem, ll_max_bytes])
     can_symm, comm.extension, comm.triton = bool(r1[0]), bool(r1[1]), bool(r1[2])
     comm.max_blocks, comm.block_bytes, comm.p2p_max_bytes = r1[3], r1[4], r1[5]
     requested_mm = bool(r1[6])
+    # LL region: per parity 2 bytes per output byte, for outputs up to ll_max_bytes
+    comm.ll_max_bytes = min(int(r1[7]), comm.buf_bytes)
+    comm.ll_bytes = 2 * (-(-comm.ll_max_bytes // 256) * 256)
+    nbuf = 3 if comm.enable_view else 2
+    comm.ll_off = nbuf * comm.buf_bytes
 
     # ---- symmetric workspace ----
     ok, delta, mm_vote = False, 0, False
     comm.multimem_reason = "no symmetric workspace"
     if can_symm:
-        nbuf = 3 if comm.enable_view else 2
         try:
             from torch.distributed import _symmetric_memory as symm_mem
             with torch.cuda.device(device):
-                symm = symm_mem.empty(FLAG_BYTES + nbuf * comm.buf_bytes, dtype=torch.uint8,
-                                      device=device)
+                symm = symm_mem.empty(FLAG_BYTES + nbuf * comm.buf_bytes + 2 * comm.ll_bytes,
+                                      dtype=torch.uint8, device=device)
                 symm.zero_()                 # flags start at 0 (epochs start at 1)
                 torch.cuda.synchronize(device)
                 handle = _rendezvous(symm, group)
@@ -521,12 +539,38 @@ def _reference(comm: AllGatherComm, x: torch.Tensor, out: torch.Tensor, ws) -> N
     out.copy_(ref.all_gather_hidden_dist(x, comm.group, ws))
 
 
+def cuda_protocol(comm: AllGatherComm, num_tokens: int, total_width: int,
+                  protocol: str = "auto") -> str:
+    """The CUDA backend's protocol for a call: ``"ll"`` or ``"flag"``.
+
+    ``flag``: push 16-byte vectors into every peer's gather buffer, publish a release flag, wait
+    for every peer's flag (acquire), copy the buffer out -- one NVLink round trip plus a local
+    copy, bandwidth-efficient. ``ll``: push packets that carry the call's flag next to every 4
+    data bytes straight into every peer's LL region; the peer polls them and writes its output --
+    one NVLink trip, no barrier, twice the bytes on the wire. ``auto``: ``ll`` while the output
+    (``T * H * element size``) is at most ``comm.ll_max_bytes`` (crossover measured, see
+    docs/COMM.md), else ``flag``. Explicit ``ll`` beyond ``comm.ll_max_bytes`` raises ValueError.
+    """
+    C.check(protocol in PROTOCOLS, "protocol", f"must be one of {PROTOCOLS}, got {protocol!r}")
+    nbytes = num_tokens * total_width * comm.element_size
+    if protocol == "flag":
+        return "flag"
+    if protocol == "ll":
+        C.check(nbytes <= comm.ll_max_bytes, "protocol",
+                f"'ll' needs T * H * element size = {nbytes} <= the communicator's "
+                f"ll_max_bytes={comm.ll_max_bytes} (create_all_gather_comm(ll_max_bytes=...))")
+        return "ll"
+    return "ll" if 0 < nbytes <= comm.ll_max_bytes else "flag"
+
+
 def _cuda_args(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> tuple:
     """Arguments of torch.ops.tokenspeed_kernel.all_gather_hidden (schema in comm_ops.cu)."""
     f = flags | (F_TRAP if comm.trap_on_timeout else 0)
+    ll = bool(flags & F_LL)
     return (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags,
             comm.mc_data if flags & F_MULTIMEM else 0, list(offs), comm.rank, comm.buf_bytes,
-            _num_blocks(comm, rows, ws), f, comm.timeout_ms * 1_000_000)
+            _num_blocks(comm, rows, ws), f, comm.timeout_ms * 1_000_000,
+            comm.ll_off if ll else 0, comm.ll_bytes if ll else 0)
 
 
 def _launch_cuda(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> None:
@@ -540,7 +584,8 @@ def _launch_triton(comm: AllGatherComm, x, out, offs, rows: int, ws) -> None:
                           _num_blocks(comm, rows, ws), comm.timeout_ms * 1_000_000)
 
 
-def _run(comm, x, out, ws, offs, backend) -> None:
+def _run(comm, x, out, ws, offs, backend, protocol: str = "auto") -> None:
+    C.check(protocol in PROTOCOLS, "protocol", f"must be one of {PROTOCOLS}, got {protocol!r}")
     if x.shape[0] == 0 or offs[-1] == 0:   # nothing to move: no rank communicates
         return
     if backend == "copy":
@@ -550,7 +595,8 @@ def _run(comm, x, out, ws, offs, backend) -> None:
     elif backend == "reference":
         _reference(comm, x, out, ws)
     elif backend == "cuda":
-        _launch_cuda(comm, x, out, offs, 0, x.shape[0], ws)
+        ll = cuda_protocol(comm, x.shape[0], offs[-1], protocol) == "ll"
+        _launch_cuda(comm, x, out, offs, F_LL if ll else 0, x.shape[0], ws)
     elif backend == "multimem":
         _launch_cuda(comm, x, out, offs, F_MULTIMEM, x.shape[0], ws)
     elif backend == "triton":
@@ -564,7 +610,7 @@ def _run(comm, x, out, ws, offs, backend) -> None:
 # ---------------------------------------------------------------------------------------------
 def all_gather_hidden_out(comm: AllGatherComm, x: torch.Tensor, out: torch.Tensor, *,
                           widths: Optional[Sequence[int]] = None,
-                          backend: str = "auto") -> torch.Tensor:
+                          backend: str = "auto", protocol: str = "auto") -> torch.Tensor:
     """Gather every rank's ``x`` along dim 1 into ``out`` (collective).
 
     Parameters
@@ -578,6 +624,8 @@ def all_gather_hidden_out(comm: AllGatherComm, x: torch.Tensor, out: torch.Tenso
         (identical on every rank; each a multiple of 16 bytes; ``widths[rank] == x.shape[1]``).
     backend : "auto" | "cuda" | "triton" | "nccl" | "reference" | "multimem" (see
         ``select_backend``). Every rank must use the same one (auto does).
+    protocol : "auto" | "ll" | "flag": the CUDA backend's protocol (``cuda_protocol``); ignored
+        by the other backends. Every rank must use the same one (auto does).
 
     Returns ``out``. No randomness. CUDA-graph safe for "cuda" (fixed workspace addresses, the
     call counter lives on the device; capture after one eager call per shape for "triton", and
@@ -599,13 +647,13 @@ def all_gather_hidden_out(comm: AllGatherComm, x: torch.Tensor, out: torch.Tenso
         C.check(out is not None, "out", "is required (use all_gather_hidden to allocate)")
         ws, offs = _validate(comm, x, out, widths)
     b = select_backend(comm, x.shape[0], offs[-1], backend)
-    _run(comm, x, out, ws, offs, b)
+    _run(comm, x, out, ws, offs, b, protocol)
     return out
 
 
 def all_gather_hidden(comm: AllGatherComm, x: torch.Tensor, *,
                       widths: Optional[Sequence[int]] = None,
-                      backend: str = "auto") -> torch.Tensor:
+                      backend: str = "auto", protocol: str = "auto") -> torch.Tensor:
     """``all_gather_hidden_out`` into a new ``[T, H]`` tensor (see there).
 
     Example
@@ -621,7 +669,7 @@ def all_gather_hidden(comm: AllGatherComm, x: torch.Tensor, *,
             offs.append(offs[-1] + w)
     out = torch.empty((x.shape[0], offs[-1]), dtype=x.dtype, device=x.device)
     b = select_backend(comm, x.shape[0], offs[-1], backend)
-    _run(comm, x, out, ws, offs, b)
+    _run(comm, x, out, ws, offs, b, protocol)
     return out
 
 
@@ -656,5 +704,5 @@ def _register_library() -> None:
 
     @L.register_fake("tokenspeed_kernel::all_gather_hidden")
     def _fake(x, out, state, symm, peer_data, peer_flags, mc_data, col_offsets, rank, buf_bytes,
-              num_blocks, flags, timeout_ns):
+              num_blocks, flags, timeout_ns, ll_off=0, ll_bytes=0):
         return None

@@ -75,7 +75,8 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
             n = rows64 * tiles
             lo = n * b // G
             hi = n * (b + 1) // G
-            for it in range(lo, hi):
+            it = lo
+            while it < hi:  # (not range(lo, hi): the 3.6 interpreter rejects tensor bounds)
                 t = it // tiles
                 c = (it - t * tiles) * BLOCK + cols
                 m = c < my_w
@@ -85,6 +86,7 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
                     base = tl.load(peer_data_ptr + q).to(tl.pointer_type(ety))
                     base = tl.multiple_of(base, 16)
                     tl.store(base + dst, v, mask=m)
+                it += 1
             tl.debug_barrier()  # all threads' stores precede the release below
             for q in tl.static_range(W):
                 fq = tl.load(peer_flags_ptr + q).to(tl.pointer_type(tl.int64))
@@ -131,13 +133,15 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
                     n_s = rows64 * tiles_s
                     lo_s = n_s * b // G
                     hi_s = n_s * (b + 1) // G
-                    for it in range(lo_s, hi_s):
+                    it = lo_s
+                    while it < hi_s:
                         t = it // tiles_s
                         c = (it - t * tiles_s) * BLOCK + cols
                         m = c < w
                         v = tl.load(my_buf + (buf_base + t * row_vec + c0) * VEC + c, mask=m,
                                     cache_modifier=".cg")
                         tl.store(out_ptr + t * ldo + c0 * VEC + c, v, mask=m)
+                        it += 1
             # ---- the last program advances the call counter ----
             old_done = tl.atomic_add(state_ptr + _DONE, 1, sem="acq_rel", scope="gpu")
             if old_done == G - 1:
