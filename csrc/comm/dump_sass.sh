@@ -60,9 +60,19 @@ expect "$out/all_gather_hidden.ptx" "st.global.v4 (unicast 16-byte push)" 'st\.g
 # STG.E.128.STRONG.SYS to the multicast address. So: the multimem kernels
 # (all_gather_hidden_kernel<W, true>, mangled ...ILi<W>ELb1E...) must contain strong system-scope
 # 128-bit stores and the unicast kernels (...Lb0E...) must not (their data stores are weak).
-echo "== SASS ($out/all_gather_hidden.sass): 128-bit stores per kernel"
+echo "== PTX: multimem.st per entry (must be 0 outside the multimem instantiations)"
 awk '
-  /Function :/ { fn=$3; kind = (fn ~ /Lb1E/) ? "multimem" : "unicast"; k[fn]=kind }
+  /^\.visible \.entry|^\.entry/ { fn=$3; sub(/\(.*/, "", fn); n[fn]=0
+                                   kind[fn] = (fn ~ /Lb1E/) ? "multimem" : "other" }
+  /multimem\.st/ { n[fn]++ }
+  END { bad = 0
+        for (f in n) { printf "  %-8s %-80s multimem.st=%d\n", kind[f], f, n[f]
+                       if ((kind[f] == "other") != (n[f] == 0)) bad = 1 }
+        exit bad }' "$out/all_gather_hidden.ptx" || { echo "  PTX check FAILED"; status=1; }
+echo "== SASS ($out/all_gather_hidden.sass): 128-bit stores per kernel"
+echo "   (ll = the LL protocol kernel: its packets are st.volatile.v2.u64 = STRONG.SYS by design)"
+awk '
+  /Function :/ { fn=$3; kind = (fn ~ /Lb1E/) ? "multimem" : ((fn ~ /_ll_kernel/) ? "ll" : "unicast"); k[fn]=kind }
   /STG\.E\.128\.STRONG\.SYS/ { strong[fn]++ }
   /STG\.E\.128 / { weak[fn]++ }
   END {
