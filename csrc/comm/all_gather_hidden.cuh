@@ -188,6 +188,24 @@ __device__ __forceinline__ bool wait_flag_ge(const AllGatherHiddenParams& p, con
   }
 }
 
+// Advances the call counter once every CTA of this launch has read it (the next launch, stream-
+// ordered after this one, reads seq + 1). One CTA: a plain store. Several: the last CTA to count
+// itself in (done-counter) stores it -- each CTA counts itself in only after reading seq. One
+// thread per CTA calls this right after the push, so its latency overlaps the waits instead of
+// adding a tail to the kernel.
+__device__ __forceinline__ void advance_seq(const AllGatherHiddenParams& p, uint64_t epoch) {
+  if (p.num_blocks == 1) {
+    p.state[kAgStateSeq] = static_cast<int64_t>(epoch);
+    return;
+  }
+  const unsigned long long prev =
+      atomicAdd(reinterpret_cast<unsigned long long*>(p.state + kAgStateDone), 1ull);
+  if (prev == static_cast<unsigned long long>(p.num_blocks - 1)) {
+    p.state[kAgStateDone] = 0;
+    p.state[kAgStateSeq] = static_cast<int64_t>(epoch);
+  }
+}
+
 // Copies chunk b of source s's columns from the local gather buffer to the caller's output.
 __device__ __forceinline__ void copy_out_chunk(const AllGatherHiddenParams& p, int s,
                                                int64_t buf_off) {
@@ -333,6 +351,7 @@ __global__ void __launch_bounds__(kAgThreads)
     }
     if constexpr (kMultimem) detail::fence_proxy_alias();
     __syncthreads();  // every thread's stores precede the release below (cumulativity)
+    if (tid == 32 % kAgThreads) detail::advance_seq(p, epoch);  // (not the publishing warp)
 
     // ---- publish: data flag [b][rank] = epoch on every rank ----
     if (tid < p.world) {
@@ -350,18 +369,6 @@ __global__ void __launch_bounds__(kAgThreads)
       for (int s = 0; s < kW; ++s) {
         if (s < p.world) detail::copy_out_chunk(p, s, buf_off);
       }
-    }
-  }
-
-  // ---- the last CTA to finish advances seq (next call reads seq + 1) ----
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    const unsigned long long prev =
-        atomicAdd(reinterpret_cast<unsigned long long*>(p.state + kAgStateDone), 1ull);
-    if (prev == static_cast<unsigned long long>(p.num_blocks - 1)) {
-      p.state[kAgStateDone] = 0;
-      p.state[kAgStateSeq] = static_cast<int64_t>(epoch);
     }
   }
 }
@@ -387,6 +394,26 @@ __global__ void __launch_bounds__(kAgThreads)
   __shared__ int s_abort;
   const int tid = threadIdx.x;
   const int b = blockIdx.x;
+  // My chunk b, and its first batch of vectors loaded before the call counter is known (the two
+  // loads overlap; at small T the first batch is all there is).
+  const uint32_t my_col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
+  const uint32_t my_wv = static_cast<uint32_t>(p.col_vec[p.rank + 1]) - my_col0;
+  const uint32_t my_n = static_cast<uint32_t>(p.rows) * my_wv;
+  const uint32_t my_lo = my_wv ? detail::chunk_begin(my_n, b, p.num_blocks) : 0;
+  const uint32_t my_hi = my_wv ? detail::chunk_begin(my_n, b + 1, p.num_blocks) : 0;
+  uint4 v[kAgUnroll];
+  auto load_batch = [&](uint32_t base) {
+#pragma unroll
+    for (int u = 0; u < kAgUnroll; ++u) {
+      const uint32_t i = base + u * kAgThreads;
+      if (i < my_hi) {
+        const uint32_t t = i / my_wv;
+        const uint32_t c = i - t * my_wv;
+        v[u] = detail::ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
+      }
+    }
+  };
+  load_batch(my_lo + tid);
   if (tid == 0) {
     s_abort = detail::ld_relaxed_gpu(p.state + kAgStateErr) != 0;  // poisoned communicator
     s_epoch = static_cast<uint64_t>(detail::ld_relaxed_gpu(p.state + kAgStateSeq)) + 1;
@@ -400,27 +427,13 @@ __global__ void __launch_bounds__(kAgThreads)
 
   // ---- push chunk b of my slice: LL units to every peer, the vector itself to my output ----
   {
-    const uint32_t col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
-    const uint32_t wv = static_cast<uint32_t>(p.col_vec[p.rank + 1]) - col0;
-    const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
-    const uint32_t lo = wv ? detail::chunk_begin(n, b, p.num_blocks) : 0;
-    const uint32_t hi = wv ? detail::chunk_begin(n, b + 1, p.num_blocks) : 0;
-    const int64_t area = par + 2 * rows * col0 * 16;
-    for (uint32_t base = lo + tid; base < hi; base += kAgThreads * kAgUnroll) {
-      uint4 v[kAgUnroll];
+    const int64_t area = par + 2 * rows * my_col0 * 16;
+    for (uint32_t base = my_lo + tid; base < my_hi; base += kAgThreads * kAgUnroll) {
+      if (base != my_lo + tid) load_batch(base);
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {
         const uint32_t i = base + u * kAgThreads;
-        if (i < hi) {
-          const uint32_t t = i / wv;
-          const uint32_t c = i - t * wv;
-          v[u] = detail::ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kAgUnroll; ++u) {
-        const uint32_t i = base + u * kAgThreads;
-        if (i < hi) {
+        if (i < my_hi) {
           const int64_t dst = area + static_cast<int64_t>(i) * 32;
 #pragma unroll
           for (int q = 0; q < kW; ++q) {
@@ -429,14 +442,15 @@ __global__ void __launch_bounds__(kAgThreads)
               detail::st_ll(p.peer_data[q] + dst + 16, v[u].z, v[u].w, f);
             }
           }
-          const uint32_t t = i / wv;
-          const uint32_t c = i - t * wv;
-          detail::st_v4(p.out + static_cast<int64_t>(t) * p.ldo + static_cast<int64_t>(col0 + c) * 16,
-                        v[u]);
+          const uint32_t t = i / my_wv;
+          const uint32_t c = i - t * my_wv;
+          detail::st_v4(p.out + static_cast<int64_t>(t) * p.ldo +
+                            static_cast<int64_t>(my_col0 + c) * 16, v[u]);
         }
       }
     }
   }
+  if (tid == 0) detail::advance_seq(p, epoch);
 
   // ---- receive chunk b of every peer's slice from the local LL region ----
   bool ok = true;
@@ -479,18 +493,6 @@ __global__ void __launch_bounds__(kAgThreads)
           }
         }
       }
-    }
-  }
-
-  // ---- the last CTA to finish advances seq (next call reads seq + 1) ----
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    const unsigned long long prev =
-        atomicAdd(reinterpret_cast<unsigned long long*>(p.state + kAgStateDone), 1ull);
-    if (prev == static_cast<unsigned long long>(p.num_blocks - 1)) {
-      p.state[kAgStateDone] = 0;
-      p.state[kAgStateSeq] = static_cast<int64_t>(epoch);
     }
   }
 }

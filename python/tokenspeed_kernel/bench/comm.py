@@ -71,6 +71,8 @@ def _report():
 
 
 def _git_sha() -> str:
+    if os.environ.get("TS_GIT_SHA"):
+        return os.environ["TS_GIT_SHA"]
     try:
         r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                            timeout=10, cwd=Path(__file__).resolve().parents[3])

@@ -25,7 +25,10 @@ def repo_root() -> Path:
 
 
 def git_sha() -> str:
-    """``git rev-parse HEAD`` (+ ``-dirty`` if tracked files changed), else $TS_GIT_SHA."""
+    """$TS_GIT_SHA when set (the device machine's copy of the tree may carry a stale .git), else
+    ``git rev-parse HEAD`` (+ ``-dirty`` if tracked files changed), else ``unknown``."""
+    if os.environ.get("TS_GIT_SHA"):
+        return os.environ["TS_GIT_SHA"]
     root = repo_root()
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,

@@ -63,7 +63,9 @@ DEFAULT_TIMEOUT_MS = 30_000
 # stamped with the call's flag: one NVLink trip, no barrier, 2x the bytes) instead of the flag
 # protocol (push, release/acquire flag round trip, copy-out). It also sizes the LL region
 # (2 parities x 2 x min(this, buffer) bytes). Crossover: bench/results/<gpu>/comm_* (COMM.md).
-DEFAULT_LL_MAX_BYTES = 2 << 20
+# Measured on 2x H200 (bench/results/h200/comm_all_gather_hidden.md): LL wins up to ~450 KB
+# (T = 32 at H = 7168 bf16 is a tie), flag wins from T = 8 of a 151936-wide bf16 row (2.4 MB).
+DEFAULT_LL_MAX_BYTES = 448 << 10
 
 
 class CommError(RuntimeError):
