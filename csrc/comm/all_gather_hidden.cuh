@@ -322,9 +322,12 @@ __global__ void __launch_bounds__(kAgThreads)
     const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
     const uint32_t lo = wv ? detail::chunk_begin(n, b, p.num_blocks) : 0;
     const uint32_t hi = wv ? detail::chunk_begin(n, b + 1, p.num_blocks) : 0;
+    // unicast copy-out mode: my own slice goes straight to my output (not through my buffer)
+    const bool direct = !kMultimem && !view;
     for (uint32_t base = lo + tid; base < hi; base += kAgThreads * kAgUnroll) {
       uint4 v[kAgUnroll];
       int64_t dst[kAgUnroll];
+      uint8_t* own[kAgUnroll];
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {
         const uint32_t i = base + u * kAgThreads;
@@ -333,6 +336,7 @@ __global__ void __launch_bounds__(kAgThreads)
           const uint32_t c = i - t * wv;
           v[u] = detail::ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
           dst[u] = buf_off + (static_cast<int64_t>(t) * p.row_vec + my_col0 + c) * 16;
+          own[u] = p.out + static_cast<int64_t>(t) * p.ldo + static_cast<int64_t>(my_col0 + c) * 16;
         }
       }
 #pragma unroll
@@ -343,7 +347,12 @@ __global__ void __launch_bounds__(kAgThreads)
           } else {
 #pragma unroll
             for (int q = 0; q < kW; ++q) {
-              if (q < p.world) detail::st_v4(p.peer_data[q] + dst[u], v[u]);
+              if (q < p.world) {
+                if (direct && q == p.rank)
+                  detail::st_v4(own[u], v[u]);
+                else
+                  detail::st_v4(p.peer_data[q] + dst[u], v[u]);
+              }
             }
           }
         }
@@ -366,8 +375,8 @@ __global__ void __launch_bounds__(kAgThreads)
     // ---- copy-out: chunk b of every source, local buffer -> caller's output ----
     if (!s_fail && !view) {
 #pragma unroll
-      for (int s = 0; s < kW; ++s) {
-        if (s < p.world) detail::copy_out_chunk(p, s, buf_off);
+      for (int s = 0; s < kW; ++s) {  // (my own slice is already there, unless multimem)
+        if (s < p.world && (kMultimem || s != p.rank)) detail::copy_out_chunk(p, s, buf_off);
       }
     }
   }
