@@ -77,6 +77,8 @@ struct VerifyParams {
   float* plp;
   int32_t out64;
   int32_t chunk;             // vocabulary elements per CTA (multiple of 8)
+  unsigned long long* cand;  // [bs] final-kernel candidate slots, zeroed by the pos kernel
+  unsigned int* count;       // [bs] final-kernel arrival counters, zeroed by the pos kernel
 };
 
 // ------------------------------------------------------------------------------------------
@@ -251,6 +253,23 @@ __device__ __forceinline__ float wide_to_f32(u128 v) {
   return __double2float_rn(d);
 }
 
+// Upper bound of gumbel_from_bits(bits) (16.6356 - ln(2d + 1) with d = 2^23 - 1 - (bits >> 9)),
+// by the binade of d: for d in [2^(b-1), 2^b), G <= 16.6356 - b ln 2 < 16.65 - 0.693 b. Checked
+// exhaustively against gumbel_from_bits for all 2^23 values.
+__device__ __forceinline__ float gumbel_ub(uint32_t bits) {
+  const uint32_t d = 0x7FFFFFu - (bits >> 9);
+  const int b = 32 - __clz(int(d));   // 0 for d = 0
+  return fsub(16.65f, fmul(float(b), 0.693f));
+}
+// For 1 <= n <= a: soft_ln(wide_to_f32(n)) <= ln_ub(a). wide_to_f32 is monotone and
+// f32(n) <= 2^bitlen(n) <= 2^bitlen(a), and soft_ln(x) <= bitlen * 0.6932 for every float
+// x in [1, 2^bitlen] (checked exhaustively for bitlen <= 127; ln 2 = 0.693147).
+__device__ __forceinline__ float ln_ub(u128 a) {
+  const uint64_t hi = uint64_t(a >> 64), lo = uint64_t(a);
+  const int bl = hi ? 128 - __clzll((long long)hi) : 64 - __clzll((long long)lo);
+  return fmul(float(bl), 0.6932f);
+}
+
 struct RowParams {
   bool greedy, mp_on;
   float inv_t, L;
@@ -398,6 +417,13 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
   const unsigned cs = G::size();
   const unsigned rank = G::rank();
   const int64_t row = int64_t(blockIdx.x / cs);
+  // zero the final kernel's candidate slots / arrival counters (the final kernel runs after
+  // this one on the same stream): replaces two memsets. Rows >= R_t exist only if R_t < bs.
+  if (rank == 0 && threadIdx.x == 0 && row < p.bs && p.cand != nullptr) {
+    p.cand[row] = 0ull;
+    p.count[row] = 0u;
+  }
+  if (row >= p.R_t) return;  // uniform over the cluster
   int i, j;
   locate_target_row(p, row, i, j);
   const int n = int(p.cu[i + 1] - p.cu[i]);
@@ -637,7 +663,7 @@ __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const Verify
 // small batch still uses the whole GPU (the Gumbel scores are compute-heavy). Each CTA packs its
 // best candidate as (key32(score) << 32) | (2^32 - 1 - id) (larger = higher score, then lower
 // id) and atomicMax'es it into the request's slot; the last CTA to arrive (counter) writes the
-// token and its logprobs. Slots and counters are zeroed by the launcher (memset) every call.
+// token and its logprobs. Slots and counters are zeroed by the pos kernel every call (no memset).
 __device__ __forceinline__ unsigned long long pack_cand(Cand c) {
   if (!(c.s > -INFINITY)) return 0ull;
   return (static_cast<unsigned long long>(key32(c.s)) << 32) |
@@ -661,6 +687,7 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
   __shared__ int sh_f;
   __shared__ int sh_last;
   __shared__ unsigned long long sh_key;
+  __shared__ unsigned sh_lb;   // key32 of a lower bound of the winner's score (pruning)
   const int i = int(blockIdx.x / unsigned(ws.splits));
   const int sp = int(blockIdx.x % unsigned(ws.splits));
   const int n = int(p.cu[i + 1] - p.cu[i]);
@@ -679,7 +706,11 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
       const unsigned bal = __ballot_sync(0xffffffffu, fail);
       if (bal) { f = base + __ffs(bal) - 1; break; }
     }
-    if (threadIdx.x == 0) sh_f = f;
+    if (threadIdx.x == 0) {
+      sh_f = f;
+      // best score of this request's finished CTAs so far (0 = none): a valid lower bound
+      sh_lb = uint32_t(*reinterpret_cast<volatile unsigned long long*>(&ws.cand[i]) >> 32);
+    }
   }
   __syncthreads();
   const int f = sh_f;
@@ -723,25 +754,49 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
   Cand best{-INFINITY, INT32_MAX};
   uint32_t blk = 0xffffffffu;
   Philox4 ph{0, 0, 0, 0};
-  auto noise = [&](int64_t id, uint32_t stream) -> float {
+  auto word = [&](int64_t id, uint32_t stream) -> uint32_t {
     const uint32_t b = uint32_t(id >> 2);
     if (b != blk) { blk = b; ph = philox_block(seed, offp, b, stream); }
-    const uint32_t w = (id & 3) == 0 ? ph.x : (id & 3) == 1 ? ph.y : (id & 3) == 2 ? ph.z : ph.w;
-    return gumbel_from_bits(w);
+    return (id & 3) == 0 ? ph.x : (id & 3) == 1 ? ph.y : (id & 3) == 2 ? ph.z : ph.w;
+  };
+  auto noise = [&](int64_t id, uint32_t stream) -> float { return gumbel_from_bits(word(id, stream)); };
+  // Exact pruning: `lb` is key32 of a lower bound of the winner's score -- the score of a token
+  // that was actually scored exactly (by any thread of this CTA, by the probe, or by a finished
+  // CTA of this request through ws.cand). A token whose score upper bound ub is < that score
+  // has a strictly smaller score than the winner, so it is not the winner (ties included) and
+  // its exact score need not be computed. The winner itself is never skipped.
+  uint32_t lb = 0;   // 0 = no bound (key32 of every float is > 0)
+  auto may_win = [&](float ub) -> bool {
+    const uint32_t s = *reinterpret_cast<volatile unsigned*>(&sh_lb);
+    lb = s > lb ? s : lb;
+    return key32(ub) >= lb;
+  };
+  auto publish = [&](float s) {
+    const uint32_t k = key32(s);
+    if (k > lb) { lb = k; atomicMax(&sh_lb, k); }
   };
 
   if (bonus) {
     // the sampler: argmax over the kept set of x + G(seed, offset + n, id, stream 0)
     const float span = kGumbelSpan + fabsf(st.m_t) * 9.5367431640625e-07f;
-    if (start < end) {
-      for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) {
-        const float x = fmul(z, rp.inv_t);
-        const float y = fsub(x, st.m_t);
-        if (y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t)) {
-          best = best_of(best, Cand{fadd(x, noise(id, kStreamSample)), int32_t(id)});
-        }
-      });
+    auto visit = [&](int64_t id, float z) {
+      const float x = fmul(z, rp.inv_t);
+      const float y = fsub(x, st.m_t);
+      if (y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t)) {
+        const uint32_t w = word(id, kStreamSample);
+        // fadd is monotone and G <= gumbel_ub: the score is <= fadd(x, gumbel_ub(w))
+        if (!may_win(fadd(x, gumbel_ub(w)))) return;
+        const float s = fadd(x, gumbel_from_bits(w));
+        best = best_of(best, Cand{s, int32_t(id)});
+        publish(s);
+      }
+    };
+    if (threadIdx.x == 0) {  // probe: the row's argmax token (its score seeds the bound)
+      visit(st.arg_t, to_f<T>(trow[st.arg_t]));
+      blk = 0xffffffffu;
     }
+    __syncthreads();
+    if (start < end) for_chunk<T, VEC>(trow, start, end, visit);
   } else {
     // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
     const u128 Sq = u128(uint64_t(st.S_q)), Sp = u128(uint64_t(st.S_t));
@@ -751,6 +806,10 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
       if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return;
       const int64_t ep = mass_fixed(yt);
       if (ep == 0) return;
+      const u128 A = u128(uint64_t(ep)) * Sq;
+      const uint32_t w = word(id, kStreamResample);
+      // 1 <= N <= A, so soft_ln(f32(N)) <= ln_ub(A); G <= gumbel_ub(w); fadd is monotone
+      if (!may_win(fadd(ln_ub(A), gumbel_ub(w)))) return;
       int64_t eq;
       if (ngram) {
         eq = (id == xd) ? 1 : 0;
@@ -759,12 +818,19 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
         const float yq = fsub(xq, st.m_q);
         eq = (yq >= kMassCut && kept_at(rp, id, st.arg_q, xq, yq, st.thr_q)) ? mass_fixed(yq) : 0;
       }
-      const u128 A = u128(uint64_t(ep)) * Sq, B = u128(uint64_t(eq)) * Sp;
+      const u128 B = u128(uint64_t(eq)) * Sp;
       if (A > B) {
-        const float s = fadd(soft_ln(wide_to_f32(A - B)), noise(id, kStreamResample));
+        const float s = fadd(soft_ln(wide_to_f32(A - B)), gumbel_from_bits(w));
         best = best_of(best, Cand{s, int32_t(id)});
+        publish(s);
       }
     };
+    if (threadIdx.x == 0) {  // probe: the target row's argmax token
+      const int64_t a = st.arg_t;
+      visit(a, to_f<T>(trow[a]), ngram ? 0.0f : to_f<T>(drow[a]));
+      blk = 0xffffffffu;
+    }
+    __syncthreads();
     if (start < end) {
       if (ngram) {
         for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) { visit(id, z, 0.0f); });
@@ -901,7 +967,8 @@ inline cudaError_t launch_maybe_cluster(Kernel kernel, bool cluster, unsigned cs
 }
 
 // cs: CTAs per row of the statistics kernel (1..8, 1 on GPUs without clusters); splits: CTAs
-// per request of the final kernel; ws.cand / ws.count must hold bs entries (zeroed here);
+// per request of the final kernel; ws.cand / ws.count must hold bs entries (zeroed by the pos
+// kernel, which therefore always runs with at least bs row blocks);
 // vec_ok: rows 16-byte aligned.
 template <typename T>
 inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int splits, FinalWs ws,
@@ -911,6 +978,8 @@ inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int split
   const int64_t per = (int64_t(p.V) + cs - 1) / cs;
   p.chunk = int32_t((per + 7) / 8 * 8);
   const bool cl = cs > 1;
+  p.cand = ws.cand;
+  p.count = ws.count;
   cudaError_t e;
   if (p.thr != nullptr && p.R_t + p.R_d > 0) {
     const unsigned blocks = unsigned(p.R_t + p.R_d);
@@ -919,8 +988,8 @@ inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int split
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  if (p.R_t > 0) {
-    const int64_t blocks = p.R_t * cs;
+  {
+    const int64_t blocks = (p.R_t > p.bs ? p.R_t : int64_t(p.bs)) * cs;
     if (vec_ok) {
       e = cl ? launch_maybe_cluster(verify_pos_kernel<T, VEC, true>, true, cs, blocks, stream, p)
              : launch_maybe_cluster(verify_pos_kernel<T, VEC, false>, false, 1, blocks, stream, p);
@@ -934,10 +1003,6 @@ inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int split
   ws.splits = splits;
   const int64_t fper = (int64_t(p.V) + splits - 1) / splits;
   ws.chunk = int32_t((fper + 7) / 8 * 8);
-  e = cudaMemsetAsync(ws.cand, 0, sizeof(unsigned long long) * size_t(p.bs), stream);
-  if (e != cudaSuccess) return e;
-  e = cudaMemsetAsync(ws.count, 0, sizeof(unsigned int) * size_t(p.bs), stream);
-  if (e != cudaSuccess) return e;
   const unsigned fblocks = unsigned(int64_t(p.bs) * splits);
   if (vec_ok) verify_final_kernel<T, VEC><<<fblocks, kThreads, 0, stream>>>(p, ws);
   else verify_final_kernel<T, 1><<<fblocks, kThreads, 0, stream>>>(p, ws);
