@@ -132,7 +132,10 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
              f" · triton {env.get('triton', '')} · git {env['git_sha'][:12]} · {env['date']}", "",
              "CUDA-graph replay, median (p20–p80) per call in µs, max over ranks; floor = incoming "
              f"bytes / {NVLINK_GBPS:.0f} GB/s; % = floor / time. Every provider verified bit-exact "
-             "against torch.distributed.all_gather before timing. Eager medians in the CSV.", ""]
+             "against torch.distributed.all_gather before timing. Eager medians in the CSV. "
+             "`auto picks`: the CUDA protocol `protocol=\"auto\"` chooses at the library's "
+             f"default crossover (LL up to {_default_ll_max() // 1024} KiB of output); "
+             "`NCCL ÷ auto`: NCCL + permute time / that protocol's time.", ""]
     for dt, H in sorted({(r["dtype"], r["H"]) for r in rows}, key=lambda k: (k[1], k[0])):
         sub = [r for r in rows if r["dtype"] == dt and r["H"] == H]
         provs = [p for p in PROVIDERS if any(r["provider"] == p for r in sub)]

@@ -51,11 +51,11 @@ MULTICAST_DISABLE_ENV = (("NCCL_NVLS_ENABLE", "0"),
                          ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                          ("NVSHMEM_DISABLE_NVLS", "1"))
 
-# ---- auto-policy knobs (TO BE MEASURED: guesses until bench/results/<gpu>/comm_* say more) ----
+# ---- auto-policy knobs (measured on 2x H200: bench/results/h200/comm_*, docs/COMM.md) ----
 # Output bytes (T * H * element size) above which auto uses NCCL + permute instead of the P2P
-# push. Reasoning, not measurement: on 2x H200 NCCL + permute reaches only ~150 GB/s at 155 MB
-# (docs/ANCHORS), so the push should win up to the workspace size; the cap is a guard.
-DEFAULT_P2P_MAX_BYTES = 256 << 20
+# push. Measured: the push beat NCCL + permute at every size up to 311 MB (T = 512 of an fp32
+# 151936-wide row, 2x H200); no crossover inside that range, so the cap is a guard.
+DEFAULT_P2P_MAX_BYTES = 1 << 30
 # Bytes of the widest slice pushed per CTA (grid = ceil(slice bytes / this), capped by SMs).
 DEFAULT_BLOCK_BYTES = 16 << 10
 DEFAULT_TIMEOUT_MS = 30_000
@@ -63,9 +63,11 @@ DEFAULT_TIMEOUT_MS = 30_000
 # stamped with the call's flag: one NVLink trip, no barrier, 2x the bytes) instead of the flag
 # protocol (push, release/acquire flag round trip, copy-out). It also sizes the LL region
 # (2 parities x 2 x min(this, buffer) bytes). Crossover: bench/results/<gpu>/comm_* (COMM.md).
-# Measured on 2x H200 (bench/results/h200/comm_all_gather_hidden.md): LL wins up to ~450 KB
-# (T = 32 at H = 7168 bf16 is a tie), flag wins from T = 8 of a 151936-wide bf16 row (2.4 MB).
-DEFAULT_LL_MAX_BYTES = 448 << 10
+# Measured on 2x H200 (bench/results/h200/comm_all_gather_hidden.md, d80a34b): LL wins at
+# 14-115 KB (T = 1 and 8 at H = 7168 bf16: 3.9 vs 4.8 us, 5.1 vs 5.6 us), ties at 304 KB (T = 1 of
+# a 151936-wide bf16 row: 5.8 vs 5.9 us), loses from 448 KB (T = 32 at H = 7168: 6.7 vs 6.1 us;
+# fp32 row, 608 KB: 8.1 vs 6.4 us). Crossover set between the tie and the first loss.
+DEFAULT_LL_MAX_BYTES = 320 << 10
 
 
 class CommError(RuntimeError):
@@ -480,7 +482,7 @@ def select_backend(comm: AllGatherComm, num_tokens: int, total_width: int,
 
     ``auto``: world size 1 -> copy; no P2P workspace (multi-node group, no peer access, CPU,
     symmetric memory unavailable) -> nccl; output bytes > ``comm.p2p_max_bytes`` -> nccl
-    (crossover TO BE MEASURED); else cuda if the extension loads on every rank, else triton,
+    (a guard: no crossover was found up to 311 MB on 2x H200); else cuda if the extension loads on every rank, else triton,
     else nccl. ``auto`` never picks multimem. Explicit backends raise ValueError when
     unavailable. Depends only on values agreed at creation and on the call's shape, so every
     rank picks the same.
