@@ -190,7 +190,8 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
     cap = 64 if quick else 512
     layouts = [("hidden", [3584] * world), ("uneven", uneven_widths(world, 8, 2048))]
     if not quick:
-        layouts.append(("vocab", [151936 // 2] * world if world == 2 else [75968] * world))
+        layouts.append(("vocab", [151936 // world] * world if 151936 % (8 * world) == 0
+                        else [75968] * world))
     max_w = max(sum(w) for _, w in layouts)
     rows_list = [1, 7, 64] if quick else [1, 7, 64, 128, cap]
     for dtype in oc.DTYPES:

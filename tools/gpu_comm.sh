@@ -100,7 +100,7 @@ for tool in memcheck racecheck; do
     filt=(--filter kns=all_gather_hidden)
   fi
   run_step $tool "${SAN_TIMEOUT:-420}" "$SAN" --tool $tool --target-processes all \
-      --error-exitcode 99 --print-limit 50 "${filt[@]}" "$PY" tests/comm_helpers.py sanitize --world 2
+      --error-exitcode 99 --print-limit 50 "${filt[@]}" "$PY" tests/comm_helpers.py sanitize --world "$NGPU"
 done
 
 # ---- 4. PTX / SASS of the multimem kernel (standalone, torch-free) + the shipped binary ----
