@@ -484,8 +484,8 @@ def select_backend(comm: AllGatherComm, num_tokens: int, total_width: int,
     symmetric memory unavailable) -> nccl; output bytes > ``comm.p2p_max_bytes`` -> nccl
     (a guard: no crossover was found up to 311 MB on 2x H200); else cuda if the extension
     loads on every rank (protocol: ``cuda_protocol``), else triton, else nccl. ``auto`` never
-    picks multimem. Explicit backends raise ValueError when unavailable. Depends only on values agreed at creation and on the call's shape, so every
-    rank picks the same.
+    picks multimem. Explicit backends raise ValueError when unavailable. Depends only on values
+    agreed at creation and on the call's shape, so every rank picks the same.
     """
     C.check(backend in BACKENDS, "backend", f"must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
