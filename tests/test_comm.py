@@ -40,6 +40,8 @@ N_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 # World size of the multi-GPU tests: every visible GPU (capped at the kernel's 16 ranks), or
 # TS_COMM_WORLD. 2 on the 2-GPU machine; the same tests run unchanged at 4 and 8 (issue 5).
 GPU_WORLD = int(os.environ.get("TS_COMM_WORLD", min(N_GPUS, 16)))
+needs_gpus = pytest.mark.skipif(N_GPUS < 2 or GPU_WORLD < 2 or GPU_WORLD > N_GPUS,
+                                reason="needs >= 2 CUDA GPUs (TS_COMM_WORLD <= visible GPUs)")
 
 
 def _env_for_subprocess(**extra):
@@ -372,40 +374,35 @@ def test_fake_kernel_registered():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.multigpu(2)
-@pytest.mark.skipif(N_GPUS < 2 or GPU_WORLD < 2 or GPU_WORLD > N_GPUS,
-                    reason="needs >= 2 CUDA GPUs (TS_COMM_WORLD <= visible GPUs)")
+@needs_gpus
 def test_multigpu_bit_exact_vs_nccl():
     H.run_workers("gpu_correctness_worker", GPU_WORLD, "nccl", timeout_s=1200)
 
 
 @pytest.mark.gpu
 @pytest.mark.multigpu(2)
-@pytest.mark.skipif(N_GPUS < 2 or GPU_WORLD < 2 or GPU_WORLD > N_GPUS,
-                    reason="needs >= 2 CUDA GPUs (TS_COMM_WORLD <= visible GPUs)")
+@needs_gpus
 def test_multigpu_graph_replays_10000():
     H.run_workers("gpu_graph_worker", GPU_WORLD, "nccl", args=(10000,), timeout_s=1200)
 
 
 @pytest.mark.gpu
 @pytest.mark.multigpu(2)
-@pytest.mark.skipif(N_GPUS < 2 or GPU_WORLD < 2 or GPU_WORLD > N_GPUS,
-                    reason="needs >= 2 CUDA GPUs (TS_COMM_WORLD <= visible GPUs)")
+@needs_gpus
 def test_multigpu_back_to_back_interleaved_with_nccl():
     H.run_workers("gpu_interleave_worker", GPU_WORLD, "nccl", timeout_s=900)
 
 
 @pytest.mark.gpu
 @pytest.mark.multigpu(2)
-@pytest.mark.skipif(N_GPUS < 2 or GPU_WORLD < 2 or GPU_WORLD > N_GPUS,
-                    reason="needs >= 2 CUDA GPUs (TS_COMM_WORLD <= visible GPUs)")
+@needs_gpus
 def test_multigpu_missing_peer_times_out_and_raises():
     H.run_workers("gpu_timeout_worker", GPU_WORLD, "nccl", timeout_s=600)
 
 
 @pytest.mark.gpu
 @pytest.mark.multigpu(2)
-@pytest.mark.skipif(N_GPUS < 2 or GPU_WORLD < 2 or GPU_WORLD > N_GPUS,
-                    reason="needs >= 2 CUDA GPUs (TS_COMM_WORLD <= visible GPUs)")
+@needs_gpus
 def test_multigpu_opcheck_one_rank_groups():
     H.run_workers("gpu_opcheck_worker", GPU_WORLD, "nccl", timeout_s=600)
 
