@@ -34,17 +34,17 @@ repository's ``bench/results``), with GPU name, torch / triton versions and git 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
+
+from . import report
 
 NVLINK_GBPS = 450.0           # per direction per GPU (H100 / H200 NV18)
 T_GRID = [1, 8, 32, 128, 512]
@@ -60,64 +60,14 @@ COLUMNS = ["gpu", "world", "dtype", "T", "H", "provider", "graph_us", "graph_p20
 
 
 # ---------------------------------------------------------------------------------------------
-# environment / writers (bench/report.py when present, else minimal local versions)
+# environment / writers: the harness's shared ones (bench/report.py)
 # ---------------------------------------------------------------------------------------------
-def _report():
-    try:
-        from . import report
-        return report
-    except Exception:
-        return None
-
-
-def _git_sha() -> str:
-    if os.environ.get("TS_GIT_SHA"):
-        return os.environ["TS_GIT_SHA"]
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                           timeout=10, cwd=Path(__file__).resolve().parents[3])
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip()
-    except Exception:
-        pass
-    return os.environ.get("TS_GIT_SHA", "unknown")
-
-
 def _env(device: torch.device) -> Dict[str, str]:
-    rep = _report()
-    if rep is not None and hasattr(rep, "env_info"):
-        return rep.env_info(device)
-    try:
-        import triton
-        tv = triton.__version__
-    except Exception:
-        tv = ""
-    name = torch.cuda.get_device_name(device)
-    short = "".join(c if c.isalnum() else "-" for c in name.lower().replace("nvidia", "")).strip("-")
-    return {"gpu": name, "gpu_short": short or "gpu", "torch": torch.__version__,
-            "cuda": str(torch.version.cuda or ""), "triton": tv, "git_sha": _git_sha(),
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-
-
-def _results_dir(out: Optional[str], short: str) -> Path:
-    rep = _report()
-    if rep is not None and hasattr(rep, "results_dir"):
-        return rep.results_dir(out, short)
-    base = Path(out) if out else Path(__file__).resolve().parents[3] / "bench" / "results"
-    d = base / short
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return report.env_info(device)
 
 
 def _write_csv(path: Path, rows: Sequence[Dict]) -> None:
-    import csv
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else
-                            (f"{r[k]:.6g}" if isinstance(r.get(k), float) else r[k]))
-                        for k in COLUMNS})
+    report.write_csv(path, rows, COLUMNS)
 
 
 def _f(x, d=1) -> str:
@@ -418,7 +368,7 @@ def _bench_rank(opts: Dict) -> int:
         comm.close()
         torch.cuda.empty_cache()
     if rank == 0:
-        out_dir = _results_dir(opts.get("out"), env["gpu_short"])
+        out_dir = report.results_dir(opts.get("out"), env["gpu_short"])
         _write_csv(out_dir / f"{STEM}.csv", rows)
         (out_dir / f"{STEM}.md").write_text(_markdown(rows, env, world, skipped))
         png = None if opts.get("no_plot") else _plot(rows, out_dir / f"{STEM}.png", world)
