@@ -40,8 +40,13 @@ N_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 # World size of the multi-GPU tests: every visible GPU (capped at the kernel's 16 ranks), or
 # TS_COMM_WORLD. 2 on the 2-GPU machine; the same tests run unchanged at 4 and 8 (issue 5).
 GPU_WORLD = int(os.environ.get("TS_COMM_WORLD", min(N_GPUS, 16)))
-needs_gpus = pytest.mark.skipif(N_GPUS < 2 or GPU_WORLD < 2 or GPU_WORLD > N_GPUS,
-                                reason="needs >= 2 CUDA GPUs (TS_COMM_WORLD <= visible GPUs)")
+_needs_gpus = pytest.mark.skipif(N_GPUS < 2 or GPU_WORLD < 2 or GPU_WORLD > N_GPUS,
+                                 reason="needs >= 2 CUDA GPUs (TS_COMM_WORLD <= visible GPUs)")
+
+
+def multigpu(test):
+    """Markers of the multi-GPU tests: gpu, multigpu(2), skipped below 2 visible GPUs."""
+    return pytest.mark.gpu(pytest.mark.multigpu(2)(_needs_gpus(test)))
 
 
 def _env_for_subprocess(**extra):
@@ -136,11 +141,15 @@ def test_multimem_gate_conditions():
     assert not oc.multimem_gate(**{**GOOD, "offset_ok": False}, environ={})[0]
     assert not oc.multimem_gate(**{**GOOD, "capability": (8, 0)}, environ={})[0]
     assert not oc.multimem_gate(**{**GOOD, "extension": False}, environ={})[0]
-    # values that do not disable
+    # values that do not disable. A plain dict handed to the pure gate function: os.environ is
+    # never read or written here, nothing is launched, no multicast object exists (the
+    # multicast_ptr in GOOD is a made-up integer).
+    before = dict(os.environ)
     assert oc.multimem_gate(**GOOD, environ={"NCCL_NVLS_ENABLE": "1",
                                              "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0",
                                              "NVSHMEM_DISABLE_NVLS": "0"})[0]
     assert oc.multicast_disabled_by_env({"NCCL_NVLS_ENABLE": " 0 "}) == "NCCL_NVLS_ENABLE=0"
+    assert dict(os.environ) == before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,37 +381,27 @@ def test_fake_kernel_registered():
 # ---------------------------------------------------------------------------------------------
 # multi-GPU (one process per GPU, NCCL): run by tools/gpu_comm.sh on the 2-GPU machine
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.gpu
-@pytest.mark.multigpu(2)
-@needs_gpus
+@multigpu
 def test_multigpu_bit_exact_vs_nccl():
     H.run_workers("gpu_correctness_worker", GPU_WORLD, "nccl", timeout_s=1200)
 
 
-@pytest.mark.gpu
-@pytest.mark.multigpu(2)
-@needs_gpus
+@multigpu
 def test_multigpu_graph_replays_10000():
     H.run_workers("gpu_graph_worker", GPU_WORLD, "nccl", args=(10000,), timeout_s=1200)
 
 
-@pytest.mark.gpu
-@pytest.mark.multigpu(2)
-@needs_gpus
+@multigpu
 def test_multigpu_back_to_back_interleaved_with_nccl():
     H.run_workers("gpu_interleave_worker", GPU_WORLD, "nccl", timeout_s=900)
 
 
-@pytest.mark.gpu
-@pytest.mark.multigpu(2)
-@needs_gpus
+@multigpu
 def test_multigpu_missing_peer_times_out_and_raises():
     H.run_workers("gpu_timeout_worker", GPU_WORLD, "nccl", timeout_s=600)
 
 
-@pytest.mark.gpu
-@pytest.mark.multigpu(2)
-@needs_gpus
+@multigpu
 def test_multigpu_opcheck_one_rank_groups():
     H.run_workers("gpu_opcheck_worker", GPU_WORLD, "nccl", timeout_s=600)
 
