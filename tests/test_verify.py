@@ -573,6 +573,36 @@ def test_gpu_large_vocab_identity(V, dtype, mode):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("shift", [0.0, 3e4, 3e5])
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram"])
+def test_gpu_approximate_coins_decide_like_exact(mode, shift):
+    """The CUDA kernels decide most accept coins from error-bounded approximate mass sums and
+    send the rest (kUnsure) and every final position through the exact sums. Forcing every coin
+    through the exact sums must not change a token, and both must equal the reference. The
+    error bound grows with |max logit|: shifted logits make many coins take the exact path."""
+    if "cuda" not in _backends():
+        pytest.skip("needs the CUDA extension")
+    for k in range(6):
+        n_list = [5, 3, 8, 1, 0, 6, 2, 7]
+        V = (32000, 4099, 151936)[k % 3]
+        prob = make_problem(n_list, V, torch.float32, seed=300 + k, agree=0.8, noise=0.3)
+        prob["target_logits"] += shift
+        prob["draft_logits"] += shift
+        extra = params(len(n_list), "mixed" if k % 2 else "temp")
+        lp = shift == 0.0
+        ref = run("reference", mode, prob, extra, logprobs=lp)
+        fast = run("cuda", mode, prob, extra, logprobs=lp)
+        ov._EXACT_COINS_FOR_TESTING = True
+        try:
+            exact = run("cuda", mode, prob, extra, logprobs=lp)
+        finally:
+            ov._EXACT_COINS_FOR_TESTING = False
+        assert_same(ref, exact, lp_tol=1e-3)
+        assert_same(ref, fast, lp_tol=1e-3)
+
+
+@gpu
+@pytest.mark.gpu
 def test_gpu_batch_over_1024():
     n_list = [(i * 7) % 6 for i in range(1500)]
     prob = make_problem(n_list, 1000, torch.bfloat16, seed=91)

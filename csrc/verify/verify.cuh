@@ -31,8 +31,11 @@
 
 namespace tokenspeed_kernel::verify {
 
-enum : uint32_t { kPadded = 1, kNgram = 2, kLogprobs = 4 };
-enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8 };
+// kExactCoins (testing): every coin that needs the mass sums is decided by the exact path.
+enum : uint32_t { kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8 };
+// kUnsure: the approximate sums could not decide the coin (the resolve kernel does, exactly).
+// kExactS: S_t / S_q are the exact fixed-point sums (else approximations, see verify_pos_kernel).
+enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8, kUnsure = 16, kExactS = 32 };
 
 constexpr int kThreads = 256;
 constexpr int kMaxCluster = 8;
@@ -42,7 +45,9 @@ constexpr float kLn2Pow38 = 26.33959286127792f;
 
 // Per target row (position) statistics written by pass kernel, read by the final kernel.
 struct PosStats {
-  int64_t S_t, S_q;       // fixed-point mass sums of the kept sets (target, draft)
+  int64_t S_t, S_q;       // fixed-point mass sums of the kept sets (target, draft); exact iff
+                          // status & kExactS, else within the coin's error bound
+  int64_t e_p, e_q;       // exact masses of the draft token (target, draft)
   int64_t thr_t, thr_q;   // top-k / top-p kept-set thresholds (key56; 0 = none)
   float m_t, m_q;         // processed row max
   float lse_t;            // raw log-sum-exp of the target row (logprobs only)
@@ -406,14 +411,167 @@ struct Slot2 {
 };
 
 // ------------------------------------------------------------------------------------------
+// approximate mass sums (one pass, online) and their error bound
+// ------------------------------------------------------------------------------------------
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// Per-thread online state of one row: raw max (lowest id), and s = sum 2^((z - ref) c) with
+// ref = the running max (0 before the first finite max; only -inf / NaN were summed then).
+// NaN anywhere makes s NaN (ex2(NaN) = NaN, sticky through sums and rescales).
+struct Online {
+  float mx;
+  int32_t arg;
+  float ref;
+  float s;   // processed: c = inv_t * log2(e)
+  float sr;  // raw (logprobs): c = log2(e)
+};
+__device__ __forceinline__ void online_init(Online& o) {
+  o.mx = -INFINITY;
+  o.arg = INT32_MAX;
+  o.ref = 0.0f;
+  o.s = 0.0f;
+  o.sr = 0.0f;
+}
+// U x K elements, element (u, k) has id idx + u * step + k (ids increase with (u, k)).
+template <int U, int K, bool LP>
+__device__ __forceinline__ void online_block(Online& o, const float (&v)[U][K], int64_t idx,
+                                             int64_t step, float c) {
+  float vm = v[0][0];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int k = 0; k < K; ++k) vm = fmaxf(vm, v[u][k]);   // NaN-ignoring
+  if (vm > o.mx) {
+    int64_t id = 0;
+#pragma unroll
+    for (int u = U - 1; u >= 0; --u)
+#pragma unroll
+      for (int k = K - 1; k >= 0; --k)
+        if (v[u][k] == vm) id = idx + u * step + k;   // lowest id of the new max
+    if (o.mx > -INFINITY) {
+      o.s *= ex2_approx((o.mx - vm) * c);
+      if (LP) o.sr *= ex2_approx((o.mx - vm) * kLog2e);
+    }
+    o.mx = vm;
+    o.arg = int32_t(id);
+    o.ref = vm;
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const float d = v[u][k] - o.ref;
+      o.s += ex2_approx(d * c);
+      if (LP) o.sr += ex2_approx(d * kLog2e);
+    }
+}
+template <typename T, int VEC, bool LP>
+__device__ __forceinline__ void online_chunk(const T* row, int64_t start, int64_t end, float c,
+                                             Online& o) {
+  constexpr int U = 4;
+  const int64_t step = int64_t(kThreads) * VEC;
+  int64_t idx = start + int64_t(threadIdx.x) * VEC;
+  for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
+    float v[U][VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u) load_vec<T, VEC>(row + idx + u * step, v[u]);
+    online_block<U, VEC, LP>(o, v, idx, step, c);
+  }
+  for (; idx < end; idx += step) {
+    if (idx + VEC <= end) {
+      float v[1][VEC];
+      load_vec<T, VEC>(row + idx, v[0]);
+      online_block<1, VEC, LP>(o, v, idx, step, c);
+    } else {
+      for (int k = 0; idx + k < end; ++k) {
+        const float v[1][1] = {{to_f<T>(row[idx + k])}};
+        online_block<1, 1, LP>(o, v, idx + k, step, c);
+      }
+    }
+  }
+}
+// Rescale a partial sum from reference `from` to the (larger or equal) reference `to`.
+__device__ __forceinline__ float online_rescale(float s, float from_mx, float to, float c) {
+  return from_mx > -INFINITY ? s * ex2_approx((from_mx - to) * c) : s;
+}
+__device__ __forceinline__ void block_sum_f2(float& a, float& b, BlockScratch& s) {
+  a = warp_sum_f(a);
+  b = warp_sum_f(b);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) { s.f[w] = a; s.l[w] = __float_as_int(b); }
+  __syncthreads();
+  a = 0.0f;
+  b = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kThreads / 32; ++k) { a += s.f[k]; b += __int_as_float(int(s.l[k])); }
+}
+
+// Relative error bound of the approximate sum: |S~ - S| <= delta * S, where S is the exact
+// fixed-point sum (a row without min-p / top-k / top-p, so every element is kept) and
+// S~ = s * 2^38 (s: the online sum above, normalized to the row's raw max). Terms (u = 2^-24,
+// y = processed logit - m, every term counted relative to S >= 2^38, the max's own term):
+//  * soft_exp_neg vs e^y: <= 2^-23.2 relative (checked for every float32 y in [-27, -2^-24],
+//    tools/check_verify_margin.py);
+//  * y vs the real (z - zmax) * inv_t: |error| <= (2|m| + 2|y|) u, y >= -26.5 for kept terms;
+//  * the online arguments (z - ref) * c and the rescales (ref - ref') * c: relative 3u each,
+//    and the arguments of one term are all <= 0 and add up to (z - zmax) c, so <= 3u * 38.3 * 2
+//    in log2 units in all, i.e. <= 85u relative;
+//  * ex2.approx.ftz: <= 2^-21 relative per call (measured 2^-22.x on an H100 / H200 by
+//    tools/check_verify_margin.py; budgeted 2^-20), one per term plus one per rescale on its
+//    path: <= nt + 3 calls, nt = elements per thread;
+//  * float32 sums and products of positive terms: <= (2 nt + 30) u;
+//  * truncation to 2^-38 and terms below the mass cut (y < -26.5, e^y < 3.2e-12): V * 1e-11.
+// The bound used is twice the sum of these.
+__device__ __forceinline__ double coin_margin(float m, int64_t chunk, int V) {
+  const double u = 5.9604644775390625e-08;
+  const double nt = double(chunk) / kThreads + 16.0;
+  const double d = 1.1920928955078125e-07 + (2.0 * fabs(double(m)) + 54.0) * 1.01 * u + 85.0 * u +
+                   (nt + 3.0) * 9.5367431640625e-07 + (2.0 * nt + 30.0) * u + double(V) * 1e-11;
+  return 2.0 * d;
+}
+
+// What each CTA publishes to its cluster (fast path)
+struct SlotOn {
+  float mx[2];
+  int32_t arg[2];
+  float s[2];
+  float sr;
+};
+
+// Exact accept test: u < p(x) / q(x)  <=>  U e_q S_p < 2^24 e_p S_q (128-bit).
+__device__ __forceinline__ bool coin_exact(uint64_t U, int64_t ep, int64_t eq, int64_t St,
+                                           int64_t Sq) {
+  const u128 lhs = u128(U * uint64_t(eq)) * u128(uint64_t(St));
+  const u128 rhs = u128(uint64_t(ep) << 24) * u128(uint64_t(Sq));
+  return lhs < rhs;
+}
+__device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) {
+  const uint32_t bits = philox_word(uint64_t(p.seed[i]), uint64_t(p.offset[i]), uint32_t(j),
+                                    kStreamAccept);
+  return (uint64_t(bits >> 9) << 1) | 1u;
+}
+
+// ------------------------------------------------------------------------------------------
 // kernel 1: per-position statistics and accept coins
 // ------------------------------------------------------------------------------------------
+// Rows without min-p / top-k / top-p (and greedy rows) take the fast path: one pass over the
+// target and draft chunk (raw max, lowest id of the max, NaN, approximate sums with
+// ex2.approx), then the coin is decided from the approximate sums when the error bound
+// (coin_margin) leaves no doubt; otherwise it is marked kUnsure and verify_resolve_kernel decides
+// it with the exact sums. Either way the decision is the exact one. Rows with filters take the
+// exact path (two passes: max, then the exact fixed-point sums).
 template <typename T, int VEC, bool CLUSTER>
 __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams p) {
   using G = Grp<CLUSTER>;
   __shared__ BlockScratch scratch;
   __shared__ Slot1 slot1;
   __shared__ Slot2 slot2;
+  __shared__ SlotOn slot_on;
   const unsigned cs = G::size();
   const unsigned rank = G::rank();
   const int64_t row = int64_t(blockIdx.x / cs);
@@ -441,90 +599,151 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
   const int64_t thr_q = (p.thr && has_d) ? p.thr[p.R_t + ds] : 0;
   const int64_t start = int64_t(rank) * p.chunk;
   const int64_t end = start + p.chunk < p.V ? start + p.chunk : int64_t(p.V);
+  // fast path: every element is kept (no min-p / top-k / top-p) or greedy (S = 2^38)
+  const bool fast = rp.greedy || (!rp.mp_on && thr_t == 0 && thr_q == 0);
 
-  // ---- pass 1: raw max, lowest id of the max, NaN ----
-  MaxArg a[2] = {{-INFINITY, INT32_MAX}, {-INFINITY, INT32_MAX}};
-  bool nan[2] = {false, false};
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (r == 1 && !has_d) break;
-    MaxArg acc{-INFINITY, INT32_MAX};
-    bool isnan_ = false;
-    for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t id, float z) {
-      if (z != z) isnan_ = true;
-      else if (z > acc.v) { acc.v = z; acc.id = int32_t(id); }
-    });
-    a[r] = block_max_arg(acc, scratch);
-    nan[r] = block_any(isnan_, scratch);
-  }
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) { slot1.zmax[r] = a[r].v; slot1.arg[r] = a[r].id; slot1.nan[r] = nan[r]; }
-  }
-  G::sync();
   MaxArg g[2] = {{-INFINITY, INT32_MAX}, {-INFINITY, INT32_MAX}};
   bool gnan[2] = {false, false};
-  for (unsigned q = 0; q < cs; ++q) {
-    const Slot1* s = G::map(&slot1, q);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      g[r] = max_arg(g[r], MaxArg{s->zmax[r], s->arg[r]});
-      gnan[r] = gnan[r] || s->nan[r];
-    }
-  }
   float m[2];
   bool bad[2];
+  long long S[2] = {0, 0};          // exact path
+  double St_a = 0.0, Sq_a = 0.0;    // fast path: approximate S (units of 1, i.e. S / 2^38)
+  float set = 0.0f;                 // raw sum-exp relative to the raw max (logprobs)
+  if (fast) {
+    const float c = rp.inv_t * kLog2e;
+    Online o[2];
+    online_init(o[0]);
+    online_init(o[1]);
+    if (logprobs) online_chunk<T, VEC, true>(trow, start, end, c, o[0]);
+    else online_chunk<T, VEC, false>(trow, start, end, c, o[0]);
+    if (has_d) online_chunk<T, VEC, false>(drow, start, end, c, o[1]);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    m[r] = fmul(g[r].v, rp.inv_t);   // max of fl(z * invT) == fl(max z * invT): monotone
-    bad[r] = gnan[r] || m[r] == INFINITY || m[r] == -INFINITY;
-  }
-
-  // ---- pass 2 (L2): fixed-point mass of the kept set, raw sum-exp for logprobs ----
-  long long S[2] = {0, 0};
-  float se[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (r == 1 && !has_d) break;
-    if (bad[r]) continue;
-    if (rp.greedy && !logprobs) continue;  // S = 2^38 exactly (only the argmax is kept)
-    long long s_acc = 0;
-    float e_acc = 0.0f;
-    const float mr = m[r], zm = g[r].v;
-    const int32_t arg = g[r].id;
-    const int64_t th = r ? thr_q : thr_t;
-    for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t id, float z) {
-      const float x = fmul(z, rp.inv_t);
-      const float y = fsub(x, mr);
-      if (y >= kMassCut && kept_at(rp, id, arg, x, y, th)) s_acc += mass_fixed(y);
-      if (logprobs) e_acc += __expf(z - zm);
-    });
-    block_sum2(s_acc, e_acc, scratch);
-    S[r] = s_acc;
-    se[r] = e_acc;
-  }
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) { slot2.S[r] = S[r]; slot2.se[r] = se[r]; }
-  }
-  G::sync();
-  if (rank == 0 && threadIdx.x == 0) {
-    long long St = 0, Sq = 0;
-    float set = 0.0f;
-    for (unsigned q = 0; q < cs; ++q) {
-      const Slot2* s = G::map(&slot2, q);
-      St += s->S[0];
-      Sq += s->S[1];
-      set += s->se[0];
+    for (int r = 0; r < 2; ++r) {
+      if (r == 1 && !has_d) break;
+      const MaxArg b = block_max_arg(MaxArg{o[r].mx, o[r].arg}, scratch);
+      float s = online_rescale(o[r].s, o[r].mx, b.v, c);
+      float sr = r == 0 && logprobs ? online_rescale(o[r].sr, o[r].mx, b.v, kLog2e) : 0.0f;
+      block_sum_f2(s, sr, scratch);
+      if (threadIdx.x == 0) {
+        slot_on.mx[r] = b.v;
+        slot_on.arg[r] = b.id;
+        slot_on.s[r] = s;
+        if (r == 0) slot_on.sr = sr;
+      }
     }
+    G::sync();
+    if (rank == 0 && threadIdx.x == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (r == 1 && !has_d) break;
+        for (unsigned q = 0; q < cs; ++q) {
+          const SlotOn* sl = G::map(&slot_on, q);
+          g[r] = max_arg(g[r], MaxArg{sl->mx[r], sl->arg[r]});
+        }
+        double acc = 0.0, accr = 0.0;
+        for (unsigned q = 0; q < cs; ++q) {
+          const SlotOn* sl = G::map(&slot_on, q);
+          acc += double(online_rescale(sl->s[r], sl->mx[r], g[r].v, c));
+          if (r == 0 && logprobs) accr += double(online_rescale(sl->sr, sl->mx[r], g[r].v, kLog2e));
+        }
+        gnan[r] = acc != acc;   // NaN in the row (or +inf: then m is +inf and the row is bad too)
+        if (r == 0) { St_a = acc; set = float(accr); }
+        else Sq_a = acc;
+      }
+    }
+  } else {
+    // ---- exact path, pass 1: raw max, lowest id of the max, NaN ----
+    MaxArg a[2] = {{-INFINITY, INT32_MAX}, {-INFINITY, INT32_MAX}};
+    bool nan[2] = {false, false};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (r == 1 && !has_d) break;
+      MaxArg acc{-INFINITY, INT32_MAX};
+      bool isnan_ = false;
+      for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t id, float z) {
+        if (z != z) isnan_ = true;
+        else if (z > acc.v) { acc.v = z; acc.id = int32_t(id); }
+      });
+      a[r] = block_max_arg(acc, scratch);
+      nan[r] = block_any(isnan_, scratch);
+    }
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) { slot1.zmax[r] = a[r].v; slot1.arg[r] = a[r].id; slot1.nan[r] = nan[r]; }
+    }
+    G::sync();
+    for (unsigned q = 0; q < cs; ++q) {
+      const Slot1* s = G::map(&slot1, q);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        g[r] = max_arg(g[r], MaxArg{s->zmax[r], s->arg[r]});
+        gnan[r] = gnan[r] || s->nan[r];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[r] = fmul(g[r].v, rp.inv_t);
+      bad[r] = gnan[r] || m[r] == INFINITY || m[r] == -INFINITY;
+    }
+    // ---- exact path, pass 2 (L2): fixed-point mass of the kept set, raw sum-exp ----
+    float se[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (r == 1 && !has_d) break;
+      if (bad[r]) continue;
+      long long s_acc = 0;
+      float e_acc = 0.0f;
+      const float mr = m[r], zm = g[r].v;
+      const int32_t arg = g[r].id;
+      const int64_t th = r ? thr_q : thr_t;
+      for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t id, float z) {
+        const float x = fmul(z, rp.inv_t);
+        const float y = fsub(x, mr);
+        if (y >= kMassCut && kept_at(rp, id, arg, x, y, th)) s_acc += mass_fixed(y);
+        if (logprobs) e_acc += __expf(z - zm);
+      });
+      block_sum2(s_acc, e_acc, scratch);
+      S[r] = s_acc;
+      se[r] = e_acc;
+    }
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) { slot2.S[r] = S[r]; slot2.se[r] = se[r]; }
+    }
+    G::sync();
+    if (rank == 0 && threadIdx.x == 0) {
+      S[0] = S[1] = 0;
+      for (unsigned q = 0; q < cs; ++q) {
+        const Slot2* s = G::map(&slot2, q);
+        S[0] += s->S[0];
+        S[1] += s->S[1];
+        set += s->se[0];
+      }
+    }
+  }
+  if (rank == 0 && threadIdx.x == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[r] = fmul(g[r].v, rp.inv_t);   // max of fl(z * invT) == fl(max z * invT): monotone
+      bad[r] = gnan[r] || m[r] == INFINITY || m[r] == -INFINITY;
+    }
+    const bool exactS = !fast || rp.greedy;
+    int64_t St, Sq;
     if (rp.greedy) {
-      St = 1ll << kMassFracBits;
-      Sq = 1ll << kMassFracBits;
+      St = Sq = 1ll << kMassFracBits;
+    } else if (fast) {
+      St = (long long)(St_a * 274877906944.0);
+      Sq = (long long)(Sq_a * 274877906944.0);
+    } else {
+      St = S[0];
+      Sq = S[1];
     }
     if (p.flags & kNgram) Sq = 1;
     PosStats st;
     st.S_t = St;
     st.S_q = Sq;
+    st.e_p = 0;
+    st.e_q = 0;
     st.thr_t = thr_t;
     st.thr_q = thr_q;
     st.m_t = m[0];
@@ -534,7 +753,8 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
     st.lse_t = g[0].v + logf(set);
     st.lp_x = 0.0f;
     st.plp_x = 0.0f;
-    uint32_t status = kActive | (bad[0] ? kBadT : 0u) | (has_d && bad[1] ? kBadQ : 0u);
+    uint32_t status = kActive | (bad[0] ? kBadT : 0u) | (has_d && bad[1] ? kBadQ : 0u) |
+                      (exactS ? kExactS : 0u);
     if (j < n && !bad[0] && !(has_d && bad[1])) {
       const int64_t x = p.ids[ds];
       int64_t ep = 0, eq = (p.flags & kNgram) ? 1 : 0;
@@ -554,19 +774,116 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
           st.plp_x = rp.greedy ? 0.0f : yt - (logf(float(St)) - kLn2Pow38);
         }
       } else {
-        eq = 0;  // never accepted
+        eq = 0;  // never accepted (ep = 0)
       }
-      const uint32_t bits = philox_word(uint64_t(p.seed[i]), uint64_t(p.offset[i]), uint32_t(j),
-                                        kStreamAccept);
-      const uint64_t U = (uint64_t(bits >> 9) << 1) | 1u;
-      const u128 lhs = u128(U * uint64_t(eq)) * u128(uint64_t(St));
-      const u128 rhs = u128(uint64_t(ep) << 24) * u128(uint64_t(Sq));
-      if (lhs < rhs) status |= kAccept;
+      st.e_p = ep;
+      st.e_q = eq;
+      const uint64_t U = coin_U(p, i, j);
+      if (ep == 0) {
+        // p(x) = 0: never accepted (exact without the sums)
+      } else if (eq == 0) {
+        status |= kAccept;  // q(x) = 0 < p(x): always accepted
+      } else if (exactS) {
+        if (coin_exact(U, ep, eq, St, Sq)) status |= kAccept;
+      } else if (p.flags & kExactCoins) {
+        status |= kUnsure;
+      } else {
+        // S_t in [St_a / (1 + dt), St_a / (1 - dt)] * 2^38, same for S_q (ngram: S_q = 1 exactly)
+        const bool ng = p.flags & kNgram;
+        const double dt = coin_margin(m[0], p.chunk, p.V);
+        const double dq = ng ? 0.0 : coin_margin(m[1], p.chunk, p.V);
+        const double sq = ng ? 1.0 / 274877906944.0 : Sq_a;
+        const double L = double(U) * double(eq) * St_a;
+        const double R = 16777216.0 * double(ep) * sq;
+        const double slack = 1e-12;   // double rounding of the products
+        if (dt < 0.5 && dq < 0.5 &&
+            L / (1.0 - dt) * (1.0 + slack) < R / (1.0 + dq) * (1.0 - slack)) {
+          status |= kAccept;
+        } else if (dt < 0.5 && dq < 0.5 &&
+                   L / (1.0 + dt) * (1.0 - slack) > R / (1.0 - dq) * (1.0 + slack)) {
+          // rejected
+        } else {
+          status |= kUnsure;
+        }
+      }
     }
     st.status = status;
     p.pos[row] = st;
   }
   G::sync();  // keep this CTA's shared memory alive until every peer has read it
+}
+
+// ------------------------------------------------------------------------------------------
+// kernel 1b: exact sums where they decide something
+// ------------------------------------------------------------------------------------------
+// One cluster per request. Walks the positions like the final kernel: the first position
+// without the accept bit is where the request's last token comes from; if its sums are only
+// approximate, computes them exactly (the final kernel's residual needs them) and, if its coin
+// was kUnsure, decides it exactly; an accepted coin moves the walk on to the next position.
+template <typename T, int VEC, bool CLUSTER>
+__global__ void __launch_bounds__(kThreads) verify_resolve_kernel(const VerifyParams p) {
+  using G = Grp<CLUSTER>;
+  __shared__ BlockScratch scratch;
+  __shared__ Slot2 slot2[2];
+  const unsigned cs = G::size();
+  const unsigned rank = G::rank();
+  const int i = int(blockIdx.x / cs);
+  if (i >= p.bs) return;  // uniform over the cluster
+  const int n = int(p.cu[i + 1] - p.cu[i]);
+  const RowParams rp = row_params(p, i);
+  const bool ngram = p.flags & kNgram;
+  const int64_t start = int64_t(rank) * p.chunk;
+  const int64_t end = start + p.chunk < p.V ? start + p.chunk : int64_t(p.V);
+  int j0 = 0, it = 0;
+  while (true) {
+    int f = n;
+    for (int j = j0; j < n; ++j) {
+      if (!(p.pos[target_row(p, i, j)].status & kAccept)) { f = j; break; }
+    }
+    if (f == n) break;  // bonus position: no sums needed
+    const int64_t row = target_row(p, i, f);
+    const PosStats ps = p.pos[row];
+    if (ps.status & (kBadT | kBadQ | kExactS)) break;  // nothing to compute (fast rows only here)
+    const int64_t ds = draft_slot(p, i, f);
+    const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
+    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + ds * p.stride_d;
+    long long S[2] = {0, 0};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (r == 1 && ngram) break;
+      long long s_acc = 0;
+      const float mr = r ? ps.m_q : ps.m_t;
+      for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t, float z) {
+        // fast rows keep every element: S = sum of the fixed-point masses
+        const float y = fsub(fmul(z, rp.inv_t), mr);
+        if (y >= kMassCut) s_acc += mass_fixed(y);
+      });
+      float dummy = 0.0f;
+      block_sum2(s_acc, dummy, scratch);
+      S[r] = s_acc;
+    }
+    Slot2& sl = slot2[it & 1];   // alternate slots: a fast CTA cannot overwrite unread values
+    if (threadIdx.x == 0) { sl.S[0] = S[0]; sl.S[1] = S[1]; }
+    G::sync();
+    long long St = 0, Sq = 0;
+    for (unsigned q = 0; q < cs; ++q) {
+      const Slot2* s = G::map(&sl, q);
+      St += s->S[0];
+      Sq += s->S[1];
+    }
+    if (ngram) Sq = 1;
+    bool acc = false;
+    if (ps.status & kUnsure) acc = coin_exact(coin_U(p, i, f), ps.e_p, ps.e_q, St, Sq);
+    if (rank == 0 && threadIdx.x == 0) {
+      p.pos[row].S_t = St;
+      p.pos[row].S_q = Sq;
+      p.pos[row].status = (ps.status & ~kUnsure) | kExactS | (acc ? kAccept : 0u);
+    }
+    ++it;
+    if (!acc) break;
+    j0 = f + 1;
+  }
+  G::sync();  // keep shared memory alive until every peer has read it
 }
 
 // ------------------------------------------------------------------------------------------
@@ -783,6 +1100,8 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
       const float x = fmul(z, rp.inv_t);
       const float y = fsub(x, st.m_t);
       if (y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t)) {
+        // G <= 16.65 for every word: a bound before generating the noise
+        if (!may_win(fadd(x, 16.65f))) return;
         const uint32_t w = word(id, kStreamSample);
         // fadd is monotone and G <= gumbel_ub: the score is <= fadd(x, gumbel_ub(w))
         if (!may_win(fadd(x, gumbel_ub(w)))) return;
@@ -800,10 +1119,14 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
   } else {
     // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
     const u128 Sq = u128(uint64_t(st.S_q)), Sp = u128(uint64_t(st.S_t));
+    const float bl_sq = float(39 + (64 - __clzll((long long)st.S_q))) + 0.01f;
     auto visit = [&](int64_t id, float z, float zq) {
       const float xt = fmul(z, rp.inv_t);
       const float yt = fsub(xt, st.m_t);
       if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return;
+      // before the mass and the noise: ep <= 2^(38 + yt log2 e) (1 + 2^-23), so
+      // bitlen(A) <= 39 + bitlen(S_q) + yt log2 e + 1e-6, and ln_ub(A) + G <= that * 0.6932 + 16.65
+      if (!may_win(fadd(fmul(fadd(fmul(yt, kLog2e), bl_sq), 0.6932f), 16.65f))) return;
       const int64_t ep = mass_fixed(yt);
       if (ep == 0) return;
       const u128 A = u128(uint64_t(ep)) * Sq;
@@ -996,6 +1319,17 @@ inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int split
     } else {
       e = cl ? launch_maybe_cluster(verify_pos_kernel<T, 1, true>, true, cs, blocks, stream, p)
              : launch_maybe_cluster(verify_pos_kernel<T, 1, false>, false, 1, blocks, stream, p);
+    }
+    if (e != cudaSuccess) return e;
+  }
+  {
+    const int64_t blocks = int64_t(p.bs) * cs;
+    if (vec_ok) {
+      e = cl ? launch_maybe_cluster(verify_resolve_kernel<T, VEC, true>, true, cs, blocks, stream, p)
+             : launch_maybe_cluster(verify_resolve_kernel<T, VEC, false>, false, 1, blocks, stream, p);
+    } else {
+      e = cl ? launch_maybe_cluster(verify_resolve_kernel<T, 1, true>, true, cs, blocks, stream, p)
+             : launch_maybe_cluster(verify_resolve_kernel<T, 1, false>, false, 1, blocks, stream, p);
     }
     if (e != cudaSuccess) return e;
   }

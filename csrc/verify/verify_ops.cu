@@ -153,7 +153,7 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.V = int32_t(V);
   p.bs = int32_t(bs);
   p.max_n = int32_t(max_num_draft);
-  p.flags = uint32_t(flags) & (kPadded | kNgram);
+  p.flags = uint32_t(flags) & (kPadded | kNgram | kExactCoins);
   if (logprobs.has_value()) p.flags |= kLogprobs;
   p.ids = draft_token_ids.data_ptr<int64_t>();
   p.cu = cu_num_draft.data_ptr<int64_t>();
