@@ -521,17 +521,20 @@ __device__ __forceinline__ void block_sum_f2(float& a, float& b, BlockScratch& s
 //  * the online arguments (z - ref) * c and the rescales (ref - ref') * c: relative 3u each,
 //    and the arguments of one term are all <= 0 and add up to (z - zmax) c, so <= 3u * 38.3 * 2
 //    in log2 units in all, i.e. <= 85u relative;
-//  * ex2.approx.ftz: <= 2^-21 relative per call (measured 2^-22.x on an H100 / H200 by
-//    tools/check_verify_margin.py; budgeted 2^-20), one per term plus one per rescale on its
-//    path: <= nt + 3 calls, nt = elements per thread;
+//  * ex2.approx.ftz: 2^-22.73 relative at most (measured for every float32 x in [-126, 0] on an
+//    H200 by tools/check_verify_margin.py; budgeted 2^-20), one per term plus one per rescale on
+//    its path: a thread rescales at most once per online block of >= 4 elements (plus the
+//    tail's single elements), then once in the block and once in the cluster combine:
+//    <= nb + 3 calls, nb = nt / 4 + 16, nt = elements per thread;
 //  * float32 sums and products of positive terms: <= (2 nt + 30) u;
 //  * truncation to 2^-38 and terms below the mass cut (y < -26.5, e^y < 3.2e-12): V * 1e-11.
 // The bound used is twice the sum of these.
 __device__ __forceinline__ double coin_margin(float m, int64_t chunk, int V) {
   const double u = 5.9604644775390625e-08;
-  const double nt = double(chunk) / kThreads + 16.0;
+  const double nt = double(chunk) / kThreads + 16.0;   // elements per thread, at most
+  const double nb = nt / 4.0 + 16.0;                     // online blocks (rescales), at most
   const double d = 1.1920928955078125e-07 + (2.0 * fabs(double(m)) + 54.0) * 1.01 * u + 85.0 * u +
-                   (nt + 3.0) * 9.5367431640625e-07 + (2.0 * nt + 30.0) * u + double(V) * 1e-11;
+                   (nb + 3.0) * 9.5367431640625e-07 + (2.0 * nt + 30.0) * u + double(V) * 1e-11;
   return 2.0 * d;
 }
 
@@ -721,6 +724,8 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
       }
     }
   }
+  // every peer's shared memory has been read: only rank 0's thread 0 goes on
+  G::sync();
   if (rank == 0 && threadIdx.x == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -810,7 +815,6 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
     st.status = status;
     p.pos[row] = st;
   }
-  G::sync();  // keep this CTA's shared memory alive until every peer has read it
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1294,13 +1298,18 @@ inline cudaError_t launch_maybe_cluster(Kernel kernel, bool cluster, unsigned cs
 // kernel, which therefore always runs with at least bs row blocks);
 // vec_ok: rows 16-byte aligned.
 template <typename T>
-inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int splits, FinalWs ws,
-                                               bool vec_ok, cudaStream_t stream) {
+inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int cs_pos, int splits,
+                                               FinalWs ws, bool vec_ok, cudaStream_t stream) {
   constexpr int VEC = 16 / sizeof(T);
   if (p.bs == 0) return cudaSuccess;
-  const int64_t per = (int64_t(p.V) + cs - 1) / cs;
-  p.chunk = int32_t((per + 7) / 8 * 8);
-  const bool cl = cs > 1;
+  auto chunk_of = [&](int c) {
+    const int64_t per = (int64_t(p.V) + c - 1) / c;
+    return int32_t((per + 7) / 8 * 8);
+  };
+  p.chunk = chunk_of(cs);   // resolve kernel: cs CTAs per request
+  VerifyParams pp = p;      // pos kernel: cs_pos CTAs per row
+  pp.chunk = chunk_of(cs_pos);
+  const bool cl = cs > 1, clp = cs_pos > 1;
   p.cand = ws.cand;
   p.count = ws.count;
   cudaError_t e;
@@ -1312,13 +1321,13 @@ inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int split
     if (e != cudaSuccess) return e;
   }
   {
-    const int64_t blocks = (p.R_t > p.bs ? p.R_t : int64_t(p.bs)) * cs;
+    const int64_t blocks = (p.R_t > p.bs ? p.R_t : int64_t(p.bs)) * cs_pos;
     if (vec_ok) {
-      e = cl ? launch_maybe_cluster(verify_pos_kernel<T, VEC, true>, true, cs, blocks, stream, p)
-             : launch_maybe_cluster(verify_pos_kernel<T, VEC, false>, false, 1, blocks, stream, p);
+      e = clp ? launch_maybe_cluster(verify_pos_kernel<T, VEC, true>, true, cs_pos, blocks, stream, pp)
+              : launch_maybe_cluster(verify_pos_kernel<T, VEC, false>, false, 1, blocks, stream, pp);
     } else {
-      e = cl ? launch_maybe_cluster(verify_pos_kernel<T, 1, true>, true, cs, blocks, stream, p)
-             : launch_maybe_cluster(verify_pos_kernel<T, 1, false>, false, 1, blocks, stream, p);
+      e = clp ? launch_maybe_cluster(verify_pos_kernel<T, 1, true>, true, cs_pos, blocks, stream, pp)
+              : launch_maybe_cluster(verify_pos_kernel<T, 1, false>, false, 1, blocks, stream, pp);
     }
     if (e != cudaSuccess) return e;
   }

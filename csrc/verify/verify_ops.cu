@@ -64,6 +64,17 @@ int cluster_size(const at::Tensor& logits, int64_t V) {
 }
 
 // CTAs per request of the final kernel: fill ~4 waves of the GPU, chunks of >= 2048 elements.
+// CTAs per row of the statistics kernel: clusters only where there are too few rows to fill
+// the GPU (fewer CTAs per row = fewer cluster syncs and serial tails per byte).
+int pos_cluster_size(const at::Tensor& logits, int64_t V, int64_t rows) {
+  const int cs_max = cluster_size(logits, V);
+  const auto* prop = at::cuda::getDeviceProperties(logits.get_device());
+  const int64_t want = 6 * int64_t(prop->multiProcessorCount);
+  int c = 1;
+  while (c < cs_max && rows * c < want) c *= 2;
+  return c;
+}
+
 int final_splits(const at::Tensor& logits, int64_t bs, int64_t V) {
   const auto* prop = at::cuda::getDeviceProperties(logits.get_device());
   int64_t want = (4 * int64_t(prop->multiProcessorCount) + bs - 1) / bs;
@@ -174,6 +185,7 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.out64 = tokens.scalar_type() == at::kLong;
   const bool vec_ok = rows_aligned(tgt) && (!draft_logits.has_value() || rows_aligned(*draft_logits));
   const int cs = cluster_size(tgt, V);
+  const int cs_pos = pos_cluster_size(tgt, V, std::max<int64_t>(R_t, bs));
   const int splits = final_splits(tgt, bs, V);
   at::Tensor fws = at::empty({bs * 12}, tgt.options().dtype(at::kByte));   // 8 B key + 4 B count
   FinalWs fw{};
@@ -182,12 +194,12 @@ void verify_probabilistic(const at::Tensor& target_logits,
   cudaError_t err;
   switch (dtype) {
     case at::kFloat:
-      err = launch_verify_probabilistic<float>(p, cs, splits, fw, vec_ok, stream);
+      err = launch_verify_probabilistic<float>(p, cs, cs_pos, splits, fw, vec_ok, stream);
       break;
     case at::kBFloat16:
-      err = launch_verify_probabilistic<__nv_bfloat16>(p, cs, splits, fw, vec_ok, stream);
+      err = launch_verify_probabilistic<__nv_bfloat16>(p, cs, cs_pos, splits, fw, vec_ok, stream);
       break;
-    default: err = launch_verify_probabilistic<__half>(p, cs, splits, fw, vec_ok, stream); break;
+    default: err = launch_verify_probabilistic<__half>(p, cs, cs_pos, splits, fw, vec_ok, stream); break;
   }
   TORCH_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
               cudaGetErrorString(err));
