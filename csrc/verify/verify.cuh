@@ -1002,7 +1002,7 @@ struct FinalWs {
 };
 
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyParams p,
+__global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyParams p,
                                                                 const FinalWs ws) {
   __shared__ BlockScratch scratch;
   __shared__ int sh_f;
@@ -1124,27 +1124,35 @@ __global__ void __launch_bounds__(kThreads) verify_final_kernel(const VerifyPara
     // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
     const u128 Sq = u128(uint64_t(st.S_q)), Sp = u128(uint64_t(st.S_t));
     const float bl_sq = float(39 + (64 - __clzll((long long)st.S_q))) + 0.01f;
+    // ln S_q - ln S_t (float; ~1e-5 absolute error at most, covered by the 1e-4 margin below)
+    const float dS = fsub(logf(float(st.S_q)), logf(float(st.S_t)));
     auto visit = [&](int64_t id, float z, float zq) {
       const float xt = fmul(z, rp.inv_t);
       const float yt = fsub(xt, st.m_t);
       if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return;
-      // before the mass and the noise: ep <= 2^(38 + yt log2 e) (1 + 2^-23), so
-      // bitlen(A) <= 39 + bitlen(S_q) + yt log2 e + 1e-6, and ln_ub(A) + G <= that * 0.6932 + 16.65
-      if (!may_win(fadd(fmul(fadd(fmul(yt, kLog2e), bl_sq), 0.6932f), 16.65f))) return;
+      // Bounds before the mass and the noise. ep <= 2^(38 + yt log2 e) (1 + 2^-23)
+      // (soft_exp_neg's error), so bitlen(A) <= 39 + bitlen(S_q) + yt log2 e + 1e-6 and
+      // ln_ub(A) <= ubc (fmul / fadd are monotone; the 0.01 covers their rounding).
+      const float ubc = fmul(fadd(fmul(yt, kLog2e), bl_sq), 0.6932f);
+      if (!may_win(fadd(ubc, 16.65f))) return;   // G <= 16.65 for every word
+      bool kq = false;
+      float yq = 0.0f;
+      if (!ngram) {
+        const float xq = fmul(zq, rp.inv_t);
+        yq = fsub(xq, st.m_q);
+        kq = yq >= kMassCut && kept_at(rp, id, st.arg_q, xq, yq, st.thr_q);
+        // Not in the residual's support when p(id) <= q(id) by a clear margin: with
+        // yq >= -12, eq >= 2^38 e^yq (1 - 2^-23) - 1 >= 2^38 e^yq (1 - 1e-6), so
+        // yt + ln S_q - ln S_t < yq - 1e-4 implies ep S_q < eq S_t, i.e. N <= 0.
+        if (kq && yq >= -12.0f && fadd(yt, dS) < fsub(yq, 1e-4f)) return;
+      }
+      const uint32_t w = word(id, kStreamResample);
+      // 1 <= N <= A, so soft_ln(f32(N)) <= ln_ub(A) <= ubc; G <= gumbel_ub(w)
+      if (!may_win(fadd(ubc, gumbel_ub(w)))) return;
       const int64_t ep = mass_fixed(yt);
       if (ep == 0) return;
       const u128 A = u128(uint64_t(ep)) * Sq;
-      const uint32_t w = word(id, kStreamResample);
-      // 1 <= N <= A, so soft_ln(f32(N)) <= ln_ub(A); G <= gumbel_ub(w); fadd is monotone
-      if (!may_win(fadd(ln_ub(A), gumbel_ub(w)))) return;
-      int64_t eq;
-      if (ngram) {
-        eq = (id == xd) ? 1 : 0;
-      } else {
-        const float xq = fmul(zq, rp.inv_t);
-        const float yq = fsub(xq, st.m_q);
-        eq = (yq >= kMassCut && kept_at(rp, id, st.arg_q, xq, yq, st.thr_q)) ? mass_fixed(yq) : 0;
-      }
+      const int64_t eq = ngram ? ((id == xd) ? 1 : 0) : (kq ? mass_fixed(yq) : 0);
       const u128 B = u128(uint64_t(eq)) * Sp;
       if (A > B) {
         const float s = fadd(soft_ln(wide_to_f32(A - B)), gumbel_from_bits(w));
@@ -1307,11 +1315,11 @@ inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int cs_po
     return int32_t((per + 7) / 8 * 8);
   };
   p.chunk = chunk_of(cs);   // resolve kernel: cs CTAs per request
+  p.cand = ws.cand;
+  p.count = ws.count;
   VerifyParams pp = p;      // pos kernel: cs_pos CTAs per row
   pp.chunk = chunk_of(cs_pos);
   const bool cl = cs > 1, clp = cs_pos > 1;
-  p.cand = ws.cand;
-  p.count = ws.count;
   cudaError_t e;
   if (p.thr != nullptr && p.R_t + p.R_d > 0) {
     const unsigned blocks = unsigned(p.R_t + p.R_d);

@@ -69,7 +69,7 @@ int cluster_size(const at::Tensor& logits, int64_t V) {
 int pos_cluster_size(const at::Tensor& logits, int64_t V, int64_t rows) {
   const int cs_max = cluster_size(logits, V);
   const auto* prop = at::cuda::getDeviceProperties(logits.get_device());
-  const int64_t want = 6 * int64_t(prop->multiProcessorCount);
+  const int64_t want = 3 * int64_t(prop->multiProcessorCount);
   int c = 1;
   while (c < cs_max && rows * c < want) c *= 2;
   return c;
