@@ -82,40 +82,9 @@ __device__ __forceinline__ uint64_t key56(uint32_t k32, uint32_t id) {
 __device__ __forceinline__ uint32_t key56_id(uint64_t k) { return kIdMask - uint32_t(k & kIdMask); }
 __device__ __forceinline__ float key56_value(uint64_t k) { return key32_to_float(uint32_t(k >> 24)); }
 
-// trunc(soft_exp_neg(y) * 2^38), the definition (reference/prims.py mass_fixed)
-__device__ __forceinline__ int64_t mass_fixed_ref(float y) {
-  return (int64_t)fmul(soft_exp_neg(y), 274877906944.0f);
-}
-// The same value without conversion instructions (checked equal to mass_fixed_ref for every
-// float32 y >= -70 and for NaN / -inf by tools/check_mass_fixed.py):
-//  * floorf(t) for t in [-93, 0.5]: t + 1.5 * 2^23 rounded down is floor(t) + 1.5 * 2^23 exactly
-//    (ulp 1 there), and its bits minus those of 1.5 * 2^23 are the integer floor(t);
-//  * fmul(p, 2^k) and the * 2^38 are exact (power-of-two scalings of a normal p in [0.7, 1.42]
-//    to a normal result, k >= -93), so the value is M * 2^(e + k + 15) with M the 24-bit
-//    significand and e the unbiased exponent of p: a shift of M, truncating when negative.
+// trunc(soft_exp_neg(y) * 2^38)
 __device__ __forceinline__ int64_t mass_fixed(float y) {
-  if (!(y >= -64.0f)) return 0;
-  const float t = fadd(fmul(y, TS_F(0x3FB8AA3B)), 0.5f);
-  const float tk = __fadd_rd(t, 12582912.0f);
-  const float kf = fsub(tk, 12582912.0f);
-  const int k = __float_as_int(tk) - 0x4B400000;
-  const float hi = fsub(y, fmul(kf, TS_F(0x3F317200)));
-  const float lo = fmul(kf, TS_F(0x35BFBE8E));
-  const float r = fsub(hi, lo);
-  float p = TS_F(0x39500D01);
-  p = fadd(fmul(p, r), TS_F(0x3AB60B61));
-  p = fadd(fmul(p, r), TS_F(0x3C088889));
-  p = fadd(fmul(p, r), TS_F(0x3D2AAAAB));
-  p = fadd(fmul(p, r), TS_F(0x3E2AAAAB));
-  p = fadd(fmul(p, r), 0.5f);
-  p = fadd(fmul(p, r), 1.0f);
-  p = fadd(fmul(p, r), 1.0f);
-  const uint32_t b = uint32_t(__float_as_int(p));
-  const uint64_t M = uint64_t((b & 0x7FFFFFu) | 0x800000u);
-  const int sh = int(b >> 23) - 127 + k + 15;
-  if (sh >= 0) return int64_t(M << sh);
-  if (sh < -24) return 0;
-  return int64_t(M >> (-sh));
+  return (int64_t)fmul(soft_exp_neg(y), 274877906944.0f);
 }
 // P' = max(1, trunc(double(p) * double(S)))
 __device__ __forceinline__ int64_t top_p_limit(float p, int64_t s) {

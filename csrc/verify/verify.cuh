@@ -994,6 +994,46 @@ __device__ __forceinline__ int64_t unpack_id(unsigned long long k) {
   return int64_t(0xFFFFFFFFu - uint32_t(k & 0xFFFFFFFFull));
 }
 
+// The final kernel's scan: a cheap test per element (unrolled over the loaded vectors), then the
+// expensive scoring `slow(id)` (which reloads the element) only for the survivors, from one call
+// site per loop. Keeping the scoring code out of the unrolled loop keeps the kernel small
+// (instruction-cache misses dominated when every element site inlined it).
+template <typename T, int VEC, bool TWO, typename R, typename C, typename S>
+__device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start, int64_t end,
+                                          R&& refresh, C&& cheap, S&& slow) {
+  constexpr int U = 2;
+  const int64_t step = int64_t(kThreads) * VEC;
+  int64_t idx = start + int64_t(threadIdx.x) * VEC;
+  for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
+    float va[U][VEC], vb[U][VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      load_vec<T, VEC>(a + idx + u * step, va[u]);
+      if (TWO) load_vec<T, VEC>(b + idx + u * step, vb[u]);
+    }
+    refresh();
+    uint32_t surv = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        if (cheap(idx + u * step + k, va[u][k], TWO ? vb[u][k] : 0.0f)) surv |= 1u << (u * VEC + k);
+    while (surv) {
+      const int e = __ffs(int(surv)) - 1;
+      surv &= surv - 1;
+      slow(idx + (e / VEC) * step + (e % VEC));
+    }
+  }
+  for (; idx < end; idx += step) {
+    refresh();
+#pragma unroll 1
+    for (int k = 0; k < VEC && idx + k < end; ++k) {
+      const int64_t id = idx + k;
+      if (cheap(id, to_f<T>(a[id]), TWO ? to_f<T>(b[id]) : 0.0f)) slow(id);
+    }
+  }
+}
+
 struct FinalWs {
   unsigned long long* cand;   // [bs]
   unsigned int* count;        // [bs]
@@ -1096,63 +1136,80 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
     const uint32_t k = key32(s);
     if (k > lb) { lb = k; atomicMax(&sh_lb, k); }
   };
+  auto refresh = [&]() {   // lb = max(lb, the CTA's shared bound)
+    const uint32_t s = *reinterpret_cast<volatile unsigned*>(&sh_lb);
+    lb = s > lb ? s : lb;
+  };
 
   if (bonus) {
     // the sampler: argmax over the kept set of x + G(seed, offset + n, id, stream 0)
     const float span = kGumbelSpan + fabsf(st.m_t) * 9.5367431640625e-07f;
-    auto visit = [&](int64_t id, float z) {
+    // cheap test (no noise): G <= 16.65 for every word, and fadd is monotone
+    auto cheap = [&](int64_t id, float z, float) -> bool {
       const float x = fmul(z, rp.inv_t);
       const float y = fsub(x, st.m_t);
-      if (y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t)) {
-        // G <= 16.65 for every word: a bound before generating the noise
-        if (!may_win(fadd(x, 16.65f))) return;
-        const uint32_t w = word(id, kStreamSample);
-        // fadd is monotone and G <= gumbel_ub: the score is <= fadd(x, gumbel_ub(w))
-        if (!may_win(fadd(x, gumbel_ub(w)))) return;
-        const float s = fadd(x, gumbel_from_bits(w));
-        best = best_of(best, Cand{s, int32_t(id)});
-        publish(s);
-      }
+      return y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t) &&
+             key32(fadd(x, 16.65f)) >= lb;
+    };
+    auto slow = [&](int64_t id) {
+      const float x = fmul(to_f<T>(trow[id]), rp.inv_t);
+      const uint32_t w = word(id, kStreamSample);
+      // the score is <= fadd(x, gumbel_ub(w))
+      if (!may_win(fadd(x, gumbel_ub(w)))) return;
+      const float s = fadd(x, gumbel_from_bits(w));
+      best = best_of(best, Cand{s, int32_t(id)});
+      publish(s);
     };
     if (threadIdx.x == 0) {  // probe: the row's argmax token (its score seeds the bound)
-      visit(st.arg_t, to_f<T>(trow[st.arg_t]));
+      if (cheap(st.arg_t, to_f<T>(trow[st.arg_t]), 0.0f)) slow(st.arg_t);
       blk = 0xffffffffu;
     }
     __syncthreads();
-    if (start < end) for_chunk<T, VEC>(trow, start, end, visit);
+    if (start < end) scan_rows<T, VEC, false>(trow, trow, start, end, refresh, cheap, slow);
   } else {
     // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
     const u128 Sq = u128(uint64_t(st.S_q)), Sp = u128(uint64_t(st.S_t));
     const float bl_sq = float(39 + (64 - __clzll((long long)st.S_q))) + 0.01f;
     // ln S_q - ln S_t (float; ~1e-5 absolute error at most, covered by the 1e-4 margin below)
     const float dS = fsub(logf(float(st.S_q)), logf(float(st.S_t)));
-    auto visit = [&](int64_t id, float z, float zq) {
+    // Bounds before the mass and the noise. ep <= 2^(38 + yt log2 e) (1 + 2^-23)
+    // (soft_exp_neg's error), so bitlen(A) <= 39 + bitlen(S_q) + yt log2 e + 1e-6 and
+    // ln_ub(A) <= ubc (fmul / fadd are monotone; the 0.01 covers their rounding).
+    auto ubc_of = [&](float yt) { return fmul(fadd(fmul(yt, kLog2e), bl_sq), 0.6932f); };
+    auto cheap = [&](int64_t id, float z, float zq) -> bool {
       const float xt = fmul(z, rp.inv_t);
       const float yt = fsub(xt, st.m_t);
-      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return;
-      // Bounds before the mass and the noise. ep <= 2^(38 + yt log2 e) (1 + 2^-23)
-      // (soft_exp_neg's error), so bitlen(A) <= 39 + bitlen(S_q) + yt log2 e + 1e-6 and
-      // ln_ub(A) <= ubc (fmul / fadd are monotone; the 0.01 covers their rounding).
-      const float ubc = fmul(fadd(fmul(yt, kLog2e), bl_sq), 0.6932f);
-      if (!may_win(fadd(ubc, 16.65f))) return;   // G <= 16.65 for every word
-      bool kq = false;
-      float yq = 0.0f;
+      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return false;
+      if (key32(fadd(ubc_of(yt), 16.65f)) < lb) return false;   // G <= 16.65 for every word
       if (!ngram) {
-        const float xq = fmul(zq, rp.inv_t);
-        yq = fsub(xq, st.m_q);
-        kq = yq >= kMassCut && kept_at(rp, id, st.arg_q, xq, yq, st.thr_q);
         // Not in the residual's support when p(id) <= q(id) by a clear margin: with
         // yq >= -12, eq >= 2^38 e^yq (1 - 2^-23) - 1 >= 2^38 e^yq (1 - 1e-6), so
         // yt + ln S_q - ln S_t < yq - 1e-4 implies ep S_q < eq S_t, i.e. N <= 0.
-        if (kq && yq >= -12.0f && fadd(yt, dS) < fsub(yq, 1e-4f)) return;
+        const float xq = fmul(zq, rp.inv_t);
+        const float yq = fsub(xq, st.m_q);
+        if (yq >= -12.0f && fadd(yt, dS) < fsub(yq, 1e-4f) &&
+            kept_at(rp, id, st.arg_q, xq, yq, st.thr_q))
+          return false;
       }
+      return true;
+    };
+    auto slow = [&](int64_t id) {
+      const float xt = fmul(to_f<T>(trow[id]), rp.inv_t);
+      const float yt = fsub(xt, st.m_t);
       const uint32_t w = word(id, kStreamResample);
       // 1 <= N <= A, so soft_ln(f32(N)) <= ln_ub(A) <= ubc; G <= gumbel_ub(w)
-      if (!may_win(fadd(ubc, gumbel_ub(w)))) return;
+      if (!may_win(fadd(ubc_of(yt), gumbel_ub(w)))) return;
       const int64_t ep = mass_fixed(yt);
       if (ep == 0) return;
       const u128 A = u128(uint64_t(ep)) * Sq;
-      const int64_t eq = ngram ? ((id == xd) ? 1 : 0) : (kq ? mass_fixed(yq) : 0);
+      int64_t eq;
+      if (ngram) {
+        eq = (id == xd) ? 1 : 0;
+      } else {
+        const float xq = fmul(to_f<T>(drow[id]), rp.inv_t);
+        const float yq = fsub(xq, st.m_q);
+        eq = (yq >= kMassCut && kept_at(rp, id, st.arg_q, xq, yq, st.thr_q)) ? mass_fixed(yq) : 0;
+      }
       const u128 B = u128(uint64_t(eq)) * Sp;
       if (A > B) {
         const float s = fadd(soft_ln(wide_to_f32(A - B)), gumbel_from_bits(w));
@@ -1162,16 +1219,13 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
     };
     if (threadIdx.x == 0) {  // probe: the target row's argmax token
       const int64_t a = st.arg_t;
-      visit(a, to_f<T>(trow[a]), ngram ? 0.0f : to_f<T>(drow[a]));
+      if (cheap(a, to_f<T>(trow[a]), ngram ? 0.0f : to_f<T>(drow[a]))) slow(a);
       blk = 0xffffffffu;
     }
     __syncthreads();
     if (start < end) {
-      if (ngram) {
-        for_chunk<T, VEC>(trow, start, end, [&](int64_t id, float z) { visit(id, z, 0.0f); });
-      } else {
-        for_chunk2<T, VEC>(trow, drow, start, end, visit);
-      }
+      if (ngram) scan_rows<T, VEC, false>(trow, trow, start, end, refresh, cheap, slow);
+      else scan_rows<T, VEC, true>(trow, drow, start, end, refresh, cheap, slow);
     }
   }
   best = block_best(best, scratch);
