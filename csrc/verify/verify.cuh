@@ -994,13 +994,17 @@ __device__ __forceinline__ int64_t unpack_id(unsigned long long k) {
   return int64_t(0xFFFFFFFFu - uint32_t(k & 0xFFFFFFFFull));
 }
 
-// The final kernel's scan: a cheap test per element (unrolled over the loaded vectors), then the
-// expensive scoring `slow(id)` (which reloads the element) only for the survivors, from one call
-// site per loop. Keeping the scoring code out of the unrolled loop keeps the kernel small
-// (instruction-cache misses dominated when every element site inlined it).
-template <typename T, int VEC, bool TWO, typename R, typename C, typename S>
+// The final kernel's scan. Per element, base_of(id, z, zq) gives the part of the score's upper
+// bound that needs no noise (-inf: the element cannot win); with G <= gumbel_ub(w) <= 16.65 an
+// element survives if key32(base + bound on G) >= lb. Per loaded vector: the constant bound first;
+// if any element of the vector survives it, the Philox blocks of the whole vector are generated
+// (uniform work, no per-element divergence) and each element is tested with gumbel_ub of its own
+// word; only those survivors reach `slow(id, w)` (the exact score), from one call site.
+template <typename T, int VEC, bool TWO, typename R, typename B, typename S>
 __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start, int64_t end,
-                                          R&& refresh, C&& cheap, S&& slow) {
+                                          uint64_t seed, uint64_t off, uint32_t stream,
+                                          const uint32_t& lb, R&& refresh, B&& base_of,
+                                          S&& slow) {
   constexpr int U = 2;
   const int64_t step = int64_t(kThreads) * VEC;
   int64_t idx = start + int64_t(threadIdx.x) * VEC;
@@ -1012,16 +1016,42 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
       if (TWO) load_vec<T, VEC>(b + idx + u * step, vb[u]);
     }
     refresh();
+    float base[U][VEC];
+    uint32_t w[U][VEC];
     uint32_t surv = 0;
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u) {
+      bool any = false;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        base[u][k] = base_of(idx + u * step + k, va[u][k], TWO ? vb[u][k] : 0.0f);
+        any |= base[u][k] > -INFINITY && key32(fadd(base[u][k], 16.65f)) >= lb;
+      }
+      if (!any) continue;
+      if constexpr (VEC % 4 == 0) {
+#pragma unroll
+        for (int q = 0; q < VEC / 4; ++q) {
+          const Philox4 ph =
+              philox_block(seed, off, uint32_t((idx + u * step) >> 2) + q, stream);
+          w[u][4 * q] = ph.x;
+          w[u][4 * q + 1] = ph.y;
+          w[u][4 * q + 2] = ph.z;
+          w[u][4 * q + 3] = ph.w;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) w[u][k] = philox_word(seed, off, uint32_t(idx + u * step + k), stream);
+      }
 #pragma unroll
       for (int k = 0; k < VEC; ++k)
-        if (cheap(idx + u * step + k, va[u][k], TWO ? vb[u][k] : 0.0f)) surv |= 1u << (u * VEC + k);
+        if (base[u][k] > -INFINITY && key32(fadd(base[u][k], gumbel_ub(w[u][k]))) >= lb)
+          surv |= 1u << (u * VEC + k);
+    }
     while (surv) {
       const int e = __ffs(int(surv)) - 1;
       surv &= surv - 1;
-      slow(idx + (e / VEC) * step + (e % VEC));
+      const int64_t id = idx + (e / VEC) * step + (e % VEC);
+      slow(id, philox_word(seed, off, uint32_t(id), stream));
     }
   }
   for (; idx < end; idx += step) {
@@ -1029,7 +1059,10 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
 #pragma unroll 1
     for (int k = 0; k < VEC && idx + k < end; ++k) {
       const int64_t id = idx + k;
-      if (cheap(id, to_f<T>(a[id]), TWO ? to_f<T>(b[id]) : 0.0f)) slow(id);
+      const float bs = base_of(id, to_f<T>(a[id]), TWO ? to_f<T>(b[id]) : 0.0f);
+      if (!(bs > -INFINITY) || key32(fadd(bs, 16.65f)) < lb) continue;
+      const uint32_t wd = philox_word(seed, off, uint32_t(id), stream);
+      if (key32(fadd(bs, gumbel_ub(wd))) >= lb) slow(id, wd);
     }
   }
 }
@@ -1144,28 +1177,27 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
   if (bonus) {
     // the sampler: argmax over the kept set of x + G(seed, offset + n, id, stream 0)
     const float span = kGumbelSpan + fabsf(st.m_t) * 9.5367431640625e-07f;
-    // cheap test (no noise): G <= 16.65 for every word, and fadd is monotone
-    auto cheap = [&](int64_t id, float z, float) -> bool {
+    // bound without the noise: x (G <= gumbel_ub(w); fadd is monotone); -inf: not kept
+    auto base_of = [&](int64_t id, float z, float) -> float {
       const float x = fmul(z, rp.inv_t);
       const float y = fsub(x, st.m_t);
-      return y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t) &&
-             key32(fadd(x, 16.65f)) >= lb;
+      return (y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t)) ? x : -INFINITY;
     };
-    auto slow = [&](int64_t id) {
+    auto slow = [&](int64_t id, uint32_t w) {
       const float x = fmul(to_f<T>(trow[id]), rp.inv_t);
-      const uint32_t w = word(id, kStreamSample);
-      // the score is <= fadd(x, gumbel_ub(w))
-      if (!may_win(fadd(x, gumbel_ub(w)))) return;
+      if (!may_win(fadd(x, gumbel_ub(w)))) return;   // the shared bound may have risen
       const float s = fadd(x, gumbel_from_bits(w));
       best = best_of(best, Cand{s, int32_t(id)});
       publish(s);
     };
     if (threadIdx.x == 0) {  // probe: the row's argmax token (its score seeds the bound)
-      if (cheap(st.arg_t, to_f<T>(trow[st.arg_t]), 0.0f)) slow(st.arg_t);
-      blk = 0xffffffffu;
+      const float bs = base_of(st.arg_t, to_f<T>(trow[st.arg_t]), 0.0f);
+      if (bs > -INFINITY) slow(st.arg_t, philox_word(seed, offp, uint32_t(st.arg_t), kStreamSample));
     }
     __syncthreads();
-    if (start < end) scan_rows<T, VEC, false>(trow, trow, start, end, refresh, cheap, slow);
+    if (start < end)
+      scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamSample, lb, refresh,
+                               base_of, slow);
   } else {
     // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
     const u128 Sq = u128(uint64_t(st.S_q)), Sp = u128(uint64_t(st.S_t));
@@ -1176,11 +1208,11 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
     // (soft_exp_neg's error), so bitlen(A) <= 39 + bitlen(S_q) + yt log2 e + 1e-6 and
     // ln_ub(A) <= ubc (fmul / fadd are monotone; the 0.01 covers their rounding).
     auto ubc_of = [&](float yt) { return fmul(fadd(fmul(yt, kLog2e), bl_sq), 0.6932f); };
-    auto cheap = [&](int64_t id, float z, float zq) -> bool {
+    // bound without the noise: ubc(yt) >= ln_ub(A); -inf: not in the residual's support
+    auto base_of = [&](int64_t id, float z, float zq) -> float {
       const float xt = fmul(z, rp.inv_t);
       const float yt = fsub(xt, st.m_t);
-      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return false;
-      if (key32(fadd(ubc_of(yt), 16.65f)) < lb) return false;   // G <= 16.65 for every word
+      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return -INFINITY;
       if (!ngram) {
         // Not in the residual's support when p(id) <= q(id) by a clear margin: with
         // yq >= -12, eq >= 2^38 e^yq (1 - 2^-23) - 1 >= 2^38 e^yq (1 - 1e-6), so
@@ -1189,14 +1221,13 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
         const float yq = fsub(xq, st.m_q);
         if (yq >= -12.0f && fadd(yt, dS) < fsub(yq, 1e-4f) &&
             kept_at(rp, id, st.arg_q, xq, yq, st.thr_q))
-          return false;
+          return -INFINITY;
       }
-      return true;
+      return ubc_of(yt);
     };
-    auto slow = [&](int64_t id) {
+    auto slow = [&](int64_t id, uint32_t w) {
       const float xt = fmul(to_f<T>(trow[id]), rp.inv_t);
       const float yt = fsub(xt, st.m_t);
-      const uint32_t w = word(id, kStreamResample);
       // 1 <= N <= A, so soft_ln(f32(N)) <= ln_ub(A) <= ubc; G <= gumbel_ub(w)
       if (!may_win(fadd(ubc_of(yt), gumbel_ub(w)))) return;
       const int64_t ep = mass_fixed(yt);
@@ -1219,13 +1250,17 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
     };
     if (threadIdx.x == 0) {  // probe: the target row's argmax token
       const int64_t a = st.arg_t;
-      if (cheap(a, to_f<T>(trow[a]), ngram ? 0.0f : to_f<T>(drow[a]))) slow(a);
-      blk = 0xffffffffu;
+      const float bs = base_of(a, to_f<T>(trow[a]), ngram ? 0.0f : to_f<T>(drow[a]));
+      if (bs > -INFINITY) slow(a, philox_word(seed, offp, uint32_t(a), kStreamResample));
     }
     __syncthreads();
     if (start < end) {
-      if (ngram) scan_rows<T, VEC, false>(trow, trow, start, end, refresh, cheap, slow);
-      else scan_rows<T, VEC, true>(trow, drow, start, end, refresh, cheap, slow);
+      if (ngram)
+        scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb, refresh,
+                                 base_of, slow);
+      else
+        scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb, refresh,
+                                base_of, slow);
     }
   }
   best = block_best(best, scratch);
