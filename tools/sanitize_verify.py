@@ -3,7 +3,8 @@ fast rows, filtered (exact-path) rows, greedy rows, ngram, forced exact coins, c
 (V >= 32768) and single CTAs, aligned and unaligned rows, bf16 and fp32; each result is
 compared with the reference (token identity).
 
-    compute-sanitizer --tool memcheck python tools/sanitize_verify.py
+    compute-sanitizer --tool memcheck python tools/sanitize_verify.py [case ...] [--temp-only]
+(racecheck is slow: select cases, e.g. `1 2 --temp-only` for the cluster cases)
 """
 import importlib
 import sys
@@ -45,7 +46,11 @@ def main() -> int:
     bad = 0
     cases = [([3, 0, 2], 4099, torch.float32, False), ([2, 5], 40000, torch.bfloat16, False),
              ([1, 3], 40000, torch.bfloat16, True), ([4], 1003, torch.float16, True)]
+    pick = [int(a) for a in sys.argv[1:] if a.isdigit()]
+    temp_only = "--temp-only" in sys.argv
     for k, (n_list, V, dt, un) in enumerate(cases):
+        if pick and k not in pick:
+            continue
         bs = len(n_list)
         prob = problem(n_list, V, dt, 10 + k, un)
         temp = torch.full((bs,), 0.8, device="cuda")
@@ -53,7 +58,7 @@ def main() -> int:
         for extra in ({"temperature": temp},
                       {"temperature": temp, "min_p": torch.full((bs,), 0.05, device="cuda")},
                       {"temperature": temp, "top_k": torch.full((bs,), 20, dtype=torch.int32,
-                                                                device="cuda")}):
+                                                                device="cuda")})[:1 if temp_only else 3]:
             for mode in ("probabilistic", "ngram"):
                 for exact in (False, True):
                     ov._EXACT_COINS_FOR_TESTING = exact
