@@ -242,7 +242,9 @@ def gpu_graph_worker(rank: int, world: int, replays: int = 10000) -> None:
 
     dev = torch.device("cuda", rank)
     for dtype, ws in ((torch.bfloat16, [3584] * world), (torch.float32, uneven_widths(world, 8, 4096))):
-        comm = oc.create_all_gather_comm(max_tokens=16, max_total_width=sum(ws), dtype=dtype)
+        # LL region for the whole output (the widths grow with the world size)
+        comm = oc.create_all_gather_comm(max_tokens=16, max_total_width=sum(ws), dtype=dtype,
+                                         ll_max_bytes=1 << 40)
         rows, H, w = 8, sum(ws), ws[rank]
         offs = [0]
         for v in ws:
@@ -311,7 +313,7 @@ def gpu_interleave_worker(rank: int, world: int, iters: int = 300) -> None:
     dev = torch.device("cuda", rank)
     ws = uneven_widths(world, 8, 1024)
     comm = oc.create_all_gather_comm(max_tokens=32, max_total_width=sum(ws), dtype=torch.bfloat16,
-                                     enable_view=comm_view_ok())
+                                     enable_view=comm_view_ok(), ll_max_bytes=1 << 40)
     rng = random.Random(99)          # same sequence of choices on every rank
     delay = random.Random(1000 + rank)  # different delays per rank
     backends = (CUDA_VARIANTS if comm.extension else []) + ["triton", "nccl"]
@@ -431,7 +433,7 @@ def gpu_sanitize_worker(rank: int, world: int) -> None:
     dev = torch.device("cuda", rank)
     ws = uneven_widths(world, 8, 64)
     comm = oc.create_all_gather_comm(max_tokens=8, max_total_width=sum(ws), dtype=torch.bfloat16,
-                                     enable_view=comm_view_ok())
+                                     enable_view=comm_view_ok(), ll_max_bytes=1 << 40)
     backends = (CUDA_VARIANTS if comm.extension else []) + ["triton"]
     for i in range(3):
         slices = [make_slice(i, s, 7, ws[s], torch.bfloat16, dev) for s in range(world)]

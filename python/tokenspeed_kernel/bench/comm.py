@@ -84,7 +84,7 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
              f"bytes / {NVLINK_GBPS:.0f} GB/s; % = floor / time. Every provider verified bit-exact "
              "against torch.distributed.all_gather before timing. Eager medians in the CSV. "
              "`auto picks`: the CUDA protocol `protocol=\"auto\"` chooses at the library's "
-             f"default crossover (LL up to {_default_ll_max() // 1024} KiB of output); "
+             f"default crossover (LL up to {_default_ll_max(world) // 1024} KiB of output); "
              "`NCCL ÷ auto`: NCCL + permute time / that protocol's time.", ""]
     for dt, H in sorted({(r["dtype"], r["H"]) for r in rows}, key=lambda k: (k[1], k[0])):
         sub = [r for r in rows if r["dtype"] == dt and r["H"] == H]
@@ -110,7 +110,7 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
                                  f"{_f(r['pct_floor'], 0)}%")
             if auto_col:
                 esz = {"bf16": 2, "fp16": 2, "fp32": 4}.get(dt, 2)
-                pick = "ll" if T * H * esz <= _default_ll_max() else "flag"
+                pick = "ll" if T * H * esz <= _default_ll_max(world) else "flag"
                 ra = next((r for r in sub if r["T"] == T and r["provider"] == f"p2p-cuda-{pick}"),
                           None)
                 rn = next((r for r in sub if r["T"] == T and r["provider"] == "nccl+permute"),
@@ -125,10 +125,10 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
     return "\n".join(lines)
 
 
-def _default_ll_max() -> int:
+def _default_ll_max(world: int) -> int:
     try:
-        from ..ops.comm import DEFAULT_LL_MAX_BYTES
-        return DEFAULT_LL_MAX_BYTES
+        from ..ops.comm import default_ll_max_bytes
+        return default_ll_max_bytes(world)
     except Exception:  # pragma: no cover
         return 0
 

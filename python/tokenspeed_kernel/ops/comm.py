@@ -67,7 +67,15 @@ DEFAULT_TIMEOUT_MS = 30_000
 # 14-115 KB (T = 1 and 8 at H = 7168 bf16: 3.9 vs 4.8 us, 5.1 vs 5.6 us), ties at 304 KB (T = 1 of
 # a 151936-wide bf16 row: 5.8 vs 5.9 us), loses from 448 KB (T = 32 at H = 7168: 6.7 vs 6.1 us;
 # fp32 row, 608 KB: 8.1 vs 6.4 us). Crossover set between the tie and the first loss.
-DEFAULT_LL_MAX_BYTES = 320 << 10
+DEFAULT_LL_MAX_BYTES = 320 << 10        # 2 ranks (2x H200: LL wins up to 115 KB, ties at 304 KB)
+DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10   # > 2 ranks (4x H200: LL wins at 14 KB, loses at 115 KB)
+
+
+def default_ll_max_bytes(world_size: int) -> int:
+    """The default LL crossover / capacity (output bytes) for a group of ``world_size`` ranks:
+    each rank stores world - 1 stamped copies (2 wire bytes per payload byte), so LL pays off
+    only for smaller outputs as the group grows (docs/COMM.md, measured crossovers)."""
+    return DEFAULT_LL_MAX_BYTES if world_size <= 2 else DEFAULT_LL_MAX_BYTES_MULTI
 
 
 class CommError(RuntimeError):
@@ -233,7 +241,7 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
                            block_bytes: int = DEFAULT_BLOCK_BYTES,
                            max_blocks: Optional[int] = None,
                            use_symmetric_memory: bool = True,
-                           ll_max_bytes: int = DEFAULT_LL_MAX_BYTES) -> AllGatherComm:
+                           ll_max_bytes: Optional[int] = None) -> AllGatherComm:
     """Create the all-gather workspace of ``group`` (collective: every rank calls it).
 
     Parameters
@@ -255,7 +263,8 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     use_symmetric_memory : False builds a communicator without P2P (NCCL-style path only).
     ll_max_bytes : output bytes (T * H * element size) up to which the CUDA backend's ``auto``
         protocol is LL (see ``cuda_protocol``); also the capacity of ``protocol="ll"``. 0
-        disables LL. Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)`` bytes
+        disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (320 KiB for 2 ranks,
+        16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)`` bytes
         of symmetric memory. Agreed as the MIN over ranks.
 
     Host-blocking (symmetric allocation, rendezvous, two small all-reduces); not allowed under
@@ -277,6 +286,8 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
             f"must be an int >= 16, got {block_bytes!r}")
     C.check(isinstance(p2p_max_bytes, int) and p2p_max_bytes >= 0, "p2p_max_bytes",
             f"must be an int >= 0, got {p2p_max_bytes!r}")
+    if ll_max_bytes is None:
+        ll_max_bytes = default_ll_max_bytes(dist.get_world_size(group))
     C.check(isinstance(ll_max_bytes, int) and not isinstance(ll_max_bytes, bool)
             and ll_max_bytes >= 0, "ll_max_bytes", f"must be an int >= 0, got {ll_max_bytes!r}")
     C.check(max_blocks is None or (isinstance(max_blocks, int) and 1 <= max_blocks <= MAX_BLOCKS),
