@@ -138,38 +138,6 @@ __device__ __forceinline__ void for_chunk(const T* row, int64_t start, int64_t e
   }
 }
 
-// Same walk over two rows at once (target and draft of one position): f(id, zt, zq).
-template <typename T, int VEC, typename F>
-__device__ __forceinline__ void for_chunk2(const T* a, const T* b, int64_t start, int64_t end,
-                                           F&& f) {
-  constexpr int U = 2;
-  const int64_t step = int64_t(kThreads) * VEC;
-  int64_t idx = start + int64_t(threadIdx.x) * VEC;
-  for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
-    float va[U][VEC], vb[U][VEC];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      load_vec<T, VEC>(a + idx + u * step, va[u]);
-      load_vec<T, VEC>(b + idx + u * step, vb[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) f(idx + u * step + k, va[u][k], vb[u][k]);
-  }
-  for (; idx < end; idx += step) {
-    if (idx + VEC <= end) {
-      float va[VEC], vb[VEC];
-      load_vec<T, VEC>(a + idx, va);
-      load_vec<T, VEC>(b + idx, vb);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) f(idx + k, va[k], vb[k]);
-    } else {
-      for (int k = 0; idx + k < end; ++k) f(idx + k, to_f<T>(a[idx + k]), to_f<T>(b[idx + k]));
-    }
-  }
-}
-
 struct MaxArg {
   float v;
   int32_t id;
