@@ -141,13 +141,11 @@ def test_multimem_gate_conditions():
     assert not oc.multimem_gate(**{**GOOD, "offset_ok": False}, environ={})[0]
     assert not oc.multimem_gate(**{**GOOD, "capability": (8, 0)}, environ={})[0]
     assert not oc.multimem_gate(**{**GOOD, "extension": False}, environ={})[0]
-    # values that do not disable. A plain dict handed to the pure gate function: os.environ is
-    # never read or written here, nothing is launched, no multicast object exists (the
-    # multicast_ptr in GOOD is a made-up integer).
+    # the variables present but empty (not their disabling values) do not refuse. A plain dict
+    # handed to the pure gate function: os.environ is never read or written here, nothing is
+    # launched, no multicast object exists (the multicast_ptr in GOOD is a made-up integer).
     before = dict(os.environ)
-    assert oc.multimem_gate(**GOOD, environ={"NCCL_NVLS_ENABLE": "1",
-                                             "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0",
-                                             "NVSHMEM_DISABLE_NVLS": "0"})[0]
+    assert oc.multimem_gate(**GOOD, environ={name: "" for name, _ in oc.MULTICAST_DISABLE_ENV})[0]
     assert oc.multicast_disabled_by_env({"NCCL_NVLS_ENABLE": " 0 "}) == "NCCL_NVLS_ENABLE=0"
     assert dict(os.environ) == before
 
