@@ -29,7 +29,7 @@ __device__ __forceinline__ float soft_ln(float x) {
   float t2 = fmul(z, fadd(TS_F(0x3F2AAAAA), fmul(w, TS_F(0x3E91E9EE))));
   float R = fadd(t2, t1);
   float hfsq = fmul(fmul(0.5f, f), f);
-  float dk = float(k);
+  const float dk = fsub(__int_as_float(k + 0x4B400000), 12582912.0f);  // float(k), |k| < 2^22
   float r = fmul(s, fadd(hfsq, R));
   r = fadd(r, fmul(dk, TS_F(0x3717F7D1)));
   r = fsub(r, hfsq);
@@ -41,7 +41,22 @@ __device__ __forceinline__ float soft_ln(float x) {
 // exp(y) for y <= 0; 0 for y < -64 (and -inf, NaN)
 __device__ __forceinline__ float soft_exp_neg(float y) {
   if (!(y >= -64.0f)) return 0.0f;
-  float kf = floorf(fadd(fmul(y, TS_F(0x3FB8AA3B)), 0.5f));
+  const float t = fadd(fmul(y, TS_F(0x3FB8AA3B)), 0.5f);
+  float kf;
+  int ki;
+  if (y <= 0.0f) {
+    // kf = floor(t) without the conversion pipe: for |t| < 2^22, t + 1.5 * 2^23 rounded down is
+    // exactly floor(t) + 1.5 * 2^23 (an integer in [2^23, 2^24), where floats are the integers);
+    // removing the constant is exact, and its bits minus those of 1.5 * 2^23 are int(kf).
+    const float kr = __fadd_rd(t, 12582912.0f);
+    kf = fsub(kr, 12582912.0f);
+    ki = __float_as_int(kr) - 0x4B400000;
+  } else {
+    // outside the contract (y > 0): the original floorf / F2I form, so that every input keeps
+    // its historical value bit for bit (tools/check_softmath.cu checks all 2^32 inputs)
+    kf = floorf(t);
+    ki = int(kf);
+  }
   float hi = fsub(y, fmul(kf, TS_F(0x3F317200)));
   float lo = fmul(kf, TS_F(0x35BFBE8E));
   float r = fsub(hi, lo);
@@ -53,7 +68,7 @@ __device__ __forceinline__ float soft_exp_neg(float y) {
   p = fadd(fmul(p, r), 0.5f);
   p = fadd(fmul(p, r), 1.0f);
   p = fadd(fmul(p, r), 1.0f);
-  float scale = __int_as_float((int(kf) + 127) << 23);
+  float scale = __int_as_float((ki + 127) << 23);
   return fmul(p, scale);
 }
 

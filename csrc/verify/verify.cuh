@@ -25,6 +25,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
+#include <unordered_map>
 
 #include "common/philox.cuh"
 #include "common/softmath.cuh"
@@ -81,9 +83,12 @@ struct VerifyParams {
   float* lp;                 // [bs, max_n + 1] or null
   float* plp;
   int32_t out64;
-  int32_t chunk;             // vocabulary elements per CTA (multiple of 8)
+  int32_t chunk;             // pos kernel: vocabulary elements per CTA (multiple of 8)
+  int32_t rsplits, rchunk;   // resolve kernel: CTAs per request, elements per CTA
   unsigned long long* cand;  // [bs] final-kernel candidate slots, zeroed by the pos kernel
   unsigned int* count;       // [bs] final-kernel arrival counters, zeroed by the pos kernel
+  unsigned long long* racc;  // [2 bs] resolve-kernel exact sums (S_t, S_q), zeroed likewise
+  unsigned int* rcount;      // [bs] resolve-kernel arrival counters, zeroed likewise
 };
 
 // ------------------------------------------------------------------------------------------
@@ -227,12 +232,18 @@ __device__ __forceinline__ float wide_to_f32(u128 v) {
 }
 
 // Upper bound of gumbel_from_bits(bits) (16.6356 - ln(2d + 1) with d = 2^23 - 1 - (bits >> 9)),
-// by the binade of d: for d in [2^(b-1), 2^b), G <= 16.6356 - b ln 2 < 16.65 - 0.693 b. Checked
-// exhaustively against gumbel_from_bits for all 2^23 values.
+// by the binade of d: for d in [2^(b-1), 2^b), G <= 16.6356 - b ln 2 < 16.65 - 0.693 b. With
+// e = 126 + b the biased exponent of float(d) (exact: d < 2^23), the bound is 103.968 - 0.693 e
+// (d = 0: e = 0, bound 103.97, valid and loose). Full-rate ops only (no FLO / I2F): float(d) and
+// float(e) by the 2^23 magic number; one FFMA (a bound, not a token-deciding value: the slack
+// 16.65 - 16.6356 dwarfs its rounding). Checked exhaustively against gumbel_from_bits for all
+// 2^23 values by tools/check_softmath.cu.
 __device__ __forceinline__ float gumbel_ub(uint32_t bits) {
-  const uint32_t d = 0x7FFFFFu - (bits >> 9);
-  const int b = 32 - __clz(int(d));   // 0 for d = 0
-  return fsub(16.65f, fmul(float(b), 0.693f));
+  const uint32_t d = (bits >> 9) ^ 0x7FFFFFu;   // = 2^23 - 1 - (bits >> 9)
+  const float fd = __fsub_rn(__uint_as_float(d | 0x4B000000u), 8388608.0f);   // float(d)
+  const uint32_t e = __float_as_uint(fd) >> 23;
+  const float fe = __fsub_rn(__uint_as_float(e | 0x4B000000u), 8388608.0f);   // float(e)
+  return __fmaf_rn(-0.693f, fe, 103.968f);
 }
 // For 1 <= n <= a: soft_ln(wide_to_f32(n)) <= ln_ub(a). wide_to_f32 is monotone and
 // f32(n) <= 2^bitlen(n) <= 2^bitlen(a), and soft_ln(x) <= bitlen * 0.6932 for every float
@@ -551,6 +562,9 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
   if (rank == 0 && threadIdx.x == 0 && row < p.bs && p.cand != nullptr) {
     p.cand[row] = 0ull;
     p.count[row] = 0u;
+    p.racc[2 * row] = 0ull;
+    p.racc[2 * row + 1] = 0ull;
+    p.rcount[row] = 0u;
   }
   if (row >= p.R_t) return;  // uniform over the cluster
   int i, j;
@@ -603,19 +617,29 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
       }
     }
     G::sync();
-    if (rank == 0 && threadIdx.x == 0) {
+    if (rank == 0 && threadIdx.x < 32) {
+      // warp 0 combines the cluster's partials, lane q reading CTA q's slot (in parallel)
+      const unsigned q = threadIdx.x;
+      SlotOn mine;
+      if (q < cs) {
+        const SlotOn* sl = G::map(&slot_on, q);
+        mine = *sl;
+      } else {
+        mine.mx[0] = mine.mx[1] = -INFINITY;
+        mine.arg[0] = mine.arg[1] = INT32_MAX;
+        mine.s[0] = mine.s[1] = mine.sr = 0.0f;
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (r == 1 && !has_d) break;
-        for (unsigned q = 0; q < cs; ++q) {
-          const SlotOn* sl = G::map(&slot_on, q);
-          g[r] = max_arg(g[r], MaxArg{sl->mx[r], sl->arg[r]});
-        }
-        double acc = 0.0, accr = 0.0;
-        for (unsigned q = 0; q < cs; ++q) {
-          const SlotOn* sl = G::map(&slot_on, q);
-          acc += double(online_rescale(sl->s[r], sl->mx[r], g[r].v, c));
-          if (r == 0 && logprobs) accr += double(online_rescale(sl->sr, sl->mx[r], g[r].v, kLog2e));
+        g[r] = warp_max_arg(MaxArg{mine.mx[r], mine.arg[r]});
+        double acc = q < cs ? double(online_rescale(mine.s[r], mine.mx[r], g[r].v, c)) : 0.0;
+        double accr = (r == 0 && logprobs && q < cs)
+                          ? double(online_rescale(mine.sr, mine.mx[r], g[r].v, kLog2e)) : 0.0;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+          acc += __shfl_xor_sync(0xffffffffu, acc, o);
+          accr += __shfl_xor_sync(0xffffffffu, accr, o);
         }
         gnan[r] = acc != acc;   // NaN in the row (or +inf: then m is +inf and the row is bad too)
         if (r == 0) { St_a = acc; set = float(accr); }
@@ -788,74 +812,171 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
 // ------------------------------------------------------------------------------------------
 // kernel 1b: exact sums where they decide something
 // ------------------------------------------------------------------------------------------
-// One cluster per request. Walks the positions like the final kernel: the first position
-// without the accept bit is where the request's last token comes from; if its sums are only
-// approximate, computes them exactly (the final kernel's residual needs them) and, if its coin
-// was kUnsure, decides it exactly; an accepted coin moves the walk on to the next position.
-template <typename T, int VEC, bool CLUSTER>
-__global__ void __launch_bounds__(kThreads) verify_resolve_kernel(const VerifyParams p) {
-  using G = Grp<CLUSTER>;
-  __shared__ BlockScratch scratch;
-  __shared__ Slot2 slot2[2];
-  const unsigned cs = G::size();
-  const unsigned rank = G::rank();
-  const int i = int(blockIdx.x / cs);
-  if (i >= p.bs) return;  // uniform over the cluster
-  const int n = int(p.cu[i + 1] - p.cu[i]);
-  const RowParams rp = row_params(p, i);
-  const bool ngram = p.flags & kNgram;
-  const int64_t start = int64_t(rank) * p.chunk;
-  const int64_t end = start + p.chunk < p.V ? start + p.chunk : int64_t(p.V);
-  int j0 = 0, it = 0;
-  while (true) {
-    int f = n;
-    for (int j = j0; j < n; ++j) {
-      if (!(p.pos[target_row(p, i, j)].status & kAccept)) { f = j; break; }
+// First position of request i at or after j0 whose accept bit is missing (n: none). Warp-wide
+// (every lane of the calling warp gets the answer): one status load per lane, then a ballot.
+__device__ __forceinline__ int first_failed(const VerifyParams& p, int i, int j0, int n) {
+  const int lane = int(threadIdx.x & 31u);
+  for (int base = j0; base < n; base += 32) {
+    const int j = base + lane;
+    const bool fail = j < n && !(p.pos[target_row(p, i, j)].status & kAccept);
+    const unsigned bal = __ballot_sync(0xffffffffu, fail);
+    if (bal) return base + __ffs(int(bal)) - 1;
+  }
+  return n;
+}
+
+// Exact fixed-point mass sums of [start, end) of a fast row (every element kept): y < -64
+// (and -inf) gives 0 inside soft_exp_neg, and mass_fixed(y) = 0 for every y < -26.34, so no
+// cut is needed. TWO: the target and the draft row of the same position in one loop (twice the
+// loads in flight).
+template <typename T, int VEC, bool TWO>
+__device__ __forceinline__ void chunk_masses(const T* a, const T* b, int64_t start, int64_t end,
+                                             float inv_t, float ma, float mb, long long& sa,
+                                             long long& sb) {
+  constexpr int U = VEC >= 8 ? 2 : 4;   // 16 elements per row and iteration
+  const int64_t step = int64_t(kThreads) * VEC;
+  int64_t idx = start + int64_t(threadIdx.x) * VEC;
+  for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
+    float va[U][VEC], vb[U][VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      load_vec<T, VEC>(a + idx + u * step, va[u]);
+      if (TWO) load_vec<T, VEC>(b + idx + u * step, vb[u]);
     }
-    if (f == n) break;  // bonus position: no sums needed
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        sa += mass_fixed(fsub(fmul(va[u][k], inv_t), ma));
+        if (TWO) sb += mass_fixed(fsub(fmul(vb[u][k], inv_t), mb));
+      }
+  }
+  for (; idx < end; idx += step) {
+#pragma unroll 1
+    for (int k = 0; k < VEC && idx + k < end; ++k) {
+      sa += mass_fixed(fsub(fmul(to_f<T>(a[idx + k]), inv_t), ma));
+      if (TWO) sb += mass_fixed(fsub(fmul(to_f<T>(b[idx + k]), inv_t), mb));
+    }
+  }
+}
+__device__ __forceinline__ void block_sum_i64x2(long long& a, long long& b, BlockScratch& s) {
+  a = warp_sum_i64(a);
+  b = warp_sum_i64(b);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) s.l[w] = a;
+  __syncthreads();
+  long long r = 0;
+#pragma unroll
+  for (int k = 0; k < kThreads / 32; ++k) r += s.l[k];
+  __syncthreads();
+  if (l == 0) s.l[w] = b;
+  __syncthreads();
+  b = 0;
+#pragma unroll
+  for (int k = 0; k < kThreads / 32; ++k) b += s.l[k];
+  a = r;
+}
+// Block-wide exact sums of [start, end) of a fast position's target (and draft) row.
+template <typename T, int VEC>
+__device__ __forceinline__ void block_masses(const VerifyParams& p, const RowParams& rp,
+                                             const PosStats& ps, const T* trow, const T* drow,
+                                             bool ngram, int64_t start, int64_t end,
+                                             long long& St, long long& Sq, BlockScratch& scratch) {
+  St = 0;
+  Sq = 0;
+  if (ngram) chunk_masses<T, VEC, false>(trow, trow, start, end, rp.inv_t, ps.m_t, ps.m_q, St, Sq);
+  else chunk_masses<T, VEC, true>(trow, drow, start, end, rp.inv_t, ps.m_t, ps.m_q, St, Sq);
+  block_sum_i64x2(St, Sq, scratch);
+}
+
+// p.rsplits CTAs per request, each a contiguous vocabulary chunk (no clusters: the partial sums
+// meet in global 64-bit atomics, exact and order-free). Every CTA finds the request's deciding
+// position f (the first without the accept bit). If f is a rejection whose sums are only
+// approximate (a fast row), the CTAs add their chunk's exact fixed-point sums of the target and
+// draft rows of f into p.racc; the last CTA to arrive stores the exact S_t / S_q (the final
+// kernel's residual needs them) and, if f's coin was kUnsure, decides it exactly. An accepted
+// coin (kUnsure, then accepted: rare) moves the walk on; that CTA alone does the next
+// positions over whole rows.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads, 3) verify_resolve_kernel(const VerifyParams p) {
+  __shared__ BlockScratch scratch;
+  __shared__ int sh_f;
+  __shared__ int sh_last;
+  __shared__ long long sh_S[2];
+  const int i = int(blockIdx.x / unsigned(p.rsplits));
+  const int sp = int(blockIdx.x % unsigned(p.rsplits));
+  const int n = int(p.cu[i + 1] - p.cu[i]);
+  if (threadIdx.x < 32) {
+    const int f = first_failed(p, i, 0, n);
+    if (threadIdx.x == 0) sh_f = f;
+  }
+  __syncthreads();
+  int f = sh_f;
+  if (f == n) return;  // bonus position: no sums needed (uniform over the request's CTAs)
+  const bool ngram = p.flags & kNgram;
+  const RowParams rp = row_params(p, i);
+  {
     const int64_t row = target_row(p, i, f);
     const PosStats ps = p.pos[row];
-    if (ps.status & (kBadT | kBadQ | kExactS)) break;  // nothing to compute (fast rows only here)
-    const int64_t ds = draft_slot(p, i, f);
+    if (ps.status & (kBadT | kBadQ | kExactS)) return;  // nothing to compute (uniform)
     const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
-    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + ds * p.stride_d;
-    long long S[2] = {0, 0};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (r == 1 && ngram) break;
-      long long s_acc = 0;
-      const float mr = r ? ps.m_q : ps.m_t;
-      for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t, float z) {
-        // fast rows keep every element: S = sum of the fixed-point masses
-        const float y = fsub(fmul(z, rp.inv_t), mr);
-        if (y >= kMassCut) s_acc += mass_fixed(y);
-      });
-      float dummy = 0.0f;
-      block_sum2(s_acc, dummy, scratch);
-      S[r] = s_acc;
-    }
-    Slot2& sl = slot2[it & 1];   // alternate slots: a fast CTA cannot overwrite unread values
-    if (threadIdx.x == 0) { sl.S[0] = S[0]; sl.S[1] = S[1]; }
-    G::sync();
+    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + draft_slot(p, i, f) * p.stride_d;
+    const int64_t start = int64_t(sp) * p.rchunk;
+    const int64_t end = start + p.rchunk < p.V ? start + p.rchunk : int64_t(p.V);
     long long St = 0, Sq = 0;
-    for (unsigned q = 0; q < cs; ++q) {
-      const Slot2* s = G::map(&sl, q);
-      St += s->S[0];
-      Sq += s->S[1];
+    if (start < end) block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, start, end, St, Sq, scratch);
+    if (threadIdx.x == 0) {
+      if (St) atomicAdd(&p.racc[2 * i], (unsigned long long)St);
+      if (Sq) atomicAdd(&p.racc[2 * i + 1], (unsigned long long)Sq);
+      __threadfence();
+      sh_last = atomicAdd(&p.rcount[i], 1u) == unsigned(p.rsplits) - 1u;
     }
-    if (ngram) Sq = 1;
-    bool acc = false;
-    if (ps.status & kUnsure) acc = coin_exact(coin_U(p, i, f), ps.e_p, ps.e_q, St, Sq);
-    if (rank == 0 && threadIdx.x == 0) {
+    __syncthreads();
+    if (!sh_last) return;
+    if (threadIdx.x == 0) {
+      __threadfence();
+      sh_S[0] = (long long)atomicAdd(&p.racc[2 * i], 0ull);     // atomic reads of the totals
+      sh_S[1] = (long long)atomicAdd(&p.racc[2 * i + 1], 0ull);
+    }
+    __syncthreads();
+    St = sh_S[0];
+    Sq = ngram ? 1 : sh_S[1];
+    const bool acc = (ps.status & kUnsure) && coin_exact(coin_U(p, i, f), ps.e_p, ps.e_q, St, Sq);
+    if (threadIdx.x == 0) {
       p.pos[row].S_t = St;
       p.pos[row].S_q = Sq;
       p.pos[row].status = (ps.status & ~kUnsure) | kExactS | (acc ? kAccept : 0u);
     }
-    ++it;
-    if (!acc) break;
-    j0 = f + 1;
+    if (!acc) return;
   }
-  G::sync();  // keep shared memory alive until every peer has read it
+  // Rare: f's coin was undecided by the approximate sums and is accepted; the walk goes on in
+  // this (last) CTA alone, whole rows at a time.
+  while (true) {
+    __syncthreads();   // scratch / sh_f reuse
+    if (threadIdx.x < 32) {
+      const int g = first_failed(p, i, f + 1, n);
+      if (threadIdx.x == 0) sh_f = g;
+    }
+    __syncthreads();
+    f = sh_f;
+    if (f == n) return;
+    const int64_t row = target_row(p, i, f);
+    const PosStats ps = p.pos[row];
+    if (ps.status & (kBadT | kBadQ | kExactS)) return;
+    const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
+    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + draft_slot(p, i, f) * p.stride_d;
+    long long St, Sq;
+    block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, 0, p.V, St, Sq, scratch);
+    if (ngram) Sq = 1;
+    const bool acc = (ps.status & kUnsure) && coin_exact(coin_U(p, i, f), ps.e_p, ps.e_q, St, Sq);
+    if (threadIdx.x == 0) {
+      p.pos[row].S_t = St;
+      p.pos[row].S_q = Sq;
+      p.pos[row].status = (ps.status & ~kUnsure) | kExactS | (acc ? kAccept : 0u);
+    }
+    if (!acc) return;
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -989,31 +1110,37 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
     uint32_t surv = 0;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      bool any = false;
+      // G <= 16.65 for every word: an element failing this test cannot win, whatever its noise
+      bool pass[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         base[u][k] = base_of(idx + u * step + k, va[u][k], TWO ? vb[u][k] : 0.0f);
-        any |= base[u][k] > -INFINITY && key32(fadd(base[u][k], 16.65f)) >= lb;
+        pass[k] = base[u][k] > -INFINITY && key32(fadd(base[u][k], 16.65f)) >= lb;
       }
-      if (!any) continue;
       if constexpr (VEC % 4 == 0) {
+        // one Philox block per group of 4 ids, generated only if an element of the group passed
 #pragma unroll
         for (int q = 0; q < VEC / 4; ++q) {
+          if (!(pass[4 * q] || pass[4 * q + 1] || pass[4 * q + 2] || pass[4 * q + 3])) continue;
           const Philox4 ph =
               philox_block(seed, off, uint32_t((idx + u * step) >> 2) + q, stream);
           w[u][4 * q] = ph.x;
           w[u][4 * q + 1] = ph.y;
           w[u][4 * q + 2] = ph.z;
           w[u][4 * q + 3] = ph.w;
+#pragma unroll
+          for (int k = 4 * q; k < 4 * q + 4; ++k)
+            if (pass[k] && key32(fadd(base[u][k], gumbel_ub(w[u][k]))) >= lb)
+              surv |= 1u << (u * VEC + k);
         }
       } else {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) w[u][k] = philox_word(seed, off, uint32_t(idx + u * step + k), stream);
+        for (int k = 0; k < VEC; ++k) {
+          if (!pass[k]) continue;
+          w[u][k] = philox_word(seed, off, uint32_t(idx + u * step + k), stream);
+          if (key32(fadd(base[u][k], gumbel_ub(w[u][k]))) >= lb) surv |= 1u << (u * VEC + k);
+        }
       }
-#pragma unroll
-      for (int k = 0; k < VEC; ++k)
-        if (base[u][k] > -INFINITY && key32(fadd(base[u][k], gumbel_ub(w[u][k]))) >= lb)
-          surv |= 1u << (u * VEC + k);
     }
     while (surv) {
       const int e = __ffs(int(surv)) - 1;
@@ -1057,17 +1184,7 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
 
   // ---- walk: first position whose accept bit is missing ----
   if (threadIdx.x < 32) {
-    int f = n;
-    for (int base = 0; base < n; base += 32) {
-      const int j = base + int(threadIdx.x);
-      bool fail = false;
-      if (j < n) {
-        const uint32_t st = p.pos[target_row(p, i, j)].status;
-        fail = !(st & kAccept);
-      }
-      const unsigned bal = __ballot_sync(0xffffffffu, fail);
-      if (bal) { f = base + __ffs(bal) - 1; break; }
-    }
+    const int f = first_failed(p, i, 0, n);
     if (threadIdx.x == 0) {
       sh_f = f;
       // best score of this request's finished CTAs so far (0 = none): a valid lower bound
@@ -1358,63 +1475,103 @@ inline cudaError_t launch_maybe_cluster(Kernel kernel, bool cluster, unsigned cs
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-// cs: CTAs per row of the statistics kernel (1..8, 1 on GPUs without clusters); splits: CTAs
-// per request of the final kernel; ws.cand / ws.count must hold bs entries (zeroed by the pos
-// kernel, which therefore always runs with at least bs row blocks);
+// Resident CTAs per SM of a kernel (kThreads threads, static shared memory only); cached.
+template <typename Kernel>
+inline int resident_per_sm(Kernel kernel) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, int> cache;
+  const void* key = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0) != cudaSuccess || n < 1) {
+    (void)cudaGetLastError();
+    n = 1;
+  }
+  cache.emplace(key, n);
+  return n;
+}
+
+// CTAs per unit (row or request) splitting a V-element row into chunks: minimizes the estimated
+// time waves(units * s) * (V / s + kSplitOverhead), i.e. prefers a split that fills whole waves of
+// resident CTAs (a partial second wave costs as much as a full one), with chunks of at least
+// min_chunk elements (s = 1 always allowed). kSplitOverhead: a CTA's fixed cost (launch, the walk,
+// reductions) in element-equivalents.
+constexpr int64_t kSplitOverhead = 4096;
+inline int pick_splits(int64_t units, int64_t V, int64_t resident, int max_splits,
+                       int64_t min_chunk) {
+  if (resident < 1) resident = 1;
+  int best = 1;
+  double best_cost = 0.0;
+  for (int s = 1; s <= max_splits; ++s) {
+    const int64_t chunk = (V + s - 1) / s;
+    if (s > 1 && chunk < min_chunk) break;
+    const int64_t waves = (units * s + resident - 1) / resident;
+    const double cost = double(waves) * double(chunk + kSplitOverhead);
+    if (s == 1 || cost < best_cost * 0.999) { best = s; best_cost = cost; }
+  }
+  return best;
+}
+
+// sms: the device's SM count; clusters: thread-block clusters available (sm_90+); ws.cand /
+// ws.count (final kernel) and p.racc / p.rcount (resolve kernel) must hold bs (2 bs) entries
+// (zeroed by the pos kernel, which therefore always runs with at least bs row blocks);
 // vec_ok: rows 16-byte aligned.
-template <typename T>
-inline cudaError_t launch_verify_probabilistic(VerifyParams p, int cs, int cs_pos, int splits,
-                                               FinalWs ws, bool vec_ok, cudaStream_t stream) {
-  constexpr int VEC = 16 / sizeof(T);
-  if (p.bs == 0) return cudaSuccess;
+template <typename T, int VEC>
+inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool clusters,
+                                                 FinalWs ws, cudaStream_t stream) {
   auto chunk_of = [&](int c) {
     const int64_t per = (int64_t(p.V) + c - 1) / c;
     return int32_t((per + 7) / 8 * 8);
   };
-  p.chunk = chunk_of(cs);   // resolve kernel: cs CTAs per request
-  p.cand = ws.cand;
-  p.count = ws.count;
-  VerifyParams pp = p;      // pos kernel: cs_pos CTAs per row
-  pp.chunk = chunk_of(cs_pos);
-  const bool cl = cs > 1, clp = cs_pos > 1;
   cudaError_t e;
   if (p.thr != nullptr && p.R_t + p.R_d > 0) {
     const unsigned blocks = unsigned(p.R_t + p.R_d);
-    if (vec_ok) verify_threshold_kernel<T, VEC><<<blocks, kThreads, 0, stream>>>(p);
-    else verify_threshold_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(p);
+    verify_threshold_kernel<T, VEC><<<blocks, kThreads, 0, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
+  // 1. statistics: cs_pos CTAs (a cluster) per row
   {
-    const int64_t blocks = (p.R_t > p.bs ? p.R_t : int64_t(p.bs)) * cs_pos;
-    if (vec_ok) {
-      e = clp ? launch_maybe_cluster(verify_pos_kernel<T, VEC, true>, true, cs_pos, blocks, stream, pp)
-              : launch_maybe_cluster(verify_pos_kernel<T, VEC, false>, false, 1, blocks, stream, pp);
-    } else {
-      e = clp ? launch_maybe_cluster(verify_pos_kernel<T, 1, true>, true, cs_pos, blocks, stream, pp)
-              : launch_maybe_cluster(verify_pos_kernel<T, 1, false>, false, 1, blocks, stream, pp);
-    }
+    const int64_t rows = p.R_t > p.bs ? p.R_t : int64_t(p.bs);
+    const int occ = resident_per_sm(verify_pos_kernel<T, VEC, true>);
+    const int cs_pos = pick_splits(rows, p.V, int64_t(occ) * sms, clusters ? kMaxCluster : 1, 4096);
+    VerifyParams pp = p;
+    pp.chunk = chunk_of(cs_pos);
+    e = cs_pos > 1
+            ? launch_maybe_cluster(verify_pos_kernel<T, VEC, true>, true, cs_pos, rows * cs_pos, stream, pp)
+            : launch_maybe_cluster(verify_pos_kernel<T, VEC, false>, false, 1, rows, stream, pp);
+    if (e != cudaSuccess) return e;
+    p.chunk = pp.chunk;
+  }
+  // 2. exact sums of the deciding positions: rsplits independent CTAs per request
+  {
+    const int occ = resident_per_sm(verify_resolve_kernel<T, VEC>);
+    p.rsplits = pick_splits(p.bs, p.V, int64_t(occ) * sms, 128, 2048);
+    p.rchunk = chunk_of(p.rsplits);
+    verify_resolve_kernel<T, VEC><<<unsigned(int64_t(p.bs) * p.rsplits), kThreads, 0, stream>>>(p);
+    e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
+  // 3. the final token: splits CTAs per request
   {
-    const int64_t blocks = int64_t(p.bs) * cs;
-    if (vec_ok) {
-      e = cl ? launch_maybe_cluster(verify_resolve_kernel<T, VEC, true>, true, cs, blocks, stream, p)
-             : launch_maybe_cluster(verify_resolve_kernel<T, VEC, false>, false, 1, blocks, stream, p);
-    } else {
-      e = cl ? launch_maybe_cluster(verify_resolve_kernel<T, 1, true>, true, cs, blocks, stream, p)
-             : launch_maybe_cluster(verify_resolve_kernel<T, 1, false>, false, 1, blocks, stream, p);
-    }
-    if (e != cudaSuccess) return e;
+    const int occ = resident_per_sm(verify_final_kernel<T, VEC>);
+    ws.splits = pick_splits(p.bs, p.V, int64_t(occ) * sms, 128, 2048);
+    ws.chunk = chunk_of(ws.splits);
+    verify_final_kernel<T, VEC><<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
   }
-  if (splits < 1) splits = 1;
-  ws.splits = splits;
-  const int64_t fper = (int64_t(p.V) + splits - 1) / splits;
-  ws.chunk = int32_t((fper + 7) / 8 * 8);
-  const unsigned fblocks = unsigned(int64_t(p.bs) * splits);
-  if (vec_ok) verify_final_kernel<T, VEC><<<fblocks, kThreads, 0, stream>>>(p, ws);
-  else verify_final_kernel<T, 1><<<fblocks, kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
+}
+template <typename T>
+inline cudaError_t launch_verify_probabilistic(VerifyParams p, int sms, bool clusters, FinalWs ws,
+                                               bool vec_ok, cudaStream_t stream) {
+  if (p.bs == 0) return cudaSuccess;
+  p.cand = ws.cand;
+  p.count = ws.count;
+  constexpr int VEC = 16 / sizeof(T);
+  return vec_ok ? launch_verify_probabilistic_v<T, VEC>(p, sms, clusters, ws, stream)
+                : launch_verify_probabilistic_v<T, 1>(p, sms, clusters, ws, stream);
 }
 
 inline cudaError_t launch_verify_strict(const StrictParams& p, cudaStream_t stream) {

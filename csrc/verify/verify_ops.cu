@@ -50,39 +50,6 @@ void check_out_logprobs(const std::optional<at::Tensor>& lp, const std::optional
   }
 }
 
-int cluster_size(const at::Tensor& logits, int64_t V) {
-  const auto* prop = at::cuda::getDeviceProperties(logits.get_device());
-  if (prop->major < 9) return 1;  // thread-block clusters need sm_90+
-  // chunks of >= 4096 elements; 8 CTAs (portable cluster size) for large vocabularies
-  int64_t cs = (V + 4095) / 4096;
-  if (cs > kMaxCluster) cs = kMaxCluster;
-  if (cs < 1) cs = 1;
-  // powers of two only (keeps the scheduler happy)
-  int c = 1;
-  while (c * 2 <= cs) c *= 2;
-  return c;
-}
-
-// CTAs per request of the final kernel: fill ~4 waves of the GPU, chunks of >= 2048 elements.
-// CTAs per row of the statistics kernel: clusters only where there are too few rows to fill
-// the GPU (fewer CTAs per row = fewer cluster syncs and serial tails per byte).
-int pos_cluster_size(const at::Tensor& logits, int64_t V, int64_t rows) {
-  const int cs_max = cluster_size(logits, V);
-  const auto* prop = at::cuda::getDeviceProperties(logits.get_device());
-  const int64_t want = 3 * int64_t(prop->multiProcessorCount);
-  int c = 1;
-  while (c < cs_max && rows * c < want) c *= 2;
-  return c;
-}
-
-int final_splits(const at::Tensor& logits, int64_t bs, int64_t V) {
-  const auto* prop = at::cuda::getDeviceProperties(logits.get_device());
-  int64_t want = (4 * int64_t(prop->multiProcessorCount) + bs - 1) / bs;
-  const int64_t cap = std::max<int64_t>(1, V / 2048);
-  want = std::min<int64_t>(std::min<int64_t>(want, cap), 128);
-  return int(std::max<int64_t>(want, 1));
-}
-
 bool rows_aligned(const at::Tensor& t) {
   const int64_t bytes = t.element_size();
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.stride(0) * bytes) % 16 == 0;
@@ -184,22 +151,28 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.plp = processed_logprobs.has_value() ? processed_logprobs->data_ptr<float>() : nullptr;
   p.out64 = tokens.scalar_type() == at::kLong;
   const bool vec_ok = rows_aligned(tgt) && (!draft_logits.has_value() || rows_aligned(*draft_logits));
-  const int cs = cluster_size(tgt, V);
-  const int cs_pos = pos_cluster_size(tgt, V, std::max<int64_t>(R_t, bs));
-  const int splits = final_splits(tgt, bs, V);
-  at::Tensor fws = at::empty({bs * 12}, tgt.options().dtype(at::kByte));   // 8 B key + 4 B count
+  const auto* prop = at::cuda::getDeviceProperties(tgt.get_device());
+  const int sms = prop->multiProcessorCount;
+  const bool clusters = prop->major >= 9;   // thread-block clusters need sm_90+
+  // per request: final-kernel candidate (8 B), resolve sums (16 B), two arrival counters (8 B)
+  at::Tensor fws = at::empty({bs * 32}, tgt.options().dtype(at::kByte));
+  uint8_t* fb = static_cast<uint8_t*>(fws.data_ptr());
   FinalWs fw{};
-  fw.cand = reinterpret_cast<unsigned long long*>(fws.data_ptr());
-  fw.count = reinterpret_cast<unsigned int*>(static_cast<uint8_t*>(fws.data_ptr()) + bs * 8);
+  fw.cand = reinterpret_cast<unsigned long long*>(fb);
+  p.racc = reinterpret_cast<unsigned long long*>(fb + bs * 8);
+  fw.count = reinterpret_cast<unsigned int*>(fb + bs * 24);
+  p.rcount = reinterpret_cast<unsigned int*>(fb + bs * 28);
   cudaError_t err;
   switch (dtype) {
     case at::kFloat:
-      err = launch_verify_probabilistic<float>(p, cs, cs_pos, splits, fw, vec_ok, stream);
+      err = launch_verify_probabilistic<float>(p, sms, clusters, fw, vec_ok, stream);
       break;
     case at::kBFloat16:
-      err = launch_verify_probabilistic<__nv_bfloat16>(p, cs, cs_pos, splits, fw, vec_ok, stream);
+      err = launch_verify_probabilistic<__nv_bfloat16>(p, sms, clusters, fw, vec_ok, stream);
       break;
-    default: err = launch_verify_probabilistic<__half>(p, cs, cs_pos, splits, fw, vec_ok, stream); break;
+    default:
+      err = launch_verify_probabilistic<__half>(p, sms, clusters, fw, vec_ok, stream);
+      break;
   }
   TORCH_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
               cudaGetErrorString(err));
