@@ -1105,6 +1105,9 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
       if (TWO) load_vec<T, VEC>(b + idx + u * step, vb[u]);
     }
     refresh();
+    // lb as a float: key32(a) >= lb  <=>  a >= key32_to_float(lb) (key32 is an order isomorphism
+    // of the non-NaN floats with -0 = +0; no bound (lb = 0): -inf). Bases are never NaN.
+    const float lbf = lb ? key32_to_float(lb) : -INFINITY;
     float base[U][VEC];
     uint32_t w[U][VEC];
     uint32_t surv = 0;
@@ -1115,7 +1118,7 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         base[u][k] = base_of(idx + u * step + k, va[u][k], TWO ? vb[u][k] : 0.0f);
-        pass[k] = base[u][k] > -INFINITY && key32(fadd(base[u][k], 16.65f)) >= lb;
+        pass[k] = base[u][k] > -INFINITY && fadd(base[u][k], 16.65f) >= lbf;
       }
       if constexpr (VEC % 4 == 0) {
         // one Philox block per group of 4 ids, generated only if an element of the group passed
@@ -1130,7 +1133,7 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
           w[u][4 * q + 3] = ph.w;
 #pragma unroll
           for (int k = 4 * q; k < 4 * q + 4; ++k)
-            if (pass[k] && key32(fadd(base[u][k], gumbel_ub(w[u][k]))) >= lb)
+            if (pass[k] && fadd(base[u][k], gumbel_ub(w[u][k])) >= lbf)
               surv |= 1u << (u * VEC + k);
         }
       } else {
@@ -1138,7 +1141,7 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
         for (int k = 0; k < VEC; ++k) {
           if (!pass[k]) continue;
           w[u][k] = philox_word(seed, off, uint32_t(idx + u * step + k), stream);
-          if (key32(fadd(base[u][k], gumbel_ub(w[u][k]))) >= lb) surv |= 1u << (u * VEC + k);
+          if (fadd(base[u][k], gumbel_ub(w[u][k])) >= lbf) surv |= 1u << (u * VEC + k);
         }
       }
     }
@@ -1339,13 +1342,34 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
       if (bs > -INFINITY) slow(a, philox_word(seed, offp, uint32_t(a), kStreamResample));
     }
     __syncthreads();
+    // rows without min-p / top-k / top-p (and not greedy) keep every element: the same bound
+    // without the kept-set tests (base_of's kept_at calls are all true there)
+    const bool plain = !rp.greedy && !rp.mp_on && st.thr_t == 0 && st.thr_q == 0;
+    auto base_plain = [&](int64_t, float z, float zq) -> float {
+      const float yt = fsub(fmul(z, rp.inv_t), st.m_t);
+      if (!(yt >= kMassCut)) return -INFINITY;
+      if (!ngram) {
+        const float yq = fsub(fmul(zq, rp.inv_t), st.m_q);
+        if (yq >= -12.0f && fadd(yt, dS) < fsub(yq, 1e-4f)) return -INFINITY;
+      }
+      return ubc_of(yt);
+    };
     if (start < end) {
-      if (ngram)
-        scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb, refresh,
-                                 base_of, slow);
-      else
-        scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb, refresh,
-                                base_of, slow);
+      if (ngram) {
+        if (plain)
+          scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb,
+                                   refresh, base_plain, slow);
+        else
+          scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb,
+                                   refresh, base_of, slow);
+      } else {
+        if (plain)
+          scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb,
+                                  refresh, base_plain, slow);
+        else
+          scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb,
+                                  refresh, base_of, slow);
+      }
     }
   }
   best = block_best(best, scratch);
