@@ -152,6 +152,8 @@ def test_verify_backends_identical(mode, case):
     for b in _backends()[1:]:
         out = run(b, mode, prob, extra)
         assert_same(ref, out)
+        # without logprobs the CUDA kernels take the two-pass order (approximate final tokens)
+        assert_same(ref, run(b, mode, prob, extra, logprobs=False))
     # emitted tokens are well formed
     for i, nacc in enumerate(ref.num_accepted.tolist()):
         assert 0 <= nacc <= n_list[i]
@@ -569,6 +571,7 @@ def test_gpu_large_vocab_identity(V, dtype, mode):
     ref = run("reference", mode, prob, extra)
     for b in _backends()[1:]:
         assert_same(ref, run(b, mode, prob, extra), lp_tol=2e-3)
+        assert_same(ref, run(b, mode, prob, extra, logprobs=False))
 
 
 @gpu
@@ -576,10 +579,13 @@ def test_gpu_large_vocab_identity(V, dtype, mode):
 @pytest.mark.parametrize("shift", [0.0, 3e4, 3e5])
 @pytest.mark.parametrize("mode", ["probabilistic", "ngram"])
 def test_gpu_approximate_coins_decide_like_exact(mode, shift):
-    """The CUDA kernels decide most accept coins from error-bounded approximate mass sums and
-    send the rest (kUnsure) and every final position through the exact sums. Forcing every coin
-    through the exact sums must not change a token, and both must equal the reference. The
-    error bound grows with |max logit|: shifted logits make many coins take the exact path."""
+    """The CUDA kernels decide most accept coins, and (without logprobs) most final tokens at a
+    rejection, from error-bounded approximate mass sums (score intervals for the residual) and
+    send the undecided ones through the exact sums. Forcing every coin and token through the
+    exact sums (exact coins), or every approximately decided token through the exact second pass
+    after its scan (exact residual), must not change a token, and all must equal the reference.
+    The error bound grows with |max logit|: shifted logits make many decisions take the exact
+    path. Logprobs calls take the one-pass order (resolve kernel first)."""
     if "cuda" not in _backends():
         pytest.skip("needs the CUDA extension")
     for k in range(6):
@@ -589,16 +595,17 @@ def test_gpu_approximate_coins_decide_like_exact(mode, shift):
         prob["target_logits"] += shift
         prob["draft_logits"] += shift
         extra = params(len(n_list), "mixed" if k % 2 else "temp")
-        lp = shift == 0.0
-        ref = run("reference", mode, prob, extra, logprobs=lp)
-        fast = run("cuda", mode, prob, extra, logprobs=lp)
-        ov._EXACT_COINS_FOR_TESTING = True
-        try:
-            exact = run("cuda", mode, prob, extra, logprobs=lp)
-        finally:
-            ov._EXACT_COINS_FOR_TESTING = False
-        assert_same(ref, exact, lp_tol=1e-3)
-        assert_same(ref, fast, lp_tol=1e-3)
+        for lp in ((False, True) if shift == 0.0 else (False,)):
+            ref = run("reference", mode, prob, extra, logprobs=lp)
+            fast = run("cuda", mode, prob, extra, logprobs=lp)
+            assert_same(ref, fast, lp_tol=1e-3)
+            for knob in ("_EXACT_COINS_FOR_TESTING", "_EXACT_RESIDUAL_FOR_TESTING"):
+                setattr(ov, knob, True)
+                try:
+                    exact = run("cuda", mode, prob, extra, logprobs=lp)
+                finally:
+                    setattr(ov, knob, False)
+                assert_same(ref, exact, lp_tol=1e-3)
 
 
 @gpu
@@ -611,6 +618,7 @@ def test_gpu_batch_over_1024():
         ref = run("reference", mode, prob, extra)
         for b in _backends()[1:]:
             assert_same(ref, run(b, mode, prob, extra), lp_tol=1e-3)
+            assert_same(ref, run(b, mode, prob, extra, logprobs=False))
 
 
 @gpu
@@ -643,8 +651,10 @@ def test_gpu_rows_times_vocab_over_2_31():
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("lp", [True, False])
 @pytest.mark.parametrize("mode", ["probabilistic", "ngram", "strict"])
-def test_gpu_graph_replay_equals_eager(mode):
+def test_gpu_graph_replay_equals_eager(mode, lp):
+    fn = ops.verify_with_logprobs if lp else ops.verify
     n_list = [3, 1, 4, 0]
     prob = make_problem(n_list, 151936, torch.bfloat16, seed=101)
     extra = params(4, "mixed")
@@ -654,25 +664,21 @@ def test_gpu_graph_replay_equals_eager(mode):
                   draft_logits=prob["draft_logits"] if mode == "probabilistic" else None, **extra)
         seed = prob["seed"].clone()
         off = prob["offset"].clone()
-        eager = ops.verify_with_logprobs(prob["target_logits"], prob["draft_token_ids"], seed, off,
-                                         **kw)
+        eager = fn(prob["target_logits"], prob["draft_token_ids"], seed, off, **kw)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            ops.verify_with_logprobs(prob["target_logits"], prob["draft_token_ids"], seed, off,
-                                     **kw)
+            fn(prob["target_logits"], prob["draft_token_ids"], seed, off, **kw)
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = ops.verify_with_logprobs(prob["target_logits"], prob["draft_token_ids"], seed,
-                                           off, **kw)
+            out = fn(prob["target_logits"], prob["draft_token_ids"], seed, off, **kw)
         graph.replay()
         torch.cuda.synchronize()
         assert_same(eager, out, lp_tol=1e-5)   # Triton sums exp with float atomics
         # device-side parameters: a new offset changes the replayed result like eager does
         off.add_(7)
         graph.replay()
-        eager2 = ops.verify_with_logprobs(prob["target_logits"], prob["draft_token_ids"], seed,
-                                          off, **kw)
+        eager2 = fn(prob["target_logits"], prob["draft_token_ids"], seed, off, **kw)
         torch.cuda.synchronize()
         assert_same(eager2, out, lp_tol=1e-5)

@@ -34,7 +34,9 @@
 namespace tokenspeed_kernel::verify {
 
 // kExactCoins (testing): every coin that needs the mass sums is decided by the exact path.
-enum : uint32_t { kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8 };
+// kExactResidual (testing): every final token the first final pass decides from the approximate
+// sums is sent to the exact path instead (after its scan), as an undecided one would be.
+enum : uint32_t { kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16 };
 // kUnsure: the approximate sums could not decide the coin (the resolve kernel does, exactly).
 // kExactS: S_t / S_q are the exact fixed-point sums (else approximations, see verify_pos_kernel).
 enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8, kUnsure = 16, kExactS = 32 };
@@ -89,6 +91,8 @@ struct VerifyParams {
   unsigned int* count;       // [bs] final-kernel arrival counters, zeroed by the pos kernel
   unsigned long long* racc;  // [2 bs] resolve-kernel exact sums (S_t, S_q), zeroed likewise
   unsigned int* rcount;      // [bs] resolve-kernel arrival counters, zeroed likewise
+  unsigned int* need;        // [bs] request needs the exact path (first final pass -> resolve ->
+                             // second final pass), zeroed likewise; null: resolve runs for all
 };
 
 // ------------------------------------------------------------------------------------------
@@ -565,6 +569,7 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
     p.racc[2 * row] = 0ull;
     p.racc[2 * row + 1] = 0ull;
     p.rcount[row] = 0u;
+    if (p.need != nullptr) p.need[row] = 0u;
   }
   if (row >= p.R_t) return;  // uniform over the cluster
   int i, j;
@@ -906,6 +911,8 @@ __global__ void __launch_bounds__(kThreads, 3) verify_resolve_kernel(const Verif
   __shared__ long long sh_S[2];
   const int i = int(blockIdx.x / unsigned(p.rsplits));
   const int sp = int(blockIdx.x % unsigned(p.rsplits));
+  // after a first final pass (p.need set): only the requests it sent to the exact path
+  if (p.need != nullptr && *reinterpret_cast<volatile unsigned*>(&p.need[i]) == 0u) return;
   const int n = int(p.cu[i + 1] - p.cu[i]);
   if (threadIdx.x < 32) {
     const int f = first_failed(p, i, 0, n);
@@ -1168,9 +1175,25 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
 struct FinalWs {
   unsigned long long* cand;   // [bs]
   unsigned int* count;        // [bs]
+  float4* state;              // [bs * splits] per-CTA interval state (first pass), or null
   int32_t splits;
   int32_t chunk;              // elements per split (multiple of 8)
+  int32_t mode;               // 0: after the resolve kernel (every sum it needs is exact);
+                              // 1: first pass (approximate sums allowed); 2: second pass
 };
+
+// S from the pos kernel's approximate S~ = trunc(X), X = s * 2^38, |X - S| <= d S (coin_margin):
+// S in [X / (1 + d), X / (1 - d)] with X in [S~, S~ + 1); widened for the double rounding.
+__device__ __forceinline__ void s_interval(int64_t s, double d, int64_t& lo, int64_t& hi) {
+  const double x = double(s);
+  const double l = x / (1.0 + d) * (1.0 - 1e-12) - 2.0;
+  const double h = (x + 1.0) / (1.0 - d) * (1.0 + 1e-12) + 2.0;
+  lo = l < 1.0 ? int64_t(1) : int64_t(l);
+  hi = int64_t(h);
+}
+// Widening of a score interval: covers any non-monotonicity of soft_ln (an ulp or two of a value
+// below 90: ulp <= 7.7e-6) and the rounding of the subtraction / addition themselves.
+constexpr float kIvPad = 4e-5f;
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyParams p,
@@ -1180,8 +1203,13 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
   __shared__ int sh_last;
   __shared__ unsigned long long sh_key;
   __shared__ unsigned sh_lb;   // key32 of a lower bound of the winner's score (pruning)
+  __shared__ float sh_hi;
+  __shared__ float2 sh_iv[kThreads];
+  __shared__ long long sh_S2[2];
   const int i = int(blockIdx.x / unsigned(ws.splits));
   const int sp = int(blockIdx.x % unsigned(ws.splits));
+  // second pass: only the requests the first pass sent to the exact path
+  if (ws.mode == 2 && *reinterpret_cast<volatile unsigned*>(&p.need[i]) == 0u) return;
   const int n = int(p.cu[i + 1] - p.cu[i]);
   const int W = p.max_n + 1;
 
@@ -1201,6 +1229,25 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
   const bool bonus = f == n;
   const bool bad = (st.status & kBadT) || (!bonus && (st.status & kBadQ));
   const bool logprobs = p.flags & kLogprobs;
+  const bool ngram = p.flags & kNgram;
+  // First pass: a rejection whose sums are approximate is scored with score intervals (approx);
+  // an undecided coin at f (kUnsure), or bounds too wide to be useful, go to the exact path at
+  // once (uniform over the request's CTAs, before anything is written or counted).
+  bool approx = false;
+  double dt = 0.0, dq = 0.0;
+  if (ws.mode == 1 && !bonus && !bad) {
+    bool send = st.status & kUnsure;
+    if (!send && !(st.status & kExactS)) {
+      approx = true;
+      dt = coin_margin(st.m_t, p.chunk, p.V);
+      dq = ngram ? 0.0 : coin_margin(st.m_q, p.chunk, p.V);
+      send = dt >= 0.25 || dq >= 0.25 || logprobs || (p.flags & kExactCoins);
+    }
+    if (send) {
+      if (sp == 0 && threadIdx.x == 0) p.need[i] = 1u;
+      return;
+    }
+  }
   if (sp == 0) {
     for (int j = threadIdx.x; j < W; j += kThreads) {
       const int64_t o = int64_t(i) * W + j;
@@ -1225,7 +1272,6 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
 
   const RowParams rp = row_params(p, i);
   const T* trow = static_cast<const T*>(p.tgt) + tr * p.stride_t;
-  const bool ngram = p.flags & kNgram;
   const int64_t ds = draft_slot(p, i, f);
   const T* drow = (!bonus && !ngram) ? static_cast<const T*>(p.drf) + ds * p.stride_d : trow;
   const int64_t xd = (!bonus) ? p.ids[ds] : -1;
@@ -1233,7 +1279,10 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
   const uint64_t offp = uint64_t(p.offset[i] + f);
   const int64_t start = int64_t(sp) * ws.chunk;
   const int64_t end = start + ws.chunk < p.V ? start + ws.chunk : int64_t(p.V);
-  Cand best{-INFINITY, INT32_MAX};
+  Cand best{-INFINITY, INT32_MAX};   // approx: by the lower ends of the score intervals
+  // approx, per thread (shared memory: touched only by the rare exact scores, keeps registers
+  // for the scan): upper end of best's interval, max upper end of the other scored tokens
+  sh_iv[threadIdx.x] = make_float2(-INFINITY, -INFINITY);
   uint32_t blk = 0xffffffffu;
   Philox4 ph{0, 0, 0, 0};
   auto word = [&](int64_t id, uint32_t stream) -> uint32_t {
@@ -1288,10 +1337,19 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
                                base_of, slow);
   } else {
     // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
-    const u128 Sq = u128(uint64_t(st.S_q)), Sp = u128(uint64_t(st.S_t));
-    const float bl_sq = float(39 + (64 - __clzll((long long)st.S_q))) + 0.01f;
-    // ln S_q - ln S_t (float; ~1e-5 absolute error at most, covered by the 1e-4 margin below)
-    const float dS = fsub(logf(float(st.S_q)), logf(float(st.S_t)));
+    // approx: S_t in [St_lo, St_hi], S_q in [Sq_lo, Sq_hi], so N_i in
+    // [e^p Sq_lo - e^q St_hi, e^p Sq_hi - e^q St_lo]; exact: the intervals are points.
+    int64_t St_lo = st.S_t, St_hi = st.S_t, Sq_lo = st.S_q, Sq_hi = st.S_q;
+    if (approx) {
+      s_interval(st.S_t, dt, St_lo, St_hi);
+      if (!ngram) s_interval(st.S_q, dq, Sq_lo, Sq_hi);
+      if (threadIdx.x == 0) { sh_S2[0] = Sq_lo; sh_S2[1] = St_hi; }   // read by the rare scores
+    }
+    const u128 Sq = u128(uint64_t(Sq_hi)), Sp = u128(uint64_t(St_lo));
+    const float bl_sq = float(39 + (64 - __clzll((long long)Sq_hi))) + 0.01f;
+    // an upper bound of ln S_q - ln S_t (float; ~1e-5 absolute error at most, covered by the
+    // 1e-4 margin below)
+    const float dS = fsub(logf(float(Sq_hi)), logf(float(St_lo)));
     // Bounds before the mass and the noise. ep <= 2^(38 + yt log2 e) (1 + 2^-23)
     // (soft_exp_neg's error), so bitlen(A) <= 39 + bitlen(S_q) + yt log2 e + 1e-6 and
     // ln_ub(A) <= ubc (fmul / fadd are monotone; the 0.01 covers their rounding).
@@ -1331,9 +1389,29 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
       }
       const u128 B = u128(uint64_t(eq)) * Sp;
       if (A > B) {
-        const float s = fadd(soft_ln(wide_to_f32(A - B)), gumbel_from_bits(w));
-        best = best_of(best, Cand{s, int32_t(id)});
-        publish(s);
+        const float g = gumbel_from_bits(w);
+        const float s = fadd(soft_ln(wide_to_f32(A - B)), g);
+        if (!approx) {
+          best = best_of(best, Cand{s, int32_t(id)});
+          publish(s);
+          return;
+        }
+        // approx: A - B is the upper end of N; the score lies in [lo, hi]
+        const u128 A2 = u128(uint64_t(ep)) * u128(uint64_t(sh_S2[0]));
+        const u128 B2 = u128(uint64_t(eq)) * u128(uint64_t(sh_S2[1]));
+        const float lo = A2 > B2 ? fsub(fadd(soft_ln(wide_to_f32(A2 - B2)), g), kIvPad) : -INFINITY;
+        const float hi = fadd(s, kIvPad);
+        if (int32_t(id) == best.id) return;   // the probe's token scanned again
+        float2 iv = sh_iv[threadIdx.x];
+        if (lo > best.s || (lo == best.s && uint32_t(id) < uint32_t(best.id))) {
+          iv.y = fmaxf(iv.y, iv.x);
+          best = Cand{lo, int32_t(id)};
+          iv.x = hi;
+        } else {
+          iv.y = fmaxf(iv.y, hi);
+        }
+        sh_iv[threadIdx.x] = iv;
+        if (lo > -INFINITY) publish(lo);
       }
     };
     if (threadIdx.x == 0) {  // probe: the target row's argmax token
@@ -1372,10 +1450,23 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
       }
     }
   }
+  const Cand mine = best;
   best = block_best(best, scratch);
+  float hx = -INFINITY;   // approx: max upper end over the CTA's scored tokens other than best
+  if (approx) {
+    const float2 iv = sh_iv[threadIdx.x];
+    const float t = fmaxf(iv.y, mine.id == best.id ? -INFINITY : iv.x);
+    hx = block_max_arg(MaxArg{t, 0}, scratch).v;
+    // best's upper end: from the thread that holds it (several may, all with the same value)
+    if (mine.id == best.id && mine.s == best.s) sh_hi = iv.x;
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     const unsigned long long k = pack_cand(best);
     if (k) atomicMax(&ws.cand[i], k);
+    if (approx)
+      ws.state[int64_t(i) * ws.splits + sp] =
+          make_float4(__int_as_float(best.id), sh_hi, hx, 0.0f);
     __threadfence();
     sh_last = atomicAdd(&ws.count[i], 1u) == unsigned(ws.splits) - 1u;
   }
@@ -1388,6 +1479,29 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
   }
   __syncthreads();
   unsigned long long key = sh_key;
+  if (approx) {
+    // The token with the largest lower end W wins exactly if every other scored token's upper
+    // end is below W's lower end (tokens never scored were pruned with an upper bound < lb <=
+    // W's lower end). Otherwise the exact path decides (resolve kernel, second pass).
+    const int32_t wid = int32_t(unpack_id(key));
+    float h = -INFINITY;
+    for (int c = threadIdx.x; c < ws.splits; c += kThreads) {
+      const float4 q = __ldcg(&ws.state[int64_t(i) * ws.splits + c]);
+      h = fmaxf(h, q.z);
+      if (__float_as_int(q.x) != wid) h = fmaxf(h, q.y);
+    }
+    h = block_max_arg(MaxArg{h, 0}, scratch).v;
+    const bool decided = key != 0ull && !(p.flags & kExactResidual) &&
+                         key32_to_float(uint32_t(key >> 32)) > h;
+    if (!decided) {
+      if (threadIdx.x == 0) {
+        ws.cand[i] = 0ull;   // the second pass starts afresh
+        ws.count[i] = 0u;
+        p.need[i] = 1u;
+      }
+      return;
+    }
+  }
   if (!bonus && key == 0) {
     // empty residual (p == q and p(x) = 0): resample from p, weights e^p_i, same noise. Rare
     // (a draft outside its own distribution's support): this CTA scans the whole row.
@@ -1538,10 +1652,24 @@ inline int pick_splits(int64_t units, int64_t V, int64_t resident, int max_split
   return best;
 }
 
+// Final-kernel CTAs per request (the launcher and the workspace sizing both use it).
+template <typename T>
+inline int verify_final_splits(int64_t bs, int64_t V, int sms, bool vec_ok) {
+  constexpr int VEC = 16 / sizeof(T);
+  const int occ = vec_ok ? resident_per_sm(verify_final_kernel<T, VEC>)
+                         : resident_per_sm(verify_final_kernel<T, 1>);
+  return pick_splits(bs, V, int64_t(occ) * sms, 128, 2048);
+}
+
 // sms: the device's SM count; clusters: thread-block clusters available (sm_90+); ws.cand /
-// ws.count (final kernel) and p.racc / p.rcount (resolve kernel) must hold bs (2 bs) entries
-// (zeroed by the pos kernel, which therefore always runs with at least bs row blocks);
+// ws.count (final kernel), p.racc / p.rcount (resolve kernel) and p.need must hold bs (2 bs)
+// entries (zeroed by the pos kernel, which therefore always runs with at least bs row blocks);
+// ws.splits from verify_final_splits, ws.state bs * ws.splits entries (when p.need is set);
 // vec_ok: rows 16-byte aligned.
+//
+// Order: pos, then either (p.need null, or logprobs) resolve + final, or final (first pass:
+// tokens decided from the approximate sums where their error bounds leave no doubt) + resolve +
+// final (second pass), the last two doing work only for the requests the first pass sent on.
 template <typename T, int VEC>
 inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool clusters,
                                                  FinalWs ws, cudaStream_t stream) {
@@ -1549,6 +1677,8 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     const int64_t per = (int64_t(p.V) + c - 1) / c;
     return int32_t((per + 7) / 8 * 8);
   };
+  const bool two_pass = p.need != nullptr && ws.state != nullptr && !(p.flags & kLogprobs);
+  if (!two_pass) p.need = nullptr;
   cudaError_t e;
   if (p.thr != nullptr && p.R_t + p.R_d > 0) {
     const unsigned blocks = unsigned(p.R_t + p.R_d);
@@ -1569,6 +1699,15 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     if (e != cudaSuccess) return e;
     p.chunk = pp.chunk;
   }
+  // the final token: ws.splits CTAs per request
+  ws.chunk = chunk_of(ws.splits);
+  const unsigned fblocks = unsigned(int64_t(p.bs) * ws.splits);
+  if (two_pass) {
+    ws.mode = 1;
+    verify_final_kernel<T, VEC><<<fblocks, kThreads, 0, stream>>>(p, ws);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
   // 2. exact sums of the deciding positions: rsplits independent CTAs per request
   {
     const int occ = resident_per_sm(verify_resolve_kernel<T, VEC>);
@@ -1578,13 +1717,9 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  // 3. the final token: splits CTAs per request
-  {
-    const int occ = resident_per_sm(verify_final_kernel<T, VEC>);
-    ws.splits = pick_splits(p.bs, p.V, int64_t(occ) * sms, 128, 2048);
-    ws.chunk = chunk_of(ws.splits);
-    verify_final_kernel<T, VEC><<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
-  }
+  // 3. the final token (every request, or the second pass)
+  ws.mode = two_pass ? 2 : 0;
+  verify_final_kernel<T, VEC><<<fblocks, kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }
 template <typename T>
@@ -1593,6 +1728,7 @@ inline cudaError_t launch_verify_probabilistic(VerifyParams p, int sms, bool clu
   if (p.bs == 0) return cudaSuccess;
   p.cand = ws.cand;
   p.count = ws.count;
+  if (ws.splits < 1) ws.splits = verify_final_splits<T>(p.bs, p.V, sms, vec_ok);
   constexpr int VEC = 16 / sizeof(T);
   return vec_ok ? launch_verify_probabilistic_v<T, VEC>(p, sms, clusters, ws, stream)
                 : launch_verify_probabilistic_v<T, 1>(p, sms, clusters, ws, stream);

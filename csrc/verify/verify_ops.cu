@@ -131,7 +131,7 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.V = int32_t(V);
   p.bs = int32_t(bs);
   p.max_n = int32_t(max_num_draft);
-  p.flags = uint32_t(flags) & (kPadded | kNgram | kExactCoins);
+  p.flags = uint32_t(flags) & (kPadded | kNgram | kExactCoins | kExactResidual);
   if (logprobs.has_value()) p.flags |= kLogprobs;
   p.ids = draft_token_ids.data_ptr<int64_t>();
   p.cu = cu_num_draft.data_ptr<int64_t>();
@@ -154,14 +154,24 @@ void verify_probabilistic(const at::Tensor& target_logits,
   const auto* prop = at::cuda::getDeviceProperties(tgt.get_device());
   const int sms = prop->multiProcessorCount;
   const bool clusters = prop->major >= 9;   // thread-block clusters need sm_90+
-  // per request: final-kernel candidate (8 B), resolve sums (16 B), two arrival counters (8 B)
-  at::Tensor fws = at::empty({bs * 32}, tgt.options().dtype(at::kByte));
+  int fsplits;
+  switch (dtype) {
+    case at::kFloat: fsplits = verify_final_splits<float>(bs, V, sms, vec_ok); break;
+    case at::kBFloat16: fsplits = verify_final_splits<__nv_bfloat16>(bs, V, sms, vec_ok); break;
+    default: fsplits = verify_final_splits<__half>(bs, V, sms, vec_ok); break;
+  }
+  // per request: final-kernel candidate (8 B), resolve sums (16 B), two arrival counters and the
+  // exact-path flag (12 B), padding to 48 B; then the first final pass's per-CTA states (16 B each)
+  at::Tensor fws = at::empty({bs * 48 + bs * fsplits * 16}, tgt.options().dtype(at::kByte));
   uint8_t* fb = static_cast<uint8_t*>(fws.data_ptr());
   FinalWs fw{};
   fw.cand = reinterpret_cast<unsigned long long*>(fb);
   p.racc = reinterpret_cast<unsigned long long*>(fb + bs * 8);
   fw.count = reinterpret_cast<unsigned int*>(fb + bs * 24);
   p.rcount = reinterpret_cast<unsigned int*>(fb + bs * 28);
+  p.need = reinterpret_cast<unsigned int*>(fb + bs * 32);
+  fw.state = reinterpret_cast<float4*>(fb + bs * 48);
+  fw.splits = fsplits;
   cudaError_t err;
   switch (dtype) {
     case at::kFloat:

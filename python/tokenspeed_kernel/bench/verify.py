@@ -206,7 +206,10 @@ def run_verify_bench(args) -> int:
                         pb.ids_fi = pb.ids.view(bs, n).to(torch.int32)
                         pb.seed_fi = 12345
                         pb.offset_fi = 0
-                        pb.tgt_as_draft = pb.tgt.view(bs, n + 1, V)[:, :n].reshape(bs * n, V)
+                        # contiguous: at n = 1 the reshape is a strided view (FlashInfer
+                        # rejects it)
+                        pb.tgt_as_draft = pb.tgt.view(bs, n + 1, V)[:, :n].reshape(
+                            bs * n, V).contiguous()
                         from ..ops import sampling as S
                         r = torch.arange(bs * n, device=device)
                         pb.ids_same = S.sample(pb.tgt_as_draft, r + 7, torch.zeros_like(r),
