@@ -2,20 +2,23 @@
 // contract: docs/VERIFY.md. Every float op that decides a token is an explicit round-to-nearest
 // intrinsic (softmath.cuh); masses, normalizers and the accept / residual tests are exact integers.
 //
-// Probabilistic / ngram mode, two launches:
-//   1. verify_pos_kernel: one thread-block cluster (cs CTAs, each a contiguous vocabulary chunk)
-//      per target row (= position). Pass 1 reads the chunk of the target row (and of the draft
-//      row of the same position) from HBM: raw max, its lowest id, NaN flag; the cluster combines
-//      them through distributed shared memory. Pass 2 re-reads the chunk (it is in L2: a chunk is
-//      V / cs elements and was read microseconds earlier) for the fixed-point mass sum S of the
-//      kept set (and sum exp(z - zmax) for logprobs). Rank 0 then decides the accept coin of the
-//      position's draft token. Nothing [rows, V] is written.
-//   2. verify_final_kernel: `splits` CTAs per request. Warp 0 finds the first failed position
-//      (ballot over the accept bits), split 0 writes the accepted tokens; then the CTAs sample the
-//      one final token over their vocabulary chunk: the residual max(0, p - q) at the first
-//      rejection (Gumbel-max, stream 2) or the bonus token from p (the sampler's Gumbel-max,
-//      stream 0), reading one (or two) rows once; packed candidates meet in an atomicMax and the
-//      last CTA to arrive writes the token.
+// Probabilistic / ngram mode (docs/VERIFY.md has the details):
+//   1. verify_pos_kernel: cs CTAs (a thread-block cluster when cs > 1) per target row (=
+//      position). Rows without min-p / top-k / top-p read the target and draft chunk once: raw
+//      max, lowest id, NaN, approximate mass sums with a proven relative error bound
+//      (coin_margin); the accept coin is decided from them when the bound leaves no doubt, else
+//      marked kUnsure. Filtered rows take an exact two-pass path. Nothing [rows, V] is written.
+//   Without logprobs (two-pass order):
+//   2. verify_final_kernel, first pass: `splits` CTAs per request walk to the first position
+//      without the accept bit; at a rejection whose sums are approximate they score the
+//      residual max(0, p - q) with score intervals (the sums' bounds), and the last CTA decides
+//      the token when the best lower end beats every other upper end. An undecided coin or
+//      token puts the request on a list (rare).
+//   3. verify_resolve_kernel / 4. verify_final_kernel, second pass: only the listed requests
+//      (exact sums of the deciding rows, exact coins, then the exact final token), on a fixed
+//      grid of one wave with each listed request split finely.
+//   With logprobs (one-pass order): resolve kernel for every request (exact sums of the deciding
+//   position), then the final kernel (mode 0) exactly.
 // Strict mode: the foundation sampler samples every target row; verify_strict_kernel compares.
 #pragma once
 
@@ -24,6 +27,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
@@ -91,8 +95,9 @@ struct VerifyParams {
   unsigned int* count;       // [bs] final-kernel arrival counters, zeroed by the pos kernel
   unsigned long long* racc;  // [2 bs] resolve-kernel exact sums (S_t, S_q), zeroed likewise
   unsigned int* rcount;      // [bs] resolve-kernel arrival counters, zeroed likewise
-  unsigned int* need;        // [bs] request needs the exact path (first final pass -> resolve ->
-                             // second final pass), zeroed likewise; null: resolve runs for all
+  int32_t* flist;            // [bs] requests the first final pass sends to the exact path
+  unsigned int* fcount;      // their number (zeroed by the pos kernel); flist null: one-pass
+                             // order, the resolve kernel runs for every request
 };
 
 // ------------------------------------------------------------------------------------------
@@ -569,8 +574,8 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
     p.racc[2 * row] = 0ull;
     p.racc[2 * row + 1] = 0ull;
     p.rcount[row] = 0u;
-    if (p.need != nullptr) p.need[row] = 0u;
   }
+  if (row == 0 && rank == 0 && threadIdx.x == 0 && p.fcount != nullptr) *p.fcount = 0u;
   if (row >= p.R_t) return;  // uniform over the cluster
   int i, j;
   locate_target_row(p, row, i, j);
@@ -904,15 +909,11 @@ __device__ __forceinline__ void block_masses(const VerifyParams& p, const RowPar
 // coin (kUnsure, then accepted: rare) moves the walk on; that CTA alone does the next
 // positions over whole rows.
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads, 3) verify_resolve_kernel(const VerifyParams p) {
+__device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, const int sp) {
   __shared__ BlockScratch scratch;
   __shared__ int sh_f;
   __shared__ int sh_last;
   __shared__ long long sh_S[2];
-  const int i = int(blockIdx.x / unsigned(p.rsplits));
-  const int sp = int(blockIdx.x % unsigned(p.rsplits));
-  // after a first final pass (p.need set): only the requests it sent to the exact path
-  if (p.need != nullptr && *reinterpret_cast<volatile unsigned*>(&p.need[i]) == 0u) return;
   const int n = int(p.cu[i + 1] - p.cu[i]);
   if (threadIdx.x < 32) {
     const int f = first_failed(p, i, 0, n);
@@ -983,6 +984,19 @@ __global__ void __launch_bounds__(kThreads, 3) verify_resolve_kernel(const Verif
       p.pos[row].status = (ps.status & ~kUnsure) | kExactS | (acc ? kAccept : 0u);
     }
     if (!acc) return;
+  }
+}
+
+// One item (request i, split sp) per CTA; after a first final pass (p.flist set), the CTAs of a
+// fixed grid stride over (listed request, split) items -- few requests, each split finely.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads, 3) verify_resolve_kernel(const VerifyParams p) {
+  const unsigned S = unsigned(p.rsplits);
+  const unsigned items =
+      p.flist ? *reinterpret_cast<const volatile unsigned*>(p.fcount) * S : gridDim.x;
+  for (unsigned it = blockIdx.x; it < items; it += gridDim.x) {
+    resolve_one<T, VEC>(p, p.flist ? p.flist[it / S] : int(it / S), int(it % S));
+    __syncthreads();   // shared memory reuse by the next item
   }
 }
 
@@ -1196,8 +1210,8 @@ __device__ __forceinline__ void s_interval(int64_t s, double d, int64_t& lo, int
 constexpr float kIvPad = 4e-5f;
 
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyParams p,
-                                                                const FinalWs ws) {
+__device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& ws, const int i,
+                                          const int sp) {
   __shared__ BlockScratch scratch;
   __shared__ int sh_f;
   __shared__ int sh_last;
@@ -1206,10 +1220,6 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
   __shared__ float sh_hi;
   __shared__ float2 sh_iv[kThreads];
   __shared__ long long sh_S2[2];
-  const int i = int(blockIdx.x / unsigned(ws.splits));
-  const int sp = int(blockIdx.x % unsigned(ws.splits));
-  // second pass: only the requests the first pass sent to the exact path
-  if (ws.mode == 2 && *reinterpret_cast<volatile unsigned*>(&p.need[i]) == 0u) return;
   const int n = int(p.cu[i + 1] - p.cu[i]);
   const int W = p.max_n + 1;
 
@@ -1244,7 +1254,7 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
       send = dt >= 0.25 || dq >= 0.25 || logprobs || (p.flags & kExactCoins);
     }
     if (send) {
-      if (sp == 0 && threadIdx.x == 0) p.need[i] = 1u;
+      if (sp == 0 && threadIdx.x == 0) p.flist[atomicAdd(p.fcount, 1u)] = i;
       return;
     }
   }
@@ -1497,7 +1507,7 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
       if (threadIdx.x == 0) {
         ws.cand[i] = 0ull;   // the second pass starts afresh
         ws.count[i] = 0u;
-        p.need[i] = 1u;
+        p.flist[atomicAdd(p.fcount, 1u)] = i;
       }
       return;
     }
@@ -1529,6 +1539,21 @@ __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyP
       p.plp[o] = rp.greedy ? 0.0f
                            : fsub(fmul(z, rp.inv_t), st.m_t) - (logf(float(st.S_t)) - kLn2Pow38);
     }
+  }
+}
+
+// One item (request i, split sp) per CTA (mode 0 and 1); in the second pass (mode 2) the CTAs
+// of a fixed grid stride over (request of p.flist, split) items.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyParams p,
+                                                                const FinalWs ws) {
+  const bool listed = ws.mode == 2;
+  const unsigned S = unsigned(ws.splits);
+  const unsigned items =
+      listed ? *reinterpret_cast<const volatile unsigned*>(p.fcount) * S : gridDim.x;
+  for (unsigned it = blockIdx.x; it < items; it += gridDim.x) {
+    final_one<T, VEC>(p, ws, listed ? p.flist[it / S] : int(it / S), int(it % S));
+    __syncthreads();   // shared memory reuse by the next item
   }
 }
 
@@ -1662,14 +1687,15 @@ inline int verify_final_splits(int64_t bs, int64_t V, int sms, bool vec_ok) {
 }
 
 // sms: the device's SM count; clusters: thread-block clusters available (sm_90+); ws.cand /
-// ws.count (final kernel), p.racc / p.rcount (resolve kernel) and p.need must hold bs (2 bs)
+// ws.count (final kernel), p.racc / p.rcount (resolve kernel) and p.flist must hold bs (2 bs)
 // entries (zeroed by the pos kernel, which therefore always runs with at least bs row blocks);
-// ws.splits from verify_final_splits, ws.state bs * ws.splits entries (when p.need is set);
+// ws.splits from verify_final_splits, ws.state bs * ws.splits entries (when p.flist is set);
 // vec_ok: rows 16-byte aligned.
 //
-// Order: pos, then either (p.need null, or logprobs) resolve + final, or final (first pass:
-// tokens decided from the approximate sums where their error bounds leave no doubt) + resolve +
-// final (second pass), the last two doing work only for the requests the first pass sent on.
+// Order: pos, then either (p.flist null, or logprobs) resolve + final over every request, or
+// final (first pass: tokens decided from the approximate sums where their error bounds leave no
+// doubt) + resolve + final (second pass) over the requests the first pass listed -- usually none
+// or a few, so those two run on a fixed grid of one wave with each listed request split finely.
 template <typename T, int VEC>
 inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool clusters,
                                                  FinalWs ws, cudaStream_t stream) {
@@ -1677,8 +1703,8 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     const int64_t per = (int64_t(p.V) + c - 1) / c;
     return int32_t((per + 7) / 8 * 8);
   };
-  const bool two_pass = p.need != nullptr && ws.state != nullptr && !(p.flags & kLogprobs);
-  if (!two_pass) p.need = nullptr;
+  const bool two_pass = p.flist != nullptr && ws.state != nullptr && !(p.flags & kLogprobs);
+  if (!two_pass) { p.flist = nullptr; p.fcount = nullptr; }
   cudaError_t e;
   if (p.thr != nullptr && p.R_t + p.R_d > 0) {
     const unsigned blocks = unsigned(p.R_t + p.R_d);
@@ -1699,27 +1725,38 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     if (e != cudaSuccess) return e;
     p.chunk = pp.chunk;
   }
-  // the final token: ws.splits CTAs per request
-  ws.chunk = chunk_of(ws.splits);
-  const unsigned fblocks = unsigned(int64_t(p.bs) * ws.splits);
-  if (two_pass) {
-    ws.mode = 1;
-    verify_final_kernel<T, VEC><<<fblocks, kThreads, 0, stream>>>(p, ws);
-    e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
-  // 2. exact sums of the deciding positions: rsplits independent CTAs per request
-  {
-    const int occ = resident_per_sm(verify_resolve_kernel<T, VEC>);
-    p.rsplits = pick_splits(p.bs, p.V, int64_t(occ) * sms, 128, 2048);
+  const int64_t res_r = int64_t(resident_per_sm(verify_resolve_kernel<T, VEC>)) * sms;
+  const int64_t res_f = int64_t(resident_per_sm(verify_final_kernel<T, VEC>)) * sms;
+  if (!two_pass) {
+    // 2. exact sums of every request's deciding position, 3. the final token
+    p.rsplits = pick_splits(p.bs, p.V, res_r, 128, 2048);
     p.rchunk = chunk_of(p.rsplits);
     verify_resolve_kernel<T, VEC><<<unsigned(int64_t(p.bs) * p.rsplits), kThreads, 0, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
+    ws.chunk = chunk_of(ws.splits);
+    ws.mode = 0;
+    verify_final_kernel<T, VEC><<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
+    return cudaGetLastError();
   }
-  // 3. the final token (every request, or the second pass)
-  ws.mode = two_pass ? 2 : 0;
-  verify_final_kernel<T, VEC><<<fblocks, kThreads, 0, stream>>>(p, ws);
+  // 2. first final pass over every request
+  ws.chunk = chunk_of(ws.splits);
+  ws.mode = 1;
+  verify_final_kernel<T, VEC><<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  // 3. exact sums, 4. second final pass: listed requests, split as if each were alone
+  p.rsplits = pick_splits(1, p.V, res_r, 128, 2048);
+  p.rchunk = chunk_of(p.rsplits);
+  const int64_t gr = std::min<int64_t>(int64_t(p.bs) * p.rsplits, res_r);
+  verify_resolve_kernel<T, VEC><<<unsigned(gr), kThreads, 0, stream>>>(p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  ws.splits = pick_splits(1, p.V, res_f, 128, 2048);
+  ws.chunk = chunk_of(ws.splits);
+  ws.mode = 2;
+  const int64_t gf = std::min<int64_t>(int64_t(p.bs) * ws.splits, res_f);
+  verify_final_kernel<T, VEC><<<unsigned(gf), kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }
 template <typename T>
