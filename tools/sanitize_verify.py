@@ -1,5 +1,6 @@
 """Small ops.verify workload for compute-sanitizer (memcheck / racecheck) on the CUDA kernels:
-fast rows, filtered (exact-path) rows, greedy rows, ngram, forced exact coins, clusters
+fast rows, filtered (exact-path) rows, greedy rows, ngram, with and without logprobs (the two
+kernel orders), the testing knobs that force the exact paths, clusters
 (V >= 32768) and single CTAs, aligned and unaligned rows, bf16 and fp32; each result is
 compared with the reference (token identity).
 
@@ -33,13 +34,14 @@ def problem(n_list, V, dtype, seed, unaligned=False):
                                                                              device=dev))
 
 
-def run(prob, mode, backend, extra):
+def run(prob, mode, backend, extra, lp=True):
     a = dict(prob)
     tl, ids, seed, off = (a.pop(k) for k in ("target_logits", "draft_token_ids", "seed", "offset"))
     if mode != "probabilistic":
         a.pop("draft_logits")
     a.update(extra)
-    return ops.verify_with_logprobs(tl, ids, seed, off, mode=mode, backend=backend, **a)
+    fn = ops.verify_with_logprobs if lp else ops.verify
+    return fn(tl, ids, seed, off, mode=mode, backend=backend, **a)
 
 
 def main() -> int:
@@ -60,14 +62,22 @@ def main() -> int:
                       {"temperature": temp, "top_k": torch.full((bs,), 20, dtype=torch.int32,
                                                                 device="cuda")})[:1 if temp_only else 3]:
             for mode in ("probabilistic", "ngram"):
-                for exact in (False, True):
-                    ov._EXACT_COINS_FOR_TESTING = exact
-                    out = run(prob, mode, "cuda", extra)
-                    ov._EXACT_COINS_FOR_TESTING = False
-                    ref = run(prob, mode, "reference", extra)
+                ref = run(prob, mode, "reference", extra)
+                # logprobs: one-pass order; without: first pass + listed requests (the knobs
+                # list every request at once / after the interval scan)
+                for lp, knob in ((True, None), (True, "_EXACT_COINS_FOR_TESTING"), (False, None),
+                                 (False, "_EXACT_COINS_FOR_TESTING"),
+                                 (False, "_EXACT_RESIDUAL_FOR_TESTING")):
+                    if knob:
+                        setattr(ov, knob, True)
+                    try:
+                        out = run(prob, mode, "cuda", extra, lp)
+                    finally:
+                        if knob:
+                            setattr(ov, knob, False)
                     same = torch.equal(out.tokens.cpu(), ref.tokens.cpu())
                     bad += not same
-                    print(f"case {k} {sorted(extra)} {mode} exact_coins={exact}: "
+                    print(f"case {k} {sorted(extra)} {mode} logprobs={lp} {knob or ''}: "
                           f"{'ok' if same else 'MISMATCH'}")
     torch.cuda.synchronize()
     print("sanitize_verify:", "OK" if bad == 0 else f"{bad} mismatches")
