@@ -20,8 +20,8 @@
 #   STEPS="tests sass" tools/gpu_comm.sh ; STEPS="memcheck racecheck bench" QUICK=1 tools/gpu_comm.sh
 # Step time limits (s): TESTS_TIMEOUT=570 SAN_TIMEOUT=420 BENCH_TIMEOUT=570.
 #
-# Never sets, unsets or changes NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST /
-# NVSHMEM_DISABLE_NVLS; no step opts in to the multicast transport.
+# Leaves the multicast-disabling variables (NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST /
+# NVSHMEM_DISABLE_NVLS) exactly as the machine set them; no step opts in to multicast.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
