@@ -221,7 +221,35 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
                     assert int((big[:, H:] != 0).sum()) == 0, "wrote outside out"
         comm.check()
         comm.close()
+    # Multi-round chunks: the pipelined flag kernel moves each CTA's chunk in rounds of
+    # 480 * 4 vectors (30 KiB); a 1- or 3-CTA grid and skewed widths give several rounds, and a
+    # different round count per source (rank s holds 1024 * (1 + 4 s) columns).
+    ws = skewed_widths(world)
+    for max_blocks in (1, 3):
+        for dtype in (torch.bfloat16, torch.float32):
+            comm = oc.create_all_gather_comm(max_tokens=64, max_total_width=sum(ws), dtype=dtype,
+                                             max_blocks=max_blocks)
+            for rows in (1, 7, 64):
+                slices = [make_slice(SEED + 1, s, rows, ws[s], dtype, dev) for s in range(world)]
+                want = ref.all_gather_hidden(slices)
+                for backend in (["cuda:flag", "cuda:flag-nopipe"] if comm.extension else []) \
+                        + ["triton"]:
+                    oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = backend.endswith("-nopipe")
+                    try:
+                        for _ in range(2):  # both buffer parities
+                            y = ops.all_gather_hidden(comm, slices[rank], widths=ws,
+                                                      **bp(backend.replace("-nopipe", "")))
+                            assert_bits_equal(y, want, f"{dtype} skewed T={rows} "
+                                                       f"blocks={max_blocks} {backend}")
+                    finally:
+                        oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
+            comm.check()
+            comm.close()
     torch.cuda.synchronize()
+
+
+def skewed_widths(world: int) -> list:
+    return [1024 * (1 + 4 * s) for s in range(world)]
 
 
 def _gen_bits(idx: torch.Tensor, counter: torch.Tensor, src: int, it: torch.dtype) -> torch.Tensor:
@@ -447,6 +475,18 @@ def gpu_sanitize_worker(rank: int, world: int) -> None:
     torch.cuda.synchronize()
     comm.check()
     comm.close()
+    if comm_view_ok():  # (extension loaded) the pipelined flag kernel over several rounds, uneven round counts
+        ws = skewed_widths(world)
+        comm = oc.create_all_gather_comm(max_tokens=8, max_total_width=sum(ws),
+                                         dtype=torch.bfloat16, max_blocks=1)
+        for i in range(2):
+            slices = [make_slice(i, s, 7, ws[s], torch.bfloat16, dev) for s in range(world)]
+            assert_bits_equal(ops.all_gather_hidden(comm, slices[rank], widths=ws,
+                                                    **bp("cuda:flag")),
+                              ref.all_gather_hidden(slices), "sanitize rounds")
+        torch.cuda.synchronize()
+        comm.check()
+        comm.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,6 +46,12 @@ constexpr int kAgUnroll = 4;       // 16-byte vectors in flight per thread
 constexpr int64_t kAgReadyOffset = int64_t(kAgMaxBlocks) * kAgMaxRanks;  // in uint64 words
 constexpr int64_t kAgTritonOffset = 2 * kAgReadyOffset;                   // Triton data flags
 constexpr int64_t kAgFlagBytes = 3 * kAgReadyOffset * 8;                  // 96 KiB
+// Data flag values (CUDA kernels): (epoch << kAgRoundBits) | (round + 1). Monotonic across calls
+// and across the rounds of a call, so ">=" waits work for both kernels sharing the slots.
+constexpr int kAgRoundBits = 24;
+// Pipelined copy-out kernel: warp 0 signals, the other warps move data.
+constexpr int kAgDataThreads = kAgThreads - 32;
+constexpr int kAgRoundVec = kAgDataThreads * kAgUnroll;  // 16-byte vectors per round per CTA
 
 // int64 state words (local memory of each rank)
 constexpr int kAgStateSeq = 0;
@@ -65,6 +71,7 @@ constexpr int kAgFlagMultimem = 1;  // push through the multicast address (sm_90
 constexpr int kAgFlagView = 2;      // no copy-out; result stays in buffer 2 (entry handshake)
 constexpr int kAgFlagTrap = 4;      // __trap() after recording a timeout (default: flag only)
 constexpr int kAgFlagLL = 8;        // low-latency protocol: flag-carrying packets, no barrier
+constexpr int kAgFlagNoPipe = 16;   // testing / A-B only: copy-out through the unpipelined kernel
 
 struct AllGatherHiddenParams {
   const uint8_t* x;  // [rows, my width] (byte row stride ldx)
@@ -148,6 +155,18 @@ __device__ __forceinline__ void fence_proxy_alias() {
 #endif
 }
 
+// Named CTA barriers (ids 1..4; 0 is __syncthreads). bar.arrive does not wait; bar.sync waits
+// for `n` threads' arrivals. Producer warps arrive after their stores, consumer warps sync before
+// their reads: the PTX barrier orders the producers' prior accesses before the consumers' later
+// ones (the CUTLASS named-barrier producer/consumer pattern).
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
 __device__ __forceinline__ uint32_t chunk_begin(uint32_t n, int b, int g) {
   return static_cast<uint32_t>((static_cast<uint64_t>(n) * static_cast<uint64_t>(b)) /
                                static_cast<uint64_t>(g));
@@ -173,7 +192,7 @@ __device__ __noinline__ void record_timeout(const AllGatherHiddenParams& p, int 
 // Spin until *flag >= target. Bounded: gives up after timeout_ns (%globaltimer) and records the
 // error, or as soon as another block of this rank recorded one.
 __device__ __forceinline__ bool wait_flag_ge(const AllGatherHiddenParams& p, const uint64_t* flag,
-                                             uint64_t target, int code, int src) {
+                                             uint64_t target, int code, int src, uint64_t epoch) {
   if (ld_acquire_sys(flag) >= target) return true;
   const uint64_t start = globaltimer_ns();
   for (uint32_t it = 1;; ++it) {
@@ -181,7 +200,7 @@ __device__ __forceinline__ bool wait_flag_ge(const AllGatherHiddenParams& p, con
     if ((it & 63u) == 0u) {
       if (ld_relaxed_gpu(p.state + kAgStateErr) != 0) return false;
       if (p.timeout_ns > 0 && globaltimer_ns() - start > static_cast<uint64_t>(p.timeout_ns)) {
-        record_timeout(p, code, src, target);
+        record_timeout(p, code, src, epoch);
         return false;
       }
     }
@@ -309,7 +328,7 @@ __global__ void __launch_bounds__(kAgThreads)
     if (tid < p.world) {
       detail::st_release_sys(p.peer_flags[tid] + kAgReadyOffset + b * kAgMaxRanks + p.rank, epoch);
       if (!detail::wait_flag_ge(p, p.my_flags + kAgReadyOffset + b * kAgMaxRanks + tid, epoch,
-                                kAgErrTimeoutReady, tid))
+                                kAgErrTimeoutReady, tid, epoch))
         atomicOr(&s_fail, 1);  // shared atomic: no WAW race between waiting threads
     }
     __syncthreads();
@@ -364,10 +383,11 @@ __global__ void __launch_bounds__(kAgThreads)
 
     // ---- publish: data flag [b][rank] = epoch on every rank ----
     if (tid < p.world) {
-      detail::st_release_sys(p.peer_flags[tid] + b * kAgMaxRanks + p.rank, epoch);
+      const uint64_t fv = (epoch << kAgRoundBits) | 1u;  // one round
+      detail::st_release_sys(p.peer_flags[tid] + b * kAgMaxRanks + p.rank, fv);
       // ---- wait: data flags [b][*] of this rank reach epoch ----
-      if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + tid, epoch, kAgErrTimeoutData,
-                                tid))
+      if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + tid, fv, kAgErrTimeoutData,
+                                tid, epoch))
         atomicOr(&s_fail, 1);  // shared atomic: no WAW race between waiting threads
     }
     __syncthreads();
@@ -379,6 +399,164 @@ __global__ void __launch_bounds__(kAgThreads)
         if (s < p.world && (kMultimem || s != p.rank)) detail::copy_out_chunk(p, s, buf_off);
       }
     }
+  }
+}
+
+// Pipelined copy-out variant (P2P, copy-out mode: the default flag protocol). Same buffers,
+// flags and safety argument as all_gather_hidden_kernel, but chunk b of every source is moved in
+// rounds of kAgRoundVec vectors so that the copy-out of round k - 1 (local HBM) overlaps the
+// NVLink push of round k, and the release fence of each round's flag stalls only a signalling
+// warp instead of the whole CTA:
+//   data warps (1..15): push round k -> bar.arrive(A[k&1]) -> bar.sync(B[(k-1)&1]) -> copy-out
+//                       of round k - 1 of every peer;   after the loop: copy-out of round K - 1
+//   warp 0 (signals):   bar.sync(A[k&1]) -> data flag [b][rank] = (epoch, k) on every peer
+//                       (st.release.sys: cumulative over the data warps' stores, which the named
+//                       barrier ordered before it) -> wait data flags [b][s] >= (epoch, k) ->
+//                       bar.arrive(B[k&1]) (the acquire is ordered before the data warps' reads).
+// Two barrier ids per direction alternate by round parity: a warp can run at most one round
+// ahead of the other side, so an id is never re-armed before its previous phase completed.
+// Rounds of source s: ceil(|chunk b of s| / kAgRoundVec) -- every rank computes the same counts
+// from col_vec, so a receiver waits only for rounds its source will publish.
+template <int kW>
+__global__ void __launch_bounds__(kAgThreads)
+    all_gather_hidden_pipe_kernel(const __grid_constant__ AllGatherHiddenParams p) {
+  __shared__ uint64_t s_epoch;
+  __shared__ int s_abort;
+  __shared__ int s_fail;
+  const int tid = threadIdx.x;
+  const int b = blockIdx.x;
+  if (tid == 0) {
+    s_abort = detail::ld_relaxed_gpu(p.state + kAgStateErr) != 0;  // poisoned communicator
+    s_epoch = static_cast<uint64_t>(detail::ld_relaxed_gpu(p.state + kAgStateSeq)) + 1;
+    s_fail = 0;
+  }
+  __syncthreads();
+  if (s_abort) return;
+  const uint64_t epoch = s_epoch;
+  const int64_t buf_off = static_cast<int64_t>(epoch & 1) * p.buf_bytes;
+  // chunk b of source s: [lo, hi) in its slice's (t, c) vector order, and its round count
+  auto chunk = [&](int s, uint32_t& lo, uint32_t& hi) {
+    const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1] - p.col_vec[s]);
+    const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
+    lo = wv ? detail::chunk_begin(n, b, p.num_blocks) : 0;
+    hi = wv ? detail::chunk_begin(n, b + 1, p.num_blocks) : 0;
+  };
+  uint32_t nrounds = 0;  // K: rounds of this CTA (max over sources; the same on every rank)
+#pragma unroll
+  for (int s = 0; s < kW; ++s) {
+    if (s < p.world) {
+      uint32_t lo, hi;
+      chunk(s, lo, hi);
+      const uint32_t r = (hi - lo + kAgRoundVec - 1) / kAgRoundVec;
+      nrounds = r > nrounds ? r : nrounds;
+    }
+  }
+  uint32_t my_lo, my_hi;
+  chunk(p.rank, my_lo, my_hi);
+
+  if (tid < 32) {
+    // ---------------- signalling warp ----------------
+    const int lane = tid;
+    if (lane == 0) detail::advance_seq(p, epoch);  // every CTA read seq before the barrier above
+    uint32_t s_lo = 0, s_hi = 0;
+    const bool peer = lane < p.world && lane != p.rank;
+    if (peer) chunk(lane, s_lo, s_hi);
+    bool failed = false;
+    for (uint32_t k = 0; k < nrounds; ++k) {
+      detail::bar_sync(1 + (k & 1), kAgThreads);  // round k of my chunk pushed (data warps)
+      const uint64_t fv = (epoch << kAgRoundBits) | (k + 1);
+      if (peer && my_lo + k * kAgRoundVec < my_hi)
+        detail::st_release_sys(p.peer_flags[lane] + b * kAgMaxRanks + p.rank, fv);
+      if (peer && !failed && s_lo + k * kAgRoundVec < s_hi) {
+        if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + lane, fv, kAgErrTimeoutData,
+                                  lane, epoch)) {
+          failed = true;
+          atomicOr(&s_fail, 1);  // shared atomic: no WAW race between waiting lanes
+        }
+      }
+      __syncwarp();
+      detail::bar_arrive(3 + (k & 1), kAgThreads);  // round k of every peer is here
+    }
+    return;
+  }
+
+  // ---------------- data warps ----------------
+  const int dt = tid - 32;
+  const uint32_t my_col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
+  const uint32_t my_wv = static_cast<uint32_t>(p.col_vec[p.rank + 1]) - my_col0;
+  auto copy_out_round = [&](uint32_t k) {
+#pragma unroll 1
+    for (int s = 0; s < kW; ++s) {
+      if (s >= p.world || s == p.rank) continue;
+      const uint32_t col0 = static_cast<uint32_t>(p.col_vec[s]);
+      const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
+      uint32_t lo, hi;
+      chunk(s, lo, hi);
+      const uint32_t rlo = lo + k * kAgRoundVec;
+      if (rlo >= hi) continue;
+      const uint32_t rhi = min(hi, rlo + kAgRoundVec);
+      const uint8_t* buf = p.my_data + buf_off;
+      uint4 v[kAgUnroll];
+      uint8_t* dst[kAgUnroll];
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {
+        const uint32_t i = rlo + dt + u * kAgDataThreads;
+        if (i < rhi) {
+          const uint32_t t = i / wv;
+          const uint32_t c = col0 + (i - t * wv);
+          v[u] = detail::ld_v4_cg(buf + (static_cast<int64_t>(t) * p.row_vec + c) * 16);
+          dst[u] = p.out + static_cast<int64_t>(t) * p.ldo + static_cast<int64_t>(c) * 16;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {
+        if (rlo + dt + u * kAgDataThreads < rhi) detail::st_v4(dst[u], v[u]);
+      }
+    }
+  };
+  for (uint32_t k = 0; k < nrounds; ++k) {
+    // ---- push round k of my chunk: peers' buffers, and my own output directly ----
+    const uint32_t rlo = my_lo + k * kAgRoundVec;
+    if (rlo < my_hi) {
+      const uint32_t rhi = min(my_hi, rlo + kAgRoundVec);
+      uint4 v[kAgUnroll];
+      int64_t dst[kAgUnroll];
+      uint8_t* own[kAgUnroll];
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {
+        const uint32_t i = rlo + dt + u * kAgDataThreads;
+        if (i < rhi) {
+          const uint32_t t = i / my_wv;
+          const uint32_t c = i - t * my_wv;
+          v[u] = detail::ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
+          dst[u] = buf_off + (static_cast<int64_t>(t) * p.row_vec + my_col0 + c) * 16;
+          own[u] = p.out + static_cast<int64_t>(t) * p.ldo + static_cast<int64_t>(my_col0 + c) * 16;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kAgUnroll; ++u) {
+        if (rlo + dt + u * kAgDataThreads < rhi) {
+#pragma unroll
+          for (int q = 0; q < kW; ++q) {
+            if (q < p.world) {
+              if (q == p.rank)
+                detail::st_v4(own[u], v[u]);
+              else
+                detail::st_v4(p.peer_data[q] + dst[u], v[u]);
+            }
+          }
+        }
+      }
+    }
+    detail::bar_arrive(1 + (k & 1), kAgThreads);
+    if (k > 0) {
+      detail::bar_sync(3 + ((k - 1) & 1), kAgThreads);
+      if (!s_fail) copy_out_round(k - 1);
+    }
+  }
+  if (nrounds > 0) {
+    detail::bar_sync(3 + ((nrounds - 1) & 1), kAgThreads);
+    if (!s_fail) copy_out_round(nrounds - 1);
   }
 }
 
@@ -535,7 +713,9 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
   }
 #define TS_AG_LAUNCH(W)                                                      \
   do {                                                                       \
-    if (mm)                                                                  \
+    if (!mm && !view && !(p.flags & kAgFlagNoPipe))                          \
+      all_gather_hidden_pipe_kernel<W><<<grid, block, 0, stream>>>(p);       \
+    else if (mm)                                                             \
       all_gather_hidden_kernel<W, true><<<grid, block, 0, stream>>>(p);      \
     else                                                                     \
       all_gather_hidden_kernel<W, false><<<grid, block, 0, stream>>>(p);     \

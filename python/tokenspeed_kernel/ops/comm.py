@@ -40,7 +40,10 @@ FLAG_BYTES = 3 * READY_OFFSET * 8
 STATE_WORDS = 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
-F_MULTIMEM, F_VIEW, F_TRAP, F_LL = 1, 2, 4, 8
+F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE = 1, 2, 4, 8, 16
+# Testing / A-B knob: copy-out calls of the flag protocol go through the unpipelined kernel
+# (all_gather_hidden_kernel) instead of the pipelined one (all_gather_hidden_pipe_kernel).
+_UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
 PROTOCOLS = ("auto", "ll", "flag")
 
 BACKENDS = ("auto", "cuda", "triton", "nccl", "reference", "multimem")
@@ -581,6 +584,8 @@ def cuda_protocol(comm: AllGatherComm, num_tokens: int, total_width: int,
 def _cuda_args(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> tuple:
     """Arguments of torch.ops.tokenspeed_kernel.all_gather_hidden (schema in comm_ops.cu)."""
     f = flags | (F_TRAP if comm.trap_on_timeout else 0)
+    if _UNPIPELINED_FLAG_KERNEL_FOR_TESTING:
+        f |= F_NOPIPE
     ll = bool(flags & F_LL)
     return (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags,
             comm.mc_data if flags & F_MULTIMEM else 0, list(offs), comm.rank, comm.buf_bytes,
