@@ -68,22 +68,24 @@ def _run(rank, world, opts):
                 x = torch.randint(-30000, 30000, (T, w), generator=gen, device=dev,
                                   dtype=torch.int64).to(it).view(dtype)
                 want = ref.all_gather_hidden_dist(x, comm.group)
-                provs = ["ll", "flag", "flag-nopipe"] + (["nccl"] if bb == opts["block_bytes"][0]
-                                                         else [])
+                provs = ["ll", "flag", "flag-nopipe", "flag-pipe8"] + (
+                    ["nccl"] if bb == opts["block_bytes"][0] else [])
                 line = []
                 for prov in provs:
                     if prov == "ll" and T * H * x.element_size() > 8 << 20:
                         continue
                     backend = "nccl" if prov == "nccl" else "cuda"
-                    proto = "auto" if prov == "nccl" else prov.replace("-nopipe", "")
-                    nopipe = prov.endswith("-nopipe")
+                    proto, _, knob = prov.partition("-")
+                    proto = "auto" if prov == "nccl" else proto
 
-                    def call(o, be=backend, pr=proto, np_=nopipe):
-                        oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = np_
+                    def call(o, be=backend, pr=proto, kn=knob):
+                        oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = kn == "nopipe"
+                        oc._PIPE8_FOR_TESTING = kn == "pipe8"
                         try:
                             oc.all_gather_hidden_out(comm, x, o, backend=be, protocol=pr)
                         finally:
                             oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
+                            oc._PIPE8_FOR_TESTING = False
                     o = torch.empty((T, H), dtype=dtype, device=dev)
                     call(o)
                     torch.cuda.synchronize()
@@ -122,7 +124,7 @@ def _run(rank, world, opts):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="comm_sweep")
-    ap.add_argument("--block-bytes", default="2048,4096,8192,16384")
+    ap.add_argument("--block-bytes", default="4096")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()

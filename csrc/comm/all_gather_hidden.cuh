@@ -34,6 +34,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
@@ -51,7 +52,7 @@ constexpr int64_t kAgFlagBytes = 3 * kAgReadyOffset * 8;                  // 96 
 constexpr int kAgRoundBits = 24;
 // Pipelined copy-out kernel: warp 0 signals, the other warps move data.
 constexpr int kAgDataThreads = kAgThreads - 32;
-constexpr int kAgRoundVec = kAgDataThreads * kAgUnroll;  // 16-byte vectors per round per CTA
+constexpr int kAgRoundVec = kAgDataThreads * kAgUnroll;  // default round (vectors per CTA)
 
 // int64 state words (local memory of each rank)
 constexpr int kAgStateSeq = 0;
@@ -72,6 +73,7 @@ constexpr int kAgFlagView = 2;      // no copy-out; result stays in buffer 2 (en
 constexpr int kAgFlagTrap = 4;      // __trap() after recording a timeout (default: flag only)
 constexpr int kAgFlagLL = 8;        // low-latency protocol: flag-carrying packets, no barrier
 constexpr int kAgFlagNoPipe = 16;   // testing / A-B only: copy-out through the unpipelined kernel
+constexpr int kAgFlagPipe8 = 32;    // testing / A-B only: pipelined kernel with 8-vector rounds
 
 struct AllGatherHiddenParams {
   const uint8_t* x;  // [rows, my width] (byte row stride ldx)
@@ -167,9 +169,12 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 
+// floor(n * b / g) without 64-bit division: n = q g + r, so n b / g = q b + r b / g with
+// r b < g^2 <= 2^16 (g <= kAgMaxBlocks).
 __device__ __forceinline__ uint32_t chunk_begin(uint32_t n, int b, int g) {
-  return static_cast<uint32_t>((static_cast<uint64_t>(n) * static_cast<uint64_t>(b)) /
-                               static_cast<uint64_t>(g));
+  const uint32_t ug = static_cast<uint32_t>(g), ub = static_cast<uint32_t>(b);
+  const uint32_t q = n / ug;
+  return q * ub + ((n - q * ug) * ub) / ug;
 }
 
 __device__ __noinline__ void record_timeout(const AllGatherHiddenParams& p, int code, int src,
@@ -404,7 +409,7 @@ __global__ void __launch_bounds__(kAgThreads)
 
 // Pipelined copy-out variant (P2P, copy-out mode: the default flag protocol). Same buffers,
 // flags and safety argument as all_gather_hidden_kernel, but chunk b of every source is moved in
-// rounds of kAgRoundVec vectors so that the copy-out of round k - 1 (local HBM) overlaps the
+// rounds of kAgDataThreads * kU vectors (30 KiB at kU = 4) so that the copy-out of round k - 1 (local HBM) overlaps the
 // NVLink push of round k, and the release fence of each round's flag stalls only a signalling
 // warp instead of the whole CTA:
 //   data warps (1..15): push round k -> bar.arrive(A[k&1]) -> bar.sync(B[(k-1)&1]) -> copy-out
@@ -415,14 +420,15 @@ __global__ void __launch_bounds__(kAgThreads)
 //                       bar.arrive(B[k&1]) (the acquire is ordered before the data warps' reads).
 // Two barrier ids per direction alternate by round parity: a warp can run at most one round
 // ahead of the other side, so an id is never re-armed before its previous phase completed.
-// Rounds of source s: ceil(|chunk b of s| / kAgRoundVec) -- every rank computes the same counts
+// Rounds of source s: ceil(|chunk b of s| / (kAgDataThreads * kU)) -- every rank computes the same counts
 // from col_vec, so a receiver waits only for rounds its source will publish.
-template <int kW>
-__global__ void __launch_bounds__(kAgThreads)
+template <int kW, int kU>
+__global__ void __launch_bounds__(kAgThreads, 1)
     all_gather_hidden_pipe_kernel(const __grid_constant__ AllGatherHiddenParams p) {
   __shared__ uint64_t s_epoch;
   __shared__ int s_abort;
   __shared__ int s_fail;
+  constexpr uint32_t kRoundVec = kAgDataThreads * kU;  // 16-byte vectors per round per CTA
   const int tid = threadIdx.x;
   const int b = blockIdx.x;
   if (tid == 0) {
@@ -447,7 +453,7 @@ __global__ void __launch_bounds__(kAgThreads)
     if (s < p.world) {
       uint32_t lo, hi;
       chunk(s, lo, hi);
-      const uint32_t r = (hi - lo + kAgRoundVec - 1) / kAgRoundVec;
+      const uint32_t r = (hi - lo + kRoundVec - 1) / kRoundVec;
       nrounds = r > nrounds ? r : nrounds;
     }
   }
@@ -457,7 +463,6 @@ __global__ void __launch_bounds__(kAgThreads)
   if (tid < 32) {
     // ---------------- signalling warp ----------------
     const int lane = tid;
-    if (lane == 0) detail::advance_seq(p, epoch);  // every CTA read seq before the barrier above
     uint32_t s_lo = 0, s_hi = 0;
     const bool peer = lane < p.world && lane != p.rank;
     if (peer) chunk(lane, s_lo, s_hi);
@@ -465,9 +470,9 @@ __global__ void __launch_bounds__(kAgThreads)
     for (uint32_t k = 0; k < nrounds; ++k) {
       detail::bar_sync(1 + (k & 1), kAgThreads);  // round k of my chunk pushed (data warps)
       const uint64_t fv = (epoch << kAgRoundBits) | (k + 1);
-      if (peer && my_lo + k * kAgRoundVec < my_hi)
+      if (peer && my_lo + k * kRoundVec < my_hi)
         detail::st_release_sys(p.peer_flags[lane] + b * kAgMaxRanks + p.rank, fv);
-      if (peer && !failed && s_lo + k * kAgRoundVec < s_hi) {
+      if (peer && !failed && s_lo + k * kRoundVec < s_hi) {
         if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + lane, fv, kAgErrTimeoutData,
                                   lane, epoch)) {
           failed = true;
@@ -492,68 +497,74 @@ __global__ void __launch_bounds__(kAgThreads)
       const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
       uint32_t lo, hi;
       chunk(s, lo, hi);
-      const uint32_t rlo = lo + k * kAgRoundVec;
+      const uint32_t rlo = lo + k * kRoundVec;
       if (rlo >= hi) continue;
-      const uint32_t rhi = min(hi, rlo + kAgRoundVec);
+      const uint32_t rhi = min(hi, rlo + kRoundVec);
       const uint8_t* buf = p.my_data + buf_off;
-      uint4 v[kAgUnroll];
-      uint8_t* dst[kAgUnroll];
+      uint4 v[kU];
+      uint32_t tt[kU], cc[kU];
 #pragma unroll
-      for (int u = 0; u < kAgUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         const uint32_t i = rlo + dt + u * kAgDataThreads;
         if (i < rhi) {
-          const uint32_t t = i / wv;
-          const uint32_t c = col0 + (i - t * wv);
-          v[u] = detail::ld_v4_cg(buf + (static_cast<int64_t>(t) * p.row_vec + c) * 16);
-          dst[u] = p.out + static_cast<int64_t>(t) * p.ldo + static_cast<int64_t>(c) * 16;
+          tt[u] = i / wv;
+          cc[u] = col0 + (i - tt[u] * wv);
+          v[u] = detail::ld_v4_cg(buf + (static_cast<int64_t>(tt[u]) * p.row_vec + cc[u]) * 16);
         }
       }
 #pragma unroll
-      for (int u = 0; u < kAgUnroll; ++u) {
-        if (rlo + dt + u * kAgDataThreads < rhi) detail::st_v4(dst[u], v[u]);
+      for (int u = 0; u < kU; ++u) {
+        if (rlo + dt + u * kAgDataThreads < rhi)
+          detail::st_v4(p.out + static_cast<int64_t>(tt[u]) * p.ldo +
+                            static_cast<int64_t>(cc[u]) * 16, v[u]);
       }
     }
   };
   for (uint32_t k = 0; k < nrounds; ++k) {
     // ---- push round k of my chunk: peers' buffers, and my own output directly ----
-    const uint32_t rlo = my_lo + k * kAgRoundVec;
+    const uint32_t rlo = my_lo + k * kRoundVec;
     if (rlo < my_hi) {
-      const uint32_t rhi = min(my_hi, rlo + kAgRoundVec);
-      uint4 v[kAgUnroll];
-      int64_t dst[kAgUnroll];
-      uint8_t* own[kAgUnroll];
+      const uint32_t rhi = min(my_hi, rlo + kRoundVec);
+      uint4 v[kU];
+      uint32_t tt[kU], cc[kU];  // (row, column) of each vector: fewer live registers than pointers
 #pragma unroll
-      for (int u = 0; u < kAgUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         const uint32_t i = rlo + dt + u * kAgDataThreads;
         if (i < rhi) {
-          const uint32_t t = i / my_wv;
-          const uint32_t c = i - t * my_wv;
-          v[u] = detail::ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
-          dst[u] = buf_off + (static_cast<int64_t>(t) * p.row_vec + my_col0 + c) * 16;
-          own[u] = p.out + static_cast<int64_t>(t) * p.ldo + static_cast<int64_t>(my_col0 + c) * 16;
+          tt[u] = i / my_wv;
+          cc[u] = i - tt[u] * my_wv;
+          v[u] = detail::ld_v4(p.x + static_cast<int64_t>(tt[u]) * p.ldx +
+                               static_cast<int64_t>(cc[u]) * 16);
         }
       }
 #pragma unroll
-      for (int u = 0; u < kAgUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         if (rlo + dt + u * kAgDataThreads < rhi) {
+          const int64_t dst =
+              buf_off + (static_cast<int64_t>(tt[u]) * p.row_vec + my_col0 + cc[u]) * 16;
 #pragma unroll
           for (int q = 0; q < kW; ++q) {
             if (q < p.world) {
               if (q == p.rank)
-                detail::st_v4(own[u], v[u]);
+                detail::st_v4(p.out + static_cast<int64_t>(tt[u]) * p.ldo +
+                                  static_cast<int64_t>(my_col0 + cc[u]) * 16, v[u]);
               else
-                detail::st_v4(p.peer_data[q] + dst[u], v[u]);
+                detail::st_v4(p.peer_data[q] + dst, v[u]);
             }
           }
         }
       }
     }
     detail::bar_arrive(1 + (k & 1), kAgThreads);
+    // Every CTA read seq before the first barrier. Here the done-counter atomic's round trip
+    // overlaps the signalling warp's publish and wait instead of delaying either.
+    if (k == 0 && dt == 0) detail::advance_seq(p, epoch);
     if (k > 0) {
       detail::bar_sync(3 + ((k - 1) & 1), kAgThreads);
       if (!s_fail) copy_out_round(k - 1);
     }
   }
+  if (nrounds == 0 && dt == 0) detail::advance_seq(p, epoch);
   if (nrounds > 0) {
     detail::bar_sync(3 + ((nrounds - 1) & 1), kAgThreads);
     if (!s_fail) copy_out_round(nrounds - 1);
@@ -711,10 +722,21 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
       all_gather_hidden_ll_kernel<16><<<grid, block, 0, stream>>>(p);
     return cudaGetLastError();
   }
+  // Copy-out calls whose CTA chunks span more than one round go through the pipelined kernel
+  // (a single round gains nothing from it and pays for its extra barriers).
+  int64_t max_chunk = 0;
+  for (int s = 0; s < p.world; ++s)
+    max_chunk = std::max<int64_t>(
+        max_chunk, (int64_t(p.rows) * (p.col_vec[s + 1] - p.col_vec[s]) + p.num_blocks - 1) /
+                       p.num_blocks);
+  const bool pipe = !mm && !view && !(p.flags & kAgFlagNoPipe) && max_chunk > kAgRoundVec;
+  const bool pipe8 = (p.flags & kAgFlagPipe8) != 0;
 #define TS_AG_LAUNCH(W)                                                      \
   do {                                                                       \
-    if (!mm && !view && !(p.flags & kAgFlagNoPipe))                          \
-      all_gather_hidden_pipe_kernel<W><<<grid, block, 0, stream>>>(p);       \
+    if (pipe && pipe8)                                                       \
+      all_gather_hidden_pipe_kernel<W, 8><<<grid, block, 0, stream>>>(p);    \
+    else if (pipe)                                                           \
+      all_gather_hidden_pipe_kernel<W, 4><<<grid, block, 0, stream>>>(p);    \
     else if (mm)                                                             \
       all_gather_hidden_kernel<W, true><<<grid, block, 0, stream>>>(p);      \
     else                                                                     \

@@ -40,10 +40,12 @@ FLAG_BYTES = 3 * READY_OFFSET * 8
 STATE_WORDS = 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
-F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE = 1, 2, 4, 8, 16
-# Testing / A-B knob: copy-out calls of the flag protocol go through the unpipelined kernel
-# (all_gather_hidden_kernel) instead of the pipelined one (all_gather_hidden_pipe_kernel).
+F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE, F_PIPE8 = 1, 2, 4, 8, 16, 32
+# Testing / A-B knobs (flag protocol, copy-out calls): the unpipelined kernel
+# (all_gather_hidden_kernel) even where a CTA's chunk spans several rounds, or the pipelined
+# kernel with 8-vector (60 KiB) rounds. Every rank must set them alike.
 _UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
+_PIPE8_FOR_TESTING = False
 PROTOCOLS = ("auto", "ll", "flag")
 
 BACKENDS = ("auto", "cuda", "triton", "nccl", "reference", "multimem")
@@ -60,7 +62,12 @@ MULTICAST_DISABLE_ENV = (("NCCL_NVLS_ENABLE", "0"),
 # 151936-wide row, 2x H200); no crossover inside that range, so the cap is a guard.
 DEFAULT_P2P_MAX_BYTES = 1 << 30
 # Bytes of the widest slice pushed per CTA (grid = ceil(slice bytes / this), capped by SMs).
-DEFAULT_BLOCK_BYTES = 16 << 10
+# Measured on 2x H200 (tools/comm_sweep.py, block_bytes 2-16 KiB): 4 KiB is the fastest or
+# within 0.15 us of it wherever auto uses the protocol (LL up to the LL crossover, flag above);
+# 16 KiB (the earlier default) was up to 1.0 us slower at T = 8 / 32 (too few CTAs storing over
+# NVLink). LL beyond its crossover wants even more CTAs (fp32 T = 1 row: 6.0 us at 2 KiB, 7.1 at
+# 4 KiB), which auto does not use.
+DEFAULT_BLOCK_BYTES = 4 << 10
 DEFAULT_TIMEOUT_MS = 30_000
 # Output bytes (T * H * element size) up to which the CUDA backend uses the LL protocol (packets
 # stamped with the call's flag: one NVLink trip, no barrier, 2x the bytes) instead of the flag
@@ -586,6 +593,8 @@ def _cuda_args(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> 
     f = flags | (F_TRAP if comm.trap_on_timeout else 0)
     if _UNPIPELINED_FLAG_KERNEL_FOR_TESTING:
         f |= F_NOPIPE
+    if _PIPE8_FOR_TESTING:
+        f |= F_PIPE8
     ll = bool(flags & F_LL)
     return (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags,
             comm.mc_data if flags & F_MULTIMEM else 0, list(offs), comm.rank, comm.buf_bytes,
