@@ -722,14 +722,16 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
       all_gather_hidden_ll_kernel<16><<<grid, block, 0, stream>>>(p);
     return cudaGetLastError();
   }
-  // Copy-out calls whose CTA chunks span more than one round go through the pipelined kernel
-  // (a single round gains nothing from it and pays for its extra barriers).
+  // Copy-out calls whose CTA chunks span more than two rounds go through the pipelined kernel.
+  // Measured on 2x H200 (tools/comm_sweep.py): with 1.2 rounds it lost (22.1 -> 23.5 us, bf16
+  // T = 32 x 151936), with 2.4 rounds it won (39.0 -> 38.5 us, fp32 T = 32), with 5-10 rounds
+  // it won 7-11 % (bf16 / fp32 T = 128 x 151936); a single round gains nothing.
   int64_t max_chunk = 0;
   for (int s = 0; s < p.world; ++s)
     max_chunk = std::max<int64_t>(
         max_chunk, (int64_t(p.rows) * (p.col_vec[s + 1] - p.col_vec[s]) + p.num_blocks - 1) /
                        p.num_blocks);
-  const bool pipe = !mm && !view && !(p.flags & kAgFlagNoPipe) && max_chunk > kAgRoundVec;
+  const bool pipe = !mm && !view && !(p.flags & kAgFlagNoPipe) && max_chunk > 2 * kAgRoundVec;
   const bool pipe8 = (p.flags & kAgFlagPipe8) != 0;
 #define TS_AG_LAUNCH(W)                                                      \
   do {                                                                       \

@@ -73,11 +73,12 @@ DEFAULT_TIMEOUT_MS = 30_000
 # stamped with the call's flag: one NVLink trip, no barrier, 2x the bytes) instead of the flag
 # protocol (push, release/acquire flag round trip, copy-out). It also sizes the LL region
 # (2 parities x 2 x min(this, buffer) bytes). Crossover: bench/results/<gpu>/comm_* (COMM.md).
-# Measured on 2x H200 (bench/results/h200/comm_all_gather_hidden.md, d80a34b): LL wins at
-# 14-115 KB (T = 1 and 8 at H = 7168 bf16: 3.9 vs 4.8 us, 5.1 vs 5.6 us), ties at 304 KB (T = 1 of
-# a 151936-wide bf16 row: 5.8 vs 5.9 us), loses from 448 KB (T = 32 at H = 7168: 6.7 vs 6.1 us;
-# fp32 row, 608 KB: 8.1 vs 6.4 us). Crossover set between the tie and the first loss.
-DEFAULT_LL_MAX_BYTES = 320 << 10        # 2 ranks (2x H200: LL wins up to 115 KB, ties at 304 KB)
+# Measured on 2x H200 (tools/comm_sweep.py at block_bytes 4 KiB, pipelined flag kernel): LL wins
+# at 14-115 KB (T = 1 and 8 at H = 7168 bf16: 3.5 vs 4.6 us, 4.1 vs 4.9 us) and loses from
+# 304 KB (T = 1 of a 151936-wide bf16 row: 5.4 vs 5.3 us; T = 32 at H = 7168, 448 KB: 6.1 vs
+# 5.5 us). Crossover set between the last win and the first loss. (At d80a34b, 16 KiB blocks,
+# the two tied at 304 KB and the crossover was 320 KiB.)
+DEFAULT_LL_MAX_BYTES = 192 << 10        # 2 ranks (2x H200: LL wins up to 115 KB, loses at 304 KB)
 DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10   # > 2 ranks (4x H200: LL wins at 14 KB, loses at 115 KB)
 
 
@@ -273,7 +274,7 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     use_symmetric_memory : False builds a communicator without P2P (NCCL-style path only).
     ll_max_bytes : output bytes (T * H * element size) up to which the CUDA backend's ``auto``
         protocol is LL (see ``cuda_protocol``); also the capacity of ``protocol="ll"``. 0
-        disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (320 KiB for 2 ranks,
+        disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (192 KiB for 2 ranks,
         16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)`` bytes
         of symmetric memory. Agreed as the MIN over ranks.
 
