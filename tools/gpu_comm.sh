@@ -111,7 +111,7 @@ if want sass; then
           echo "$("$PY" -c 'import os,triton;print(os.path.dirname(triton.__file__))' 2>/dev/null)/backends/nvidia/bin/cuobjdump")
   if [ -n "$SO" ] && [ -x "$CUOBJ" ]; then
     "$CUOBJ" -sass "$SO" 2>/dev/null | awk -v so="$SO" '
-      /Function :/ { fn=$3; k = (fn ~ /all_gather_hidden_kernel/) ? ((fn ~ /Lb1E/) ? "multimem" : "unicast") : "" }
+      /Function :/ { fn=$3; k = (fn ~ /all_gather_hidden(_pipe)?_kernel/) ? ((fn ~ /Lb1E/) ? "multimem" : "unicast") : "" }
       k != "" && /STG\.E\.128\.STRONG\.SYS/ { s[k]++ }
       k != "" && /Function :/ { n[k]++ }
       END { printf "shipped %s: %d multimem kernels (%d strong.sys 128-bit stores), %d unicast kernels (%d)\n",
