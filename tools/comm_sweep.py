@@ -1,13 +1,17 @@
 """Tuning sweep of the CUDA all-gather push kernels on >= 2 GPUs (not part of the bench grid).
 
 Times, with the bench's method (bench/comm.py: graph replay of N back-to-back calls, ranks
-aligned by an NCCL all-reduce, max over ranks, every output checked bit-exact first), the
-protocols ``ll``, ``flag`` (pipelined kernel) and ``flag-nopipe`` (the unpipelined kernel, the
-testing knob) for a list of ``block_bytes`` values (grid = ceil(slice bytes / block_bytes),
-capped by the SM count), plus ``nccl`` and a launch floor (N back-to-back 1-element kernels).
-Writes ``<out>/comm_sweep.csv`` and prints a table.
+aligned by an NCCL all-reduce, max over ranks, every output checked bit-exact first), a list of
+providers -- ``ll``, ``flag`` (what the library launches: the pipelined kernel above two rounds
+per CTA), ``flag-nopipe`` / ``flag-pipe8`` (the testing knobs: the unpipelined kernel, 60 KiB
+rounds), ``view`` (``all_gather_hidden_view``: no copy-out, so the push's own cost) -- for a
+list of ``block_bytes`` values (grid = ceil(slice bytes / block_bytes), capped by the SM count),
+plus ``nccl`` (NCCL + permute, at the first block size) and a launch floor (N back-to-back
+1-element kernels in one graph). Writes ``<out>/comm_sweep.csv`` and prints one line per shape.
+Results used for the defaults: bench/results/h200/comm_sweep_*.csv (docs/COMM.md).
 
-    python tools/comm_sweep.py --out DIR [--block-bytes 2048,4096,...] [--quick]
+    python tools/comm_sweep.py --out DIR [--block-bytes 2048,4096,...] [--providers ll,flag,...]
+                               [--shapes "bf16:151936:32,128;fp32:151936:128"] [--quick]
 """
 from __future__ import annotations
 
@@ -54,12 +58,13 @@ def _run(rank, world, opts):
     say(f"launch floor (graph, 1-element add): {fl:.2f} us per kernel")
     rows.append(dict(dtype="-", H=0, T=0, block_bytes=0, provider="launch-floor", us=fl,
                      blocks=1))
-    for dtname, H, ts in SHAPES:
+    for dtname, H, ts in opts["shapes"]:
         dtype = DT[dtname]
         ts = [t for t in ts if not opts["quick"] or t in (1, 32, 128)]
         for bb in opts["block_bytes"]:
             comm = oc.create_all_gather_comm(max_tokens=max(ts), max_total_width=H, dtype=dtype,
-                                             ll_max_bytes=1 << 40, block_bytes=bb)
+                                             ll_max_bytes=1 << 40, block_bytes=bb,
+                                             enable_view="view" in opts["providers"])
             w = H // world
             for T in ts:
                 gen = torch.Generator(device=dev)
@@ -68,7 +73,7 @@ def _run(rank, world, opts):
                 x = torch.randint(-30000, 30000, (T, w), generator=gen, device=dev,
                                   dtype=torch.int64).to(it).view(dtype)
                 want = ref.all_gather_hidden_dist(x, comm.group)
-                provs = ["ll", "flag", "flag-nopipe", "flag-pipe8"] + (
+                provs = opts["providers"] + (
                     ["nccl"] if bb == opts["block_bytes"][0] else [])
                 line = []
                 for prov in provs:
@@ -82,11 +87,16 @@ def _run(rank, world, opts):
                         oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = kn == "nopipe"
                         oc._PIPE8_FOR_TESTING = kn == "pipe8"
                         try:
-                            oc.all_gather_hidden_out(comm, x, o, backend=be, protocol=pr)
+                            if pr == "view":  # no copy-out (copied here only for the check)
+                                v = oc.all_gather_hidden_view(comm, x)
+                                if o is check_out:
+                                    o.copy_(v)
+                            else:
+                                oc.all_gather_hidden_out(comm, x, o, backend=be, protocol=pr)
                         finally:
                             oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
                             oc._PIPE8_FOR_TESTING = False
-                    o = torch.empty((T, H), dtype=dtype, device=dev)
+                    o = check_out = torch.empty((T, H), dtype=dtype, device=dev)
                     call(o)
                     torch.cuda.synchronize()
                     ok = torch.equal(o.view(it), want.view(it))
@@ -127,6 +137,8 @@ def main():
     ap.add_argument("--block-bytes", default="4096")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--providers", default="ll,flag,flag-nopipe,flag-pipe8")
+    ap.add_argument("--shapes", default="", help="e.g. bf16:151936:32,128;fp32:151936:128")
     a = ap.parse_args()
     import torch.multiprocessing as mp
     import socket
@@ -136,7 +148,10 @@ def main():
     s.close()
     world = min(torch.cuda.device_count(), 2)
     opts = dict(out=a.out, block_bytes=[int(v) for v in a.block_bytes.split(",")],
-                reps=a.reps, quick=a.quick)
+                reps=a.reps, quick=a.quick, providers=a.providers.split(","),
+                shapes=[(d, int(h), [int(t) for t in ts.split(",")])
+                        for d, h, ts in (x.split(":") for x in a.shapes.split(";") if x)]
+                or SHAPES)
     rcs = mp.Manager().dict()
     mp.spawn(_worker, args=(world, port, opts, rcs), nprocs=world, join=True)
     return 0 if all(rcs.get(r) == 0 for r in range(world)) else 1
