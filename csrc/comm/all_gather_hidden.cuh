@@ -13,7 +13,8 @@
 //   data   [nbuf][buf_bytes] gather buffers: buffer 0 and 1 rotate by epoch parity (copy-out
 //                           mode), buffer 2 is the view buffer (only when views are enabled).
 // Flag words (on rank p, written by peers with st.release.sys, read by p with ld.acquire.sys):
-//   data  [b][s] = e : rank s has stored its chunk b of call e into p's buffer (e & 1)
+//   data  [b][s] = (e << 20) | (k + 1) : rank s has stored rounds 0..k of its chunk b of call e
+//                    into p's buffer (e & 1) (single-round kernels: k = 0)
 //   ready [b][s] = e : rank s has entered call e (view mode: s is done reading its view buffer)
 //   data' [b][s]     : the Triton kernel's data flags (its chunking differs, so ranks that
 //                      disagree on the backend of a call time out instead of reading partial
@@ -48,8 +49,10 @@ constexpr int64_t kAgReadyOffset = int64_t(kAgMaxBlocks) * kAgMaxRanks;  // in u
 constexpr int64_t kAgTritonOffset = 2 * kAgReadyOffset;                   // Triton data flags
 constexpr int64_t kAgFlagBytes = 3 * kAgReadyOffset * 8;                  // 96 KiB
 // Data flag values (CUDA kernels): (epoch << kAgRoundBits) | (round + 1). Monotonic across calls
-// and across the rounds of a call, so ">=" waits work for both kernels sharing the slots.
-constexpr int kAgRoundBits = 24;
+// and across the rounds of a call, so ">=" waits work for both kernels sharing the slots. 20 bits:
+// < 2^20 - 1 rounds per CTA (checked by the launcher: a 30 GiB chunk), and 2^44 calls before
+// the epoch field wraps (about 2 years of back-to-back 3.5 us calls).
+constexpr int kAgRoundBits = 20;
 // Pipelined copy-out kernel: warp 0 signals, the other warps move data.
 constexpr int kAgDataThreads = kAgThreads - 32;
 constexpr int kAgRoundVec = kAgDataThreads * kAgUnroll;  // default round (vectors per CTA)
@@ -732,6 +735,8 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
         max_chunk, (int64_t(p.rows) * (p.col_vec[s + 1] - p.col_vec[s]) + p.num_blocks - 1) /
                        p.num_blocks);
   const bool pipe = !mm && !view && !(p.flags & kAgFlagNoPipe) && max_chunk > 2 * kAgRoundVec;
+  if (pipe && max_chunk / kAgRoundVec >= (int64_t(1) << kAgRoundBits) - 2)
+    return cudaErrorInvalidValue;  // round numbers would overflow the flag's round field
   const bool pipe8 = (p.flags & kAgFlagPipe8) != 0;
 #define TS_AG_LAUNCH(W)                                                      \
   do {                                                                       \
