@@ -410,11 +410,11 @@ __global__ void __launch_bounds__(kAgThreads)
   }
 }
 
-// Pipelined copy-out variant (P2P, copy-out mode: the default flag protocol). Same buffers,
+// Pipelined copy-out variant (P2P, copy-out mode, chunks of more than two rounds). Same buffers,
 // flags and safety argument as all_gather_hidden_kernel, but chunk b of every source is moved in
-// rounds of kAgDataThreads * kU vectors (30 KiB at kU = 4) so that the copy-out of round k - 1 (local HBM) overlaps the
-// NVLink push of round k, and the release fence of each round's flag stalls only a signalling
-// warp instead of the whole CTA:
+// rounds of kAgDataThreads * kU vectors (30 KiB at kU = 4) so that the copy-out of round k - 1
+// (local HBM) overlaps the NVLink push of round k, and the release fence of each round's flag
+// stalls only a signalling warp instead of the whole CTA:
 //   data warps (1..15): push round k -> bar.arrive(A[k&1]) -> bar.sync(B[(k-1)&1]) -> copy-out
 //                       of round k - 1 of every peer;   after the loop: copy-out of round K - 1
 //   warp 0 (signals):   bar.sync(A[k&1]) -> data flag [b][rank] = (epoch, k) on every peer
@@ -423,8 +423,8 @@ __global__ void __launch_bounds__(kAgThreads)
 //                       bar.arrive(B[k&1]) (the acquire is ordered before the data warps' reads).
 // Two barrier ids per direction alternate by round parity: a warp can run at most one round
 // ahead of the other side, so an id is never re-armed before its previous phase completed.
-// Rounds of source s: ceil(|chunk b of s| / (kAgDataThreads * kU)) -- every rank computes the same counts
-// from col_vec, so a receiver waits only for rounds its source will publish.
+// Rounds of source s: ceil(|chunk b of s| / (kAgDataThreads * kU)) -- every rank computes the
+// same counts from col_vec, so a receiver waits only for rounds its source will publish.
 template <int kW, int kU>
 __global__ void __launch_bounds__(kAgThreads, 1)
     all_gather_hidden_pipe_kernel(const __grid_constant__ AllGatherHiddenParams p) {
