@@ -232,11 +232,10 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
             for rows in (1, 7, 64):
                 slices = [make_slice(SEED + 1, s, rows, ws[s], dtype, dev) for s in range(world)]
                 want = ref.all_gather_hidden(slices)
-                for backend in (["cuda:flag", "cuda:flag-nopipe", "cuda:flag-pipe8"]
+                for backend in (["cuda:flag", "cuda:flag-nopipe"]
                                 if comm.extension else []) + ["triton"]:
                     name, _, knob = backend.partition("-")
                     oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = knob == "nopipe"
-                    oc._PIPE8_FOR_TESTING = knob == "pipe8"
                     try:
                         for _ in range(2):  # both buffer parities
                             y = ops.all_gather_hidden(comm, slices[rank], widths=ws, **bp(name))
@@ -244,7 +243,6 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
                                                        f"blocks={max_blocks} {backend}")
                     finally:
                         oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
-                        oc._PIPE8_FOR_TESTING = False
             comm.check()
             comm.close()
     torch.cuda.synchronize()

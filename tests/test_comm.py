@@ -83,7 +83,6 @@ def test_constants_match_cuda_header():
     assert int(const("kAgFlagTrap")) == oc.F_TRAP
     assert int(const("kAgFlagLL")) == oc.F_LL
     assert int(const("kAgFlagNoPipe")) == oc.F_NOPIPE
-    assert int(const("kAgFlagPipe8")) == oc.F_PIPE8
     assert const("kAgReadyOffset") == "int64_t(kAgMaxBlocks) * kAgMaxRanks"
     assert const("kAgTritonOffset") == "2 * kAgReadyOffset"
     assert const("kAgFlagBytes") == "3 * kAgReadyOffset * 8"

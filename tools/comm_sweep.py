@@ -3,9 +3,9 @@
 Times, with the bench's method (bench/comm.py: graph replay of N back-to-back calls, ranks
 aligned by an NCCL all-reduce, max over ranks, every output checked bit-exact first), a list of
 providers -- ``ll``, ``flag`` (what the library launches: the pipelined kernel above two rounds
-per CTA), ``flag-nopipe`` / ``flag-pipe8`` (the testing knobs: the unpipelined kernel, 60 KiB
-rounds), ``view`` (``all_gather_hidden_view``: no copy-out, so the push's own cost) -- for a
-list of ``block_bytes`` values (grid = ceil(slice bytes / block_bytes), capped by the SM count),
+per CTA), ``flag-nopipe`` (the testing knob: the unpipelined kernel), ``view``
+(``all_gather_hidden_view``: no copy-out, so the push's own cost) -- for a list of
+``block_bytes`` values (grid = ceil(slice bytes / block_bytes), capped by the SM count),
 plus ``nccl`` (NCCL + permute, at the first block size) and a launch floor (N back-to-back
 1-element kernels in one graph). Writes ``<out>/comm_sweep.csv`` and prints one line per shape.
 Results used for the defaults: bench/results/h200/comm_sweep_*.csv (docs/COMM.md).
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import sys
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def _worker(rank, world, port, opts, rcs):
 
 def _run(rank, world, opts):
     import torch.distributed as dist
-    from tokenspeed_kernel.bench.comm import _time_provider
+    from tokenspeed_kernel.bench.comm import NVLINK_GBPS, _time_provider, bench_input
     from tokenspeed_kernel.ops import comm as oc
     from tokenspeed_kernel.reference import comm as ref
     dev = torch.device("cuda", rank)
@@ -67,11 +66,7 @@ def _run(rank, world, opts):
                                              enable_view="view" in opts["providers"])
             w = H // world
             for T in ts:
-                gen = torch.Generator(device=dev)
-                gen.manual_seed(1000 * T + H + rank)
-                it = torch.int16 if dtype != torch.float32 else torch.int32
-                x = torch.randint(-30000, 30000, (T, w), generator=gen, device=dev,
-                                  dtype=torch.int64).to(it).view(dtype)
+                x, it = bench_input(T, w, H, rank, dtype, dev)
                 want = ref.all_gather_hidden_dist(x, comm.group)
                 provs = opts["providers"] + (
                     ["nccl"] if bb == opts["block_bytes"][0] else [])
@@ -85,7 +80,6 @@ def _run(rank, world, opts):
 
                     def call(o, be=backend, pr=proto, kn=knob):
                         oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = kn == "nopipe"
-                        oc._PIPE8_FOR_TESTING = kn == "pipe8"
                         try:
                             if pr == "view":  # no copy-out (copied here only for the check)
                                 v = oc.all_gather_hidden_view(comm, x)
@@ -95,7 +89,6 @@ def _run(rank, world, opts):
                                 oc.all_gather_hidden_out(comm, x, o, backend=be, protocol=pr)
                         finally:
                             oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
-                            oc._PIPE8_FOR_TESTING = False
                     o = check_out = torch.empty((T, H), dtype=dtype, device=dev)
                     call(o)
                     torch.cuda.synchronize()
@@ -107,7 +100,7 @@ def _run(rank, world, opts):
                         rows.append(dict(dtype=dtname, H=H, T=T, block_bytes=bb, provider=prov,
                                          us="FAILED", blocks=""))
                         continue
-                    floor = T * H * x.element_size() / 2 / 450e3
+                    floor = T * H * x.element_size() * (world - 1) / world / (NVLINK_GBPS * 1e3)
                     n = max(1, min(32, int(200.0 / max(1.0, floor * 2 + 8.0))))
                     outs = [torch.empty((T, H), dtype=dtype, device=dev) for _ in range(n)]
                     fns = [(lambda o=o: call(o)) for o in outs]
@@ -137,7 +130,7 @@ def main():
     ap.add_argument("--block-bytes", default="4096")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--providers", default="ll,flag,flag-nopipe,flag-pipe8")
+    ap.add_argument("--providers", default="ll,flag,flag-nopipe")
     ap.add_argument("--shapes", default="", help="e.g. bf16:151936:32,128;fp32:151936:128")
     a = ap.parse_args()
     import torch.multiprocessing as mp

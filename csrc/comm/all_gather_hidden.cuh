@@ -76,7 +76,6 @@ constexpr int kAgFlagView = 2;      // no copy-out; result stays in buffer 2 (en
 constexpr int kAgFlagTrap = 4;      // __trap() after recording a timeout (default: flag only)
 constexpr int kAgFlagLL = 8;        // low-latency protocol: flag-carrying packets, no barrier
 constexpr int kAgFlagNoPipe = 16;   // testing / A-B only: copy-out through the unpipelined kernel
-constexpr int kAgFlagPipe8 = 32;    // testing / A-B only: pipelined kernel with 8-vector rounds
 
 struct AllGatherHiddenParams {
   const uint8_t* x;  // [rows, my width] (byte row stride ldx)
@@ -215,6 +214,14 @@ __device__ __forceinline__ bool wait_flag_ge(const AllGatherHiddenParams& p, con
   }
 }
 
+// Thread 0 of every CTA, first thing: is the communicator poisoned (an earlier timeout), and
+// this call's number e = seq + 1 (seq lives in device memory, so graph replays advance it).
+__device__ __forceinline__ void read_call(const AllGatherHiddenParams& p, int& abort,
+                                          uint64_t& epoch) {
+  abort = ld_relaxed_gpu(p.state + kAgStateErr) != 0;
+  epoch = static_cast<uint64_t>(ld_relaxed_gpu(p.state + kAgStateSeq)) + 1;
+}
+
 // Advances the call counter once every CTA of this launch has read it (the next launch, stream-
 // ordered after this one, reads seq + 1). One CTA: a plain store. Several: the last CTA to count
 // itself in (done-counter) stores it -- each CTA counts itself in only after reading seq. One
@@ -322,8 +329,7 @@ __global__ void __launch_bounds__(kAgThreads)
   const int tid = threadIdx.x;
   const int b = blockIdx.x;
   if (tid == 0) {
-    s_abort = detail::ld_relaxed_gpu(p.state + kAgStateErr) != 0;  // poisoned communicator
-    s_epoch = static_cast<uint64_t>(detail::ld_relaxed_gpu(p.state + kAgStateSeq)) + 1;
+    detail::read_call(p, s_abort, s_epoch);
     s_fail = 0;
   }
   __syncthreads();
@@ -435,8 +441,7 @@ __global__ void __launch_bounds__(kAgThreads, 1)
   const int tid = threadIdx.x;
   const int b = blockIdx.x;
   if (tid == 0) {
-    s_abort = detail::ld_relaxed_gpu(p.state + kAgStateErr) != 0;  // poisoned communicator
-    s_epoch = static_cast<uint64_t>(detail::ld_relaxed_gpu(p.state + kAgStateSeq)) + 1;
+    detail::read_call(p, s_abort, s_epoch);
     s_fail = 0;
   }
   __syncthreads();
@@ -616,8 +621,7 @@ __global__ void __launch_bounds__(kAgThreads)
   };
   load_batch(my_lo + tid);
   if (tid == 0) {
-    s_abort = detail::ld_relaxed_gpu(p.state + kAgStateErr) != 0;  // poisoned communicator
-    s_epoch = static_cast<uint64_t>(detail::ld_relaxed_gpu(p.state + kAgStateSeq)) + 1;
+    detail::read_call(p, s_abort, s_epoch);
   }
   __syncthreads();
   if (s_abort) return;
@@ -737,13 +741,10 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
   const bool pipe = !mm && !view && !(p.flags & kAgFlagNoPipe) && max_chunk > 2 * kAgRoundVec;
   if (pipe && max_chunk / kAgRoundVec >= (int64_t(1) << kAgRoundBits) - 2)
     return cudaErrorInvalidValue;  // round numbers would overflow the flag's round field
-  const bool pipe8 = (p.flags & kAgFlagPipe8) != 0;
 #define TS_AG_LAUNCH(W)                                                      \
   do {                                                                       \
-    if (pipe && pipe8)                                                       \
-      all_gather_hidden_pipe_kernel<W, 8><<<grid, block, 0, stream>>>(p);    \
-    else if (pipe)                                                           \
-      all_gather_hidden_pipe_kernel<W, 4><<<grid, block, 0, stream>>>(p);    \
+    if (pipe)                                                                \
+      all_gather_hidden_pipe_kernel<W, kAgUnroll><<<grid, block, 0, stream>>>(p); \
     else if (mm)                                                             \
       all_gather_hidden_kernel<W, true><<<grid, block, 0, stream>>>(p);      \
     else                                                                     \

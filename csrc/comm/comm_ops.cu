@@ -73,8 +73,8 @@ void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out
   const bool view = (flags & kAgFlagView) != 0;
   const bool mm = (flags & kAgFlagMultimem) != 0;
   const bool ll = (flags & kAgFlagLL) != 0;
-  TORCH_CHECK((flags & ~(kAgFlagMultimem | kAgFlagView | kAgFlagTrap | kAgFlagLL | kAgFlagNoPipe |
-                          kAgFlagPipe8)) == 0,
+  TORCH_CHECK((flags & ~(kAgFlagMultimem | kAgFlagView | kAgFlagTrap | kAgFlagLL |
+                          kAgFlagNoPipe)) == 0,
               "all_gather_hidden: unknown flag bits ", flags);
   if (ll) {
     TORCH_CHECK(!view && !mm, "all_gather_hidden: the LL protocol is copy-out and P2P only");

@@ -191,6 +191,17 @@ def _max_over_ranks(vals: List[float], device) -> List[float]:
     return t.tolist()
 
 
+def bench_input(T: int, w: int, H: int, rank: int, dtype: torch.dtype, device):
+    """Rank ``rank``'s ``[T, w]`` slice for the (T, H) point: reproducible random bit patterns
+    (NaN payloads included), and the integer dtype to compare bits with."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1000 * T + H + rank)
+    it = torch.int16 if dtype != torch.float32 else torch.int32
+    x = torch.randint(-30000, 30000, (T, w), generator=gen, device=device,
+                      dtype=torch.int64).to(it).view(dtype)
+    return x, it
+
+
 def _time_provider(fns, reps: int, device, align: torch.Tensor, graph: bool):
     """Per-call µs samples (max over ranks) of graph replays and of eager runs of ``fns``."""
     import torch.distributed as dist
@@ -284,11 +295,7 @@ def _bench_rank(opts: Dict) -> int:
                 if stop.item() > 0:
                     skipped.append(f"{dtname}/H={H}/T={T}")
                     continue
-                gen = torch.Generator(device=device)
-                gen.manual_seed(1000 * T + H + rank)
-                it = torch.int16 if dtype != torch.float32 else torch.int32
-                x = torch.randint(-30000, 30000, (T, w), generator=gen, device=device,
-                                  dtype=torch.int64).to(it).view(dtype)
+                x, it = bench_input(T, w, H, rank, dtype, device)
                 want = ref.all_gather_hidden_dist(x, comm.group)
                 esz = x.element_size()
                 bytes_in = T * H * esz * (world - 1) / world

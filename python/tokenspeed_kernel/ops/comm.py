@@ -40,13 +40,12 @@ FLAG_BYTES = 3 * READY_OFFSET * 8
 STATE_WORDS = 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
-F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE, F_PIPE8 = 1, 2, 4, 8, 16, 32
-# Testing / A-B knobs (flag protocol, copy-out calls): the unpipelined kernel
-# (all_gather_hidden_kernel) even where a CTA's chunk spans several rounds, or the pipelined
-# kernel with 8-vector (60 KiB) rounds. Every rank must set them alike. (2-vector, 15 KiB rounds
-# were measured slower too -- 70.2 vs 68.5 us at bf16 T = 128 x 151936 -- and removed.)
+F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE = 1, 2, 4, 8, 16
+# Testing / A-B knob (flag protocol, copy-out calls): the unpipelined kernel
+# (all_gather_hidden_kernel) even where a CTA's chunk spans several rounds. Every rank must set
+# it alike. (Pipelined rounds of 60 KiB and 15 KiB were measured slower than 30 KiB -- 70.6 and
+# 70.2 vs 68.5 us at bf16 T = 128 x 151936 -- and removed.)
 _UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
-_PIPE8_FOR_TESTING = False
 PROTOCOLS = ("auto", "ll", "flag")
 
 BACKENDS = ("auto", "cuda", "triton", "nccl", "reference", "multimem")
@@ -77,7 +76,7 @@ DEFAULT_TIMEOUT_MS = 30_000
 # Measured on 2x H200 (tools/comm_sweep.py at block_bytes 4 KiB, pipelined flag kernel): LL wins
 # at 14-115 KB (T = 1 and 8 at H = 7168 bf16: 3.5 vs 4.6 us, 4.1 vs 4.9 us) and loses from
 # 304 KB (T = 1 of a 151936-wide bf16 row: 5.4 vs 5.3 us; T = 32 at H = 7168, 448 KB: 6.1 vs
-# 5.5 us). Crossover set between the last win and the first loss. (At d80a34b, 16 KiB blocks,
+# 5.6 us). Crossover set between the last win and the first loss. (At d80a34b, 16 KiB blocks,
 # the two tied at 304 KB and the crossover was 320 KiB.)
 DEFAULT_LL_MAX_BYTES = 192 << 10        # 2 ranks (2x H200: LL wins up to 115 KB, loses at 304 KB)
 DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10   # > 2 ranks (4x H200: LL wins at 14 KB, loses at 115 KB)
@@ -595,8 +594,6 @@ def _cuda_args(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> 
     f = flags | (F_TRAP if comm.trap_on_timeout else 0)
     if _UNPIPELINED_FLAG_KERNEL_FOR_TESTING:
         f |= F_NOPIPE
-    if _PIPE8_FOR_TESTING:
-        f |= F_PIPE8
     ll = bool(flags & F_LL)
     return (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags,
             comm.mc_data if flags & F_MULTIMEM else 0, list(offs), comm.rank, comm.buf_bytes,
