@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 
@@ -46,7 +47,7 @@ enum : uint32_t { kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExac
 enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8, kUnsure = 16, kExactS = 32 };
 
 constexpr int kThreads = 256;
-constexpr int kMaxCluster = 8;
+constexpr int kMaxCluster = 16;   // 8 (portable) where 16 cannot be scheduled
 constexpr float kMassCut = -26.5f;      // mass_fixed(y) == 0 for all float32 y < -26.34
 constexpr float kGumbelSpan = 19.5f;    // G in [-2.8116, 16.6356]
 constexpr float kLn2Pow38 = 26.33959286127792f;
@@ -425,14 +426,29 @@ __device__ __forceinline__ void online_init(Online& o) {
   o.sr = 0.0f;
 }
 // U x K elements, element (u, k) has id idx + u * step + k (ids increase with (u, k)).
+// The max is a tree and the terms are summed per u, then the U partial sums as a tree, then into
+// the running sum: short dependency chains (a sequential chain of U * K float adds made the
+// bf16 pos kernel latency-bound). Any summation order is covered by coin_margin's float-sum term.
 template <int U, int K, bool LP>
 __device__ __forceinline__ void online_block(Online& o, const float (&v)[U][K], int64_t idx,
                                              int64_t step, float c) {
-  float vm = v[0][0];
+  float mu[U];
 #pragma unroll
-  for (int u = 0; u < U; ++u)
+  for (int u = 0; u < U; ++u) {
+    float t[K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) vm = fmaxf(vm, v[u][k]);   // NaN-ignoring
+    for (int k = 0; k < K; ++k) t[k] = v[u][k];
+#pragma unroll
+    for (int w = 1; w < K; w *= 2)
+#pragma unroll
+      for (int k = 0; k + w < K; k += 2 * w) t[k] = fmaxf(t[k], t[k + w]);   // NaN-ignoring
+    mu[u] = t[0];
+  }
+#pragma unroll
+  for (int w = 1; w < U; w *= 2)
+#pragma unroll
+    for (int u = 0; u + w < U; u += 2 * w) mu[u] = fmaxf(mu[u], mu[u + w]);
+  const float vm = mu[0];
   if (vm > o.mx) {
     int64_t id = 0;
 #pragma unroll
@@ -448,36 +464,70 @@ __device__ __forceinline__ void online_block(Online& o, const float (&v)[U][K], 
     o.arg = int32_t(id);
     o.ref = vm;
   }
+  float ps[U], pr[U];
 #pragma unroll
-  for (int u = 0; u < U; ++u)
+  for (int u = 0; u < U; ++u) {
+    float t[K], r[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const float d = v[u][k] - o.ref;
-      o.s += ex2_approx(d * c);
-      if (LP) o.sr += ex2_approx(d * kLog2e);
+      t[k] = ex2_approx(d * c);
+      if (LP) r[k] = ex2_approx(d * kLog2e);
     }
+#pragma unroll
+    for (int w = 1; w < K; w *= 2)
+#pragma unroll
+      for (int k = 0; k + w < K; k += 2 * w) {
+        t[k] += t[k + w];
+        if (LP) r[k] += r[k + w];
+      }
+    ps[u] = t[0];
+    if (LP) pr[u] = r[0];
+  }
+#pragma unroll
+  for (int w = 1; w < U; w *= 2)
+#pragma unroll
+    for (int u = 0; u + w < U; u += 2 * w) {
+      ps[u] += ps[u + w];
+      if (LP) pr[u] += pr[u + w];
+    }
+  o.s += ps[0];
+  if (LP) o.sr += pr[0];
 }
-template <typename T, int VEC, bool LP>
-__device__ __forceinline__ void online_chunk(const T* row, int64_t start, int64_t end, float c,
-                                             Online& o) {
-  constexpr int U = 4;
+// The target row (state ot, logprobs sum if LP) and, if TWO, the draft row (oq) of the same
+// position over the same chunk, their loads interleaved: 2U vectors in flight per thread.
+template <typename T, int VEC, bool LP, bool TWO, int U>
+__device__ __forceinline__ void online_chunk(const T* row, const T* qrow, int64_t start,
+                                             int64_t end, float c, Online& ot, Online& oq) {
   const int64_t step = int64_t(kThreads) * VEC;
   int64_t idx = start + int64_t(threadIdx.x) * VEC;
   for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
-    float v[U][VEC];
+    float v[U][VEC], w[U][VEC];
 #pragma unroll
-    for (int u = 0; u < U; ++u) load_vec<T, VEC>(row + idx + u * step, v[u]);
-    online_block<U, VEC, LP>(o, v, idx, step, c);
+    for (int u = 0; u < U; ++u) {
+      load_vec<T, VEC>(row + idx + u * step, v[u]);
+      if (TWO) load_vec<T, VEC>(qrow + idx + u * step, w[u]);
+    }
+    online_block<U, VEC, LP>(ot, v, idx, step, c);
+    if (TWO) online_block<U, VEC, false>(oq, w, idx, step, c);
   }
   for (; idx < end; idx += step) {
     if (idx + VEC <= end) {
       float v[1][VEC];
       load_vec<T, VEC>(row + idx, v[0]);
-      online_block<1, VEC, LP>(o, v, idx, step, c);
+      online_block<1, VEC, LP>(ot, v, idx, step, c);
+      if (TWO) {
+        load_vec<T, VEC>(qrow + idx, v[0]);
+        online_block<1, VEC, false>(oq, v, idx, step, c);
+      }
     } else {
       for (int k = 0; idx + k < end; ++k) {
         const float v[1][1] = {{to_f<T>(row[idx + k])}};
-        online_block<1, 1, LP>(o, v, idx + k, step, c);
+        online_block<1, 1, LP>(ot, v, idx + k, step, c);
+        if (TWO) {
+          const float w[1][1] = {{to_f<T>(qrow[idx + k])}};
+          online_block<1, 1, false>(oq, w, idx + k, step, c);
+        }
       }
     }
   }
@@ -541,10 +591,12 @@ __device__ __forceinline__ bool coin_exact(uint64_t U, int64_t ep, int64_t eq, i
   const u128 rhs = u128(uint64_t(ep) << 24) * u128(uint64_t(Sq));
   return lhs < rhs;
 }
-__device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) {
-  const uint32_t bits = philox_word(uint64_t(p.seed[i]), uint64_t(p.offset[i]), uint32_t(j),
-                                    kStreamAccept);
+__device__ __forceinline__ uint64_t coin_from_bits(uint32_t bits) {
   return (uint64_t(bits >> 9) << 1) | 1u;
+}
+__device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) {
+  return coin_from_bits(philox_word(uint64_t(p.seed[i]), uint64_t(p.offset[i]), uint32_t(j),
+                                    kStreamAccept));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -556,7 +608,7 @@ __device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) 
 // (coin_margin) leaves no doubt; otherwise it is marked kUnsure and verify_resolve_kernel decides
 // it with the exact sums. Either way the decision is the exact one. Rows with filters take the
 // exact path (two passes: max, then the exact fixed-point sums).
-template <typename T, int VEC, bool CLUSTER>
+template <typename T, int VEC, bool CLUSTER, int PU = 4>
 __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams p) {
   using G = Grp<CLUSTER>;
   __shared__ BlockScratch scratch;
@@ -596,6 +648,22 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
   const int64_t end = start + p.chunk < p.V ? start + p.chunk : int64_t(p.V);
   // fast path: every element is kept (no min-p / top-k / top-p) or greedy (S = 2^38)
   const bool fast = rp.greedy || (!rp.mp_on && thr_t == 0 && thr_q == 0);
+  // The coin's inputs (draft token, its logits, the accept word) are loaded by the thread that
+  // decides the coin: the id now, the rest right after its loop, so that these dependent loads
+  // overlap the reductions instead of following them.
+  const bool coin_thread = rank == 0 && threadIdx.x == 0 && j < n;
+  const int64_t xd = coin_thread ? p.ids[ds] : -1;
+  const bool x_in = xd >= 0 && xd < p.V;
+  float zt_x = 0.0f, zq_x = 0.0f;
+  uint32_t coin_bits = 0;
+  auto load_coin = [&]() {
+    if (!coin_thread) return;
+    if (x_in) {
+      zt_x = to_f<T>(trow[xd]);
+      if (has_d) zq_x = to_f<T>(drow[xd]);
+    }
+    coin_bits = philox_word(uint64_t(p.seed[i]), uint64_t(p.offset[i]), uint32_t(j), kStreamAccept);
+  };
 
   MaxArg g[2] = {{-INFINITY, INT32_MAX}, {-INFINITY, INT32_MAX}};
   bool gnan[2] = {false, false};
@@ -609,9 +677,14 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
     Online o[2];
     online_init(o[0]);
     online_init(o[1]);
-    if (logprobs) online_chunk<T, VEC, true>(trow, start, end, c, o[0]);
-    else online_chunk<T, VEC, false>(trow, start, end, c, o[0]);
-    if (has_d) online_chunk<T, VEC, false>(drow, start, end, c, o[1]);
+    if (has_d) {
+      if (logprobs) online_chunk<T, VEC, true, true, PU>(trow, drow, start, end, c, o[0], o[1]);
+      else online_chunk<T, VEC, false, true, PU>(trow, drow, start, end, c, o[0], o[1]);
+    } else {
+      if (logprobs) online_chunk<T, VEC, true, false, PU>(trow, trow, start, end, c, o[0], o[1]);
+      else online_chunk<T, VEC, false, false, PU>(trow, trow, start, end, c, o[0], o[1]);
+    }
+    load_coin();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if (r == 1 && !has_d) break;
@@ -711,6 +784,7 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
       S[r] = s_acc;
       se[r] = e_acc;
     }
+    load_coin();
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) { slot2.S[r] = S[r]; slot2.se[r] = se[r]; }
@@ -763,15 +837,15 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
     uint32_t status = kActive | (bad[0] ? kBadT : 0u) | (has_d && bad[1] ? kBadQ : 0u) |
                       (exactS ? kExactS : 0u);
     if (j < n && !bad[0] && !(has_d && bad[1])) {
-      const int64_t x = p.ids[ds];
+      const int64_t x = xd;
       int64_t ep = 0, eq = (p.flags & kNgram) ? 1 : 0;
-      if (x >= 0 && x < p.V) {
-        const float zt = to_f<T>(trow[x]);
+      if (x_in) {
+        const float zt = zt_x;
         const float xt = fmul(zt, rp.inv_t);
         const float yt = fsub(xt, m[0]);
         if (yt >= kMassCut && kept_at(rp, x, g[0].id, xt, yt, thr_t)) ep = mass_fixed(yt);
         if (has_d) {
-          const float zq = to_f<T>(drow[x]);
+          const float zq = zq_x;
           const float xq = fmul(zq, rp.inv_t);
           const float yq = fsub(xq, m[1]);
           if (yq >= kMassCut && kept_at(rp, x, g[1].id, xq, yq, thr_q)) eq = mass_fixed(yq);
@@ -785,7 +859,7 @@ __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams
       }
       st.e_p = ep;
       st.e_q = eq;
-      const uint64_t U = coin_U(p, i, j);
+      const uint64_t U = coin_from_bits(coin_bits);   // coin_U(p, i, j)
       if (ep == 0) {
         // p(x) = 0: never accepted (exact without the sums)
       } else if (eq == 0) {
@@ -1656,6 +1730,39 @@ inline int resident_per_sm(Kernel kernel) {
   return n;
 }
 
+// Largest cluster size (16, non-portable, or the portable 8) that the device can schedule for a
+// kernel of kThreads threads; cached. Setting the non-portable attribute is harmless where 16
+// is refused (then 8 is used).
+template <typename Kernel>
+inline int max_cluster(Kernel kernel) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, int> cache;
+  const void* key = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int best = 8;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+      cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(kMaxCluster), 1, 1);
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kMaxCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1)
+      best = kMaxCluster;
+  }
+  (void)cudaGetLastError();
+  cache.emplace(key, best);
+  return best;
+}
+
 // CTAs per unit (row or request) splitting a V-element row into chunks: minimizes the estimated
 // time waves(units * s) * (V / s + kSplitOverhead), i.e. prefers a split that fills whole waves of
 // resident CTAs (a partial second wave costs as much as a full one), with chunks of at least
@@ -1677,12 +1784,47 @@ inline int pick_splits(int64_t units, int64_t V, int64_t resident, int max_split
   return best;
 }
 
+// Pos-kernel CTAs per row (the cluster size), a power of two <= max_cs: minimizes
+// waves(rows * s) * (chunk bytes + kPosCtaBytes), where a wave is the resident CTAs of the kernel
+// launched (occ1: one CTA per row, occc: the cluster kernel). kPosCtaBytes is a CTA's fixed cost
+// (row lookups, reductions, cluster syncs, the coin) in bytes streamed: fitted to a sweep of
+// every power of two on an H200 (tools/verify_sweep.py, bench/results/h200/verify_sweep_pos.csv):
+// it picks within 13 % of the best measured size at every swept shape (geometric mean 1.6 %),
+// where the element-count model it replaces was up to 44 % slower (64 x 8 bf16 rows).
+constexpr int64_t kPosCtaBytes = 65536;
+inline int pick_pos_splits(int64_t rows, int64_t V, int elem_bytes, int sms, int occ1, int occc,
+                           int max_cs) {
+  int best = 1;
+  double best_cost = 0.0;
+  for (int s = 1; s <= max_cs; s *= 2) {
+    const int64_t chunk = (V + s - 1) / s;
+    if (s > 1 && chunk < 4096) break;
+    const int64_t res = int64_t(std::max(1, s == 1 ? occ1 : occc)) * sms;
+    const int64_t waves = (rows * s + res - 1) / res;
+    const double cost = double(waves) * double(chunk * elem_bytes + kPosCtaBytes);
+    if (s == 1 || cost < best_cost * 0.999) { best = s; best_cost = cost; }
+  }
+  return best;
+}
+
+// Tuning hook for tools/verify_sweep.py: with TOKENSPEED_VERIFY_TUNING set (read once), the
+// launcher takes the pos kernel's cluster size from TS_VERIFY_CS and the final kernel's splits
+// from TS_VERIFY_FS (read per call) when they are positive. Off by default; never needed.
+inline bool tuning_enabled() {
+  static const bool on = getenv("TOKENSPEED_VERIFY_TUNING") != nullptr;
+  return on;
+}
+
 // Final-kernel CTAs per request (the launcher and the workspace sizing both use it).
 template <typename T>
 inline int verify_final_splits(int64_t bs, int64_t V, int sms, bool vec_ok) {
   constexpr int VEC = 16 / sizeof(T);
   const int occ = vec_ok ? resident_per_sm(verify_final_kernel<T, VEC>)
                          : resident_per_sm(verify_final_kernel<T, 1>);
+  if (tuning_enabled()) {
+    const char* f = getenv("TS_VERIFY_FS");
+    if (f != nullptr && atoi(f) > 0) return std::max(1, std::min<int>(atoi(f), int((V + 2047) / 2048)));
+  }
   return pick_splits(bs, V, int64_t(occ) * sms, 128, 2048);
 }
 
@@ -1715,13 +1857,22 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   // 1. statistics: cs_pos CTAs (a cluster) per row
   {
     const int64_t rows = p.R_t > p.bs ? p.R_t : int64_t(p.bs);
-    const int occ = resident_per_sm(verify_pos_kernel<T, VEC, true>);
-    const int cs_pos = pick_splits(rows, p.V, int64_t(occ) * sms, clusters ? kMaxCluster : 1, 4096);
+    // fp32: 4 vectors per row in flight (64 registers, 4 CTAs/SM); 16-bit types: 2 (80 registers,
+    // 3 CTAs/SM; with 4 they need 120 registers, 2 CTAs/SM, measured slower at most shapes)
+    constexpr int PU = sizeof(T) == 4 ? 4 : 2;
+    auto k1 = verify_pos_kernel<T, VEC, false, PU>;
+    auto kc = verify_pos_kernel<T, VEC, true, PU>;
+    const int cs_max = clusters ? max_cluster(kc) : 1;
+    int cs_pos = pick_pos_splits(rows, p.V, int(sizeof(T)), sms, resident_per_sm(k1),
+                                 resident_per_sm(kc), cs_max);
+    if (tuning_enabled()) {
+      const char* f = getenv("TS_VERIFY_CS");
+      if (f != nullptr && atoi(f) > 0) cs_pos = std::min(atoi(f), cs_max);
+    }
     VerifyParams pp = p;
     pp.chunk = chunk_of(cs_pos);
-    e = cs_pos > 1
-            ? launch_maybe_cluster(verify_pos_kernel<T, VEC, true>, true, cs_pos, rows * cs_pos, stream, pp)
-            : launch_maybe_cluster(verify_pos_kernel<T, VEC, false>, false, 1, rows, stream, pp);
+    e = cs_pos > 1 ? launch_maybe_cluster(kc, true, cs_pos, rows * cs_pos, stream, pp)
+                   : launch_maybe_cluster(k1, false, 1, rows, stream, pp);
     if (e != cudaSuccess) return e;
     p.chunk = pp.chunk;
   }
