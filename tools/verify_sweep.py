@@ -3,12 +3,9 @@
     python tools/verify_sweep.py pos   bs,n,V,dtype ...   # pos kernel: cluster size 0 (= the
                                                           #   launcher's pick), 1, 2, 4, 8, 16
     python tools/verify_sweep.py final bs,n,V,dtype ...   # final kernel: splits per request
-    python tools/verify_sweep.py pdl   bs,n,V,dtype ...   # programmatic dependent launch: off,
-                                                          #   on (early trigger), on (trigger at
-                                                          #   exit): whole call, graph, cold L2
 
 Forces the sizes through the launcher's tuning hook (TOKENSPEED_VERIFY_TUNING, TS_VERIFY_CS,
-TS_VERIFY_FS, TS_VERIFY_PDL; see tuning_enabled() in csrc/verify/verify.cuh) and prints CSV, one line per
+TS_VERIFY_FS; see tuning_enabled() in csrc/verify/verify.cuh) and prints CSV, one line per
 (shape, size): the device time of each kernel of one call (torch.profiler, mean of 6 calls after
 2 warm-up calls, back to back), and whether the tokens equal those of the first size (they must:
 the sizes never change a token)."""
@@ -43,38 +40,9 @@ def measure(call, pb, reps=6):
     return t, out
 
 
-def pdl(cfgs):
-    """Median graph-replay time of the whole call (the bench's timing): PDL off, on with the
-    kernels' early launch_dependents, on with the implicit trigger at CTA exit."""
-    import argparse
-
-    from tokenspeed_kernel.bench.verify import _time
-    call = _ours("cuda")
-    print("bs,n,V,dtype,pdl_off_us,pdl_early_us,pdl_exit_us,early_over_off,exit_over_off,"
-          "same_tokens", flush=True)
-    for c in cfgs:
-        bs, n, V, dt = c.split(",")
-        pb = Problem(int(bs), int(n), int(V), DT[dt], torch.device("cuda"))
-        t, tok = [], []
-        for on in (0, 1, 2):
-            os.environ["TS_VERIFY_PDL"] = str(on)
-            r = _time(call, pb, argparse.Namespace(), pb.tgt.device)
-            if r.graph_us is None:
-                raise RuntimeError(f"graph replay failed (pdl={on}): {r.graph_error}")
-            t.append(r.graph_us)
-            tok.append(call(pb, pb.tgt, pb.drf).tokens.clone())
-        print(f"{bs},{n},{V},{dt},{t[0]:.1f},{t[1]:.1f},{t[2]:.1f},{t[1] / t[0]:.3f},"
-              f"{t[2] / t[0]:.3f},{int(torch.equal(tok[0], tok[1]) and torch.equal(tok[0], tok[2]))}",
-              flush=True)
-        del pb
-        torch.cuda.empty_cache()
-
-
 def main():
     mode, cfgs = sys.argv[1], sys.argv[2:]
-    assert mode in ("pos", "final", "pdl"), "mode: pos, final or pdl"
-    if mode == "pdl":
-        return pdl(cfgs)
+    assert mode in ("pos", "final"), "mode: pos or final"
     call = _ours("cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
           f"git {os.environ.get('TS_GIT_SHA', '?')}")

@@ -42,32 +42,11 @@ namespace tokenspeed_kernel::verify {
 // kExactResidual (testing): every final token the first final pass decides from the approximate
 // sums is sent to the exact path instead (after its scan), as an undecided one would be.
 enum : uint32_t { kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16 };
-// launcher-internal (tuning hook, TS_VERIFY_PDL=2): no early launch_dependents
-constexpr uint32_t kNoEarlyTrigger = 1u << 24;
 // kUnsure: the approximate sums could not decide the coin (the resolve kernel does, exactly).
 // kExactS: S_t / S_q are the exact fixed-point sums (else approximations, see verify_pos_kernel).
 enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8, kUnsure = 16, kExactS = 32 };
 
 constexpr int kThreads = 256;
-
-// Programmatic dependent launch (sm_90+): the launcher starts the final / resolve kernels with
-// cudaLaunchAttributeProgrammaticStreamSerialization, so their CTAs may be scheduled while the
-// preceding kernel's last CTAs still run. A dependent kernel executes grid_dep_wait() before it
-// reads anything: it returns once the preceding grid has completed and its memory operations are
-// visible (a no-op when the kernel was launched without the attribute). Every kernel of the chain
-// waits before it reads, so each one completes only after all earlier ones did. Kernels let
-// their dependents launch at once (grid_dep_launch() on entry): a dependent's CTAs then only
-// take slots that the preceding grid no longer needs for CTAs of its own.
-__device__ __forceinline__ void grid_dep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_dep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 constexpr int kMaxCluster = 16;   // 8 (portable) where 16 cannot be scheduled
 constexpr float kMassCut = -26.5f;      // mass_fixed(y) == 0 for all float32 y < -26.34
 constexpr float kGumbelSpan = 19.5f;    // G in [-2.8116, 16.6356]
@@ -632,7 +611,6 @@ __device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) 
 template <typename T, int VEC, bool CLUSTER, int PU = 4>
 __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams p) {
   using G = Grp<CLUSTER>;
-  if (!(p.flags & kNoEarlyTrigger)) grid_dep_launch();
   __shared__ BlockScratch scratch;
   __shared__ Slot1 slot1;
   __shared__ Slot2 slot2;
@@ -1087,8 +1065,6 @@ __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, 
 // fixed grid stride over (listed request, split) items -- few requests, each split finely.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads, 3) verify_resolve_kernel(const VerifyParams p) {
-  if (!(p.flags & kNoEarlyTrigger)) grid_dep_launch();
-  grid_dep_wait();
   const unsigned S = unsigned(p.rsplits);
   const unsigned items =
       p.flist ? *reinterpret_cast<const volatile unsigned*>(p.fcount) * S : gridDim.x;
@@ -1645,8 +1621,6 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads, 3) verify_final_kernel(const VerifyParams p,
                                                                 const FinalWs ws) {
-  if (!(p.flags & kNoEarlyTrigger)) grid_dep_launch();
-  grid_dep_wait();
   const bool listed = ws.mode == 2;
   const unsigned S = unsigned(ws.splits);
   const unsigned items =
@@ -1841,29 +1815,6 @@ inline bool tuning_enabled() {
   return on;
 }
 
-// A dependent kernel of the chain (see grid_dep_wait): programmatic stream serialization unless
-// the tuning hook sets TS_VERIFY_PDL=0 (A/B measurements).
-inline bool pdl_enabled() {
-  if (!tuning_enabled()) return true;
-  const char* f = getenv("TS_VERIFY_PDL");
-  return f == nullptr || atoi(f) != 0;
-}
-template <typename... Params, typename... Args>
-inline cudaError_t launch_dependent(void (*kernel)(Params...), int64_t blocks, cudaStream_t stream,
-                                    Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(blocks), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 // Final-kernel CTAs per request (the launcher and the workspace sizing both use it).
 template <typename T>
 inline int verify_final_splits(int64_t bs, int64_t V, int sms, bool vec_ok) {
@@ -1894,8 +1845,6 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     const int64_t per = (int64_t(p.V) + c - 1) / c;
     return int32_t((per + 7) / 8 * 8);
   };
-  if (tuning_enabled() && getenv("TS_VERIFY_PDL") != nullptr && atoi(getenv("TS_VERIFY_PDL")) == 2)
-    p.flags |= kNoEarlyTrigger;
   const bool two_pass = p.flist != nullptr && ws.state != nullptr && !(p.flags & kLogprobs);
   if (!two_pass) { p.flist = nullptr; p.fcount = nullptr; }
   cudaError_t e;
@@ -1933,28 +1882,33 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     // 2. exact sums of every request's deciding position, 3. the final token
     p.rsplits = pick_splits(p.bs, p.V, res_r, 128, 2048);
     p.rchunk = chunk_of(p.rsplits);
-    e = launch_dependent(verify_resolve_kernel<T, VEC>, int64_t(p.bs) * p.rsplits, stream, p);
+    verify_resolve_kernel<T, VEC><<<unsigned(int64_t(p.bs) * p.rsplits), kThreads, 0, stream>>>(p);
+    e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     ws.chunk = chunk_of(ws.splits);
     ws.mode = 0;
-    return launch_dependent(verify_final_kernel<T, VEC>, int64_t(p.bs) * ws.splits, stream, p, ws);
+    verify_final_kernel<T, VEC><<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
+    return cudaGetLastError();
   }
   // 2. first final pass over every request
   ws.chunk = chunk_of(ws.splits);
   ws.mode = 1;
-  e = launch_dependent(verify_final_kernel<T, VEC>, int64_t(p.bs) * ws.splits, stream, p, ws);
+  verify_final_kernel<T, VEC><<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
+  e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   // 3. exact sums, 4. second final pass: listed requests, split as if each were alone
   p.rsplits = pick_splits(1, p.V, res_r, 128, 2048);
   p.rchunk = chunk_of(p.rsplits);
   const int64_t gr = std::min<int64_t>(int64_t(p.bs) * p.rsplits, res_r);
-  e = launch_dependent(verify_resolve_kernel<T, VEC>, gr, stream, p);
+  verify_resolve_kernel<T, VEC><<<unsigned(gr), kThreads, 0, stream>>>(p);
+  e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   ws.splits = pick_splits(1, p.V, res_f, 128, 2048);
   ws.chunk = chunk_of(ws.splits);
   ws.mode = 2;
   const int64_t gf = std::min<int64_t>(int64_t(p.bs) * ws.splits, res_f);
-  return launch_dependent(verify_final_kernel<T, VEC>, gf, stream, p, ws);
+  verify_final_kernel<T, VEC><<<unsigned(gf), kThreads, 0, stream>>>(p, ws);
+  return cudaGetLastError();
 }
 template <typename T>
 inline cudaError_t launch_verify_probabilistic(VerifyParams p, int sms, bool clusters, FinalWs ws,
