@@ -30,8 +30,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <mutex>
-#include <unordered_map>
+#include <utility>
 
 #include "common/philox.cuh"
 #include "common/softmath.cuh"
@@ -1712,55 +1713,68 @@ inline cudaError_t launch_maybe_cluster(Kernel kernel, bool cluster, unsigned cs
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-// Resident CTAs per SM of a kernel (kThreads threads, static shared memory only); cached.
-template <typename Kernel>
-inline int resident_per_sm(Kernel kernel) {
+// A host-side query about a kernel (occupancy, cluster size), computed once per (device,
+// kernel): function attributes such as the non-portable cluster size are set per device, and
+// devices of one process may differ. Each call site (Tag) has its own cache and lock.
+template <typename Tag, typename F>
+inline int cached_per_device(const void* kernel, F&& compute) {
   static std::mutex mu;
-  static std::unordered_map<const void*, int> cache;
-  const void* key = reinterpret_cast<const void*>(kernel);
+  static std::map<std::pair<int, const void*>, int> cache;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) (void)cudaGetLastError();
   std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, kernel);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0) != cudaSuccess || n < 1) {
-    (void)cudaGetLastError();
-    n = 1;
-  }
-  cache.emplace(key, n);
-  return n;
+  const int v = compute();
+  cache.emplace(key, v);
+  return v;
+}
+
+// Resident CTAs per SM of a kernel (kThreads threads, static shared memory only).
+template <typename Kernel>
+inline int resident_per_sm(Kernel kernel) {
+  struct Tag {};
+  const void* k = reinterpret_cast<const void*>(kernel);
+  return cached_per_device<Tag>(k, [&]() {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0) != cudaSuccess ||
+        n < 1) {
+      (void)cudaGetLastError();
+      n = 1;
+    }
+    return n;
+  });
 }
 
 // Largest cluster size (16, non-portable, or the portable 8) that the device can schedule for a
-// kernel of kThreads threads; cached. Setting the non-portable attribute is harmless where 16
-// is refused (then 8 is used).
+// kernel of kThreads threads. Setting the non-portable attribute is harmless where 16 is refused
+// (then 8 is used).
 template <typename Kernel>
 inline int max_cluster(Kernel kernel) {
-  static std::mutex mu;
-  static std::unordered_map<const void*, int> cache;
-  const void* key = reinterpret_cast<const void*>(kernel);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int best = 8;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-      cudaSuccess) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(kMaxCluster), 1, 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kMaxCluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1)
-      best = kMaxCluster;
-  }
-  (void)cudaGetLastError();
-  cache.emplace(key, best);
-  return best;
+  struct Tag {};
+  const void* k = reinterpret_cast<const void*>(kernel);
+  return cached_per_device<Tag>(k, [&]() {
+    int best = 8;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+        cudaSuccess) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(kMaxCluster), 1, 1);
+      cfg.blockDim = dim3(kThreads, 1, 1);
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = kMaxCluster;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1)
+        best = kMaxCluster;
+    }
+    (void)cudaGetLastError();
+    return best;
+  });
 }
 
 // CTAs per unit (row or request) splitting a V-element row into chunks: minimizes the estimated
