@@ -608,8 +608,9 @@ __device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) 
 // ex2.approx), then the coin is decided from the approximate sums when the error bound
 // (coin_margin) leaves no doubt; otherwise it is marked kUnsure and verify_resolve_kernel decides
 // it with the exact sums. Either way the decision is the exact one. Rows with filters take the
-// exact path (two passes: max, then the exact fixed-point sums).
-template <typename T, int VEC, bool CLUSTER, int PU = 4>
+// exact path (two passes: max, then the exact fixed-point sums). PU: vectors of each row (target
+// and draft) in flight per thread on the fast path; the launcher picks it per dtype.
+template <typename T, int VEC, bool CLUSTER, int PU>
 __global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams p) {
   using G = Grp<CLUSTER>;
   __shared__ BlockScratch scratch;
