@@ -682,3 +682,44 @@ def test_gpu_graph_replay_equals_eager(mode, lp):
         eager2 = fn(prob["target_logits"], prob["draft_token_ids"], seed, off, **kw)
         torch.cuda.synchronize()
         assert_same(eager2, out, lp_tol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# the bench's read-once bound and its table columns (CPU: the Triton interpreter)
+# ---------------------------------------------------------------------------------------------
+def test_bench_read_once_and_markdown(tmp_path):
+    pytest.importorskip("triton")
+    from tokenspeed_kernel.bench import verify as bv
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    pb = bv.Problem(2, 1, 40000, torch.bfloat16, dev)   # 2 programs of 32768 bf16 per tensor
+    assert bv._check_read_once(pb, bv._read_once_call()) is None
+    out = bv._read_once_call()(pb, pb.tgt, pb.drf)
+    nt, nd = pb.tgt.numel(), pb.drf.numel()
+    blk = 32768
+    want = torch.cat([pb.tgt.reshape(-1).float(), torch.full((-nt % blk,), -float("inf"),
+                                                             device=dev)]).view(-1, blk).amax(1)
+    want_d = torch.cat([pb.drf.reshape(-1).float(), torch.full((-nd % blk,), -float("inf"),
+                                                               device=dev)]).view(-1, blk).amax(1)
+    assert torch.equal(out[:want.numel() + want_d.numel()], torch.cat([want, want_d]))
+    # a wrong result is caught
+    pb2 = bv.Problem(1, 1, 40000, torch.float32, dev)
+    bad = lambda p, t, d: torch.zeros(4, device=dev)   # noqa: E731
+    assert bv._check_read_once(pb2, bad) is not None
+
+    env = {"gpu": "NVIDIA Test", "gpu_short": "test", "torch": "x", "cuda": "x", "triton": "x",
+           "flashinfer": "x", "git_sha": "abc", "date": "d"}
+    rows = []
+    for prov, t in (("ours-cuda", 30.0), ("flashinfer", 90.0), ("read-once", 10.0)):
+        rows.append(dict(env, provider=prov, dtype="bf16", V=151936, bs=16, n=1, status="ok",
+                         graph_us=t, eager_us=t + 5, floor_us=4.0, pct_floor=400.0 / t,
+                         accept_rate=0.5 if prov == "ours-cuda" else None,
+                         ratio_vs_flashinfer=30.0 / 90.0 if prov == "ours-cuda" else None,
+                         ratio_vs_read_once=3.0 if prov == "ours-cuda" else None))
+    md = bv._markdown(rows, env, 4000.0, {})
+    assert "read-once % of floor" in md and "CUDA / read-once" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| 1 | 16 |"))
+    assert "| 13.3 | 40.0 |" in line and "| 3.00 |" in line, line   # 4/30, 4/10 of floor
+    bv.report.write_csv(tmp_path / "v.csv", rows, bv.CSV_COLUMNS)
+    assert "ratio_vs_read_once" in (tmp_path / "v.csv").read_text().splitlines()[0]

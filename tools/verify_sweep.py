@@ -3,6 +3,7 @@
     python tools/verify_sweep.py pos   bs,n,V,dtype ...   # pos kernel: cluster size 0 (= the
                                                           #   launcher's pick), 1, 2, 4, 8, 16
     python tools/verify_sweep.py final bs,n,V,dtype ...   # final kernel: splits per request
+    python tools/verify_sweep.py pick  bs,n,V,dtype ...   # the launcher's own picks only
 
 Forces the sizes through the launcher's tuning hook (TOKENSPEED_VERIFY_TUNING, TS_VERIFY_CS,
 TS_VERIFY_FS; see tuning_enabled() in csrc/verify/verify.cuh) and prints CSV, one line per
@@ -42,7 +43,7 @@ def measure(call, pb, reps=6):
 
 def main():
     mode, cfgs = sys.argv[1], sys.argv[2:]
-    assert mode in ("pos", "final"), "mode: pos or final"
+    assert mode in ("pos", "final", "pick"), "mode: pos, final or pick"
     call = _ours("cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
           f"git {os.environ.get('TS_GIT_SHA', '?')}")
@@ -52,7 +53,7 @@ def main():
         bs, n, V, dt = c.split(",")
         pb = Problem(int(bs), int(n), int(V), DT[dt], torch.device("cuda"))
         ref = None
-        for size in (POS if mode == "pos" else FINAL):
+        for size in ((0,) if mode == "pick" else POS if mode == "pos" else FINAL):
             os.environ["TS_VERIFY_CS"] = str(size if mode == "pos" else 0)
             os.environ["TS_VERIFY_FS"] = str(size if mode == "final" else 0)
             t, out = measure(call, pb)

@@ -8,7 +8,12 @@ distribution), everything that turns logits into tokens counted:
 * ``reference``    the PyTorch spec (only bs = 1: it sorts every row; eager, it syncs);
 * ``flashinfer``   ``softmax(target logits, T)`` + ``softmax(draft logits, T)`` +
                    ``chain_speculative_sampling(draft_probs, ids, target_probs)`` (when
-                   ``import flashinfer.sampling`` works).
+                   ``import flashinfer.sampling`` works);
+* ``read-once``    not a verify: one Triton kernel that reads the target and the draft logits
+                   once (a max per 64 KiB chunk) -- what a single streaming pass over the same
+                   bytes costs at this size, launch included, timed the same way. It shows
+                   where the floor target (a fixed fraction of bytes / bandwidth) is out of reach
+                   of any one-pass kernel (small shapes: launch and ramp dominate).
 
 Grid: bs in {1, 16, 64, 256}, n in {1, 3, 5, 8}, V in {151936, 262144}, fp32 and bf16
 (``--quick``: bs {1, 16, 64}, n = 3, V = 151936). Timing: ``bench.timing.measure`` (CUDA-graph
@@ -34,12 +39,12 @@ NDRAFT = [1, 3, 5, 8]
 VOCAB = [151936, 262144]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TEMP = 0.8
-PROVIDERS = ["ours-cuda", "ours-triton", "reference", "flashinfer"]
+PROVIDERS = ["ours-cuda", "ours-triton", "reference", "flashinfer", "read-once"]
 CSV_COLUMNS = [
     "gpu", "gpu_short", "torch", "cuda", "triton", "flashinfer", "git_sha", "date",
     "provider", "impl", "dtype", "V", "bs", "n", "status", "graph_us", "graph_p20", "graph_p80",
     "eager_us", "eager_p20", "eager_p80", "host_us", "floor_us", "pct_floor", "gbps",
-    "ratio_vs_flashinfer", "accept_rate", "calls", "samples"]
+    "ratio_vs_flashinfer", "ratio_vs_read_once", "accept_rate", "calls", "samples"]
 
 
 def log(msg: str) -> None:
@@ -97,6 +102,50 @@ def _fi_call(fs):
                                              pb.ids_fi if ids is None else ids,
                                              tp.view(pb.bs, pb.n + 1, pb.V), **kw)
     return call
+
+
+_READ_ONCE = None
+
+
+def _read_once_call():
+    """The ``read-once`` provider (see the module doc): a max over every 64 KiB chunk of the
+    target and the draft logits (flat, contiguous), one launch, one program per chunk."""
+    global _READ_ONCE
+    if _READ_ONCE is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _read_once(t_ptr, d_ptr, out_ptr, nt, nd, BLOCK: tl.constexpr):
+            pid = tl.program_id(0)
+            ct = tl.cdiv(nt, BLOCK)
+            if pid < ct:
+                offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                x = tl.load(t_ptr + offs, mask=offs < nt, other=float("-inf"))
+            else:
+                offs = (pid - ct).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                x = tl.load(d_ptr + offs, mask=offs < nd, other=float("-inf"))
+            tl.store(out_ptr + pid, tl.max(x.to(tl.float32), 0))
+
+        def call(pb: Problem, tgt, drf):
+            block = 65536 // tgt.element_size()
+            nt, nd = tgt.numel(), drf.numel()
+            grid = triton.cdiv(nt, block) + triton.cdiv(nd, block)
+            out = getattr(pb, "_ro_out", None)
+            if out is None or out.numel() < grid:
+                out = pb._ro_out = torch.empty(grid, dtype=torch.float32, device=tgt.device)
+            _read_once[(grid,)](tgt, drf, out, nt, nd, BLOCK=block, num_warps=8)
+            return out
+        _READ_ONCE = call
+    return _READ_ONCE
+
+
+def _check_read_once(pb: Problem, call) -> Optional[str]:
+    out = call(pb, pb.tgt, pb.drf)
+    want = torch.maximum(pb.tgt.float().amax(), pb.drf.float().amax())
+    if not torch.equal(out.amax(), want):
+        return "read-once: max differs from torch.amax"
+    return None
 
 
 def _check_ours(pb: Problem, call, name) -> Optional[str]:
@@ -187,8 +236,15 @@ def run_verify_bench(args) -> int:
         avail["flashinfer"] = None
     except Exception as e:
         avail["flashinfer"] = f"not available ({type(e).__name__}: {str(e).splitlines()[0]})"
+    ro = None
+    try:
+        ro = _read_once_call()
+        avail["read-once"] = None
+    except Exception as e:
+        avail["read-once"] = f"not available ({type(e).__name__}: {str(e).splitlines()[0]})"
     calls = {"ours-cuda": _ours("cuda"), "ours-triton": _ours("triton"),
-             "reference": _ours("reference"), "flashinfer": _fi_call(fs) if fs else None}
+             "reference": _ours("reference"), "flashinfer": _fi_call(fs) if fs else None,
+             "read-once": ro}
     bss, ns, Vs, dts = _grid(args)
     rows: List[Dict] = []
     stop = False
@@ -228,6 +284,8 @@ def run_verify_bench(args) -> int:
                             try:
                                 if prov == "flashinfer":
                                     why = _check_fi(pb, calls[prov])
+                                elif prov == "read-once":
+                                    why = _check_read_once(pb, calls[prov])
                                 else:
                                     why = _check_ours(pb, calls[prov], prov)
                             except Exception as e:  # noqa: BLE001
@@ -265,11 +323,19 @@ def run_verify_bench(args) -> int:
                         shape_rows.append(row)
                     fi = next((r for r in shape_rows if r["provider"] == "flashinfer"
                                and r.get("status") == "ok"), None)
+                    ro_row = next((r for r in shape_rows if r["provider"] == "read-once"
+                                   and r.get("status") == "ok"), None)
                     for r in shape_rows:
-                        if fi and r.get("status") == "ok" and r["provider"] != "flashinfer":
-                            mine = r.get("graph_us") or r.get("eager_us")
+                        if r.get("status") != "ok" or r["provider"] in ("flashinfer",
+                                                                        "read-once"):
+                            continue
+                        mine = r.get("graph_us") or r.get("eager_us")
+                        if fi:
                             fiu = fi.get("graph_us") or fi.get("eager_us")
                             r["ratio_vs_flashinfer"] = mine / fiu if (mine and fiu) else None
+                        if ro_row:
+                            rou = ro_row.get("graph_us") or ro_row.get("eager_us")
+                            r["ratio_vs_read_once"] = mine / rou if (mine and rou) else None
                     c = next((r for r in shape_rows if r["provider"] == "ours-cuda"), {})
                     log(f"[verify] {dt} V={V} n={n} bs={bs}: "
                         + ", ".join(f"{r['provider']} "
@@ -300,7 +366,9 @@ def _markdown(rows, env, hbm, avail) -> str:
              "", "Probabilistic chain verify from logits, temperature 0.8, drafts sampled from the "
              "draft distribution (draft logits = target + N(0, 1) noise). CUDA-graph replay, cold "
              "L2, median µs per call (eager in parentheses); FlashInfer = 2 softmax + "
-             "chain_speculative_sampling.", ""]
+             "chain_speculative_sampling. read-once = one Triton kernel that only reads the same "
+             "target and draft bytes once (no verify): the cost of a single streaming pass at "
+             "this size, launch included, timed the same way.", ""]
     for k, v in avail.items():
         if v:
             lines.append(f"- {k}: {v}")
@@ -327,12 +395,16 @@ def _markdown(rows, env, hbm, avail) -> str:
                 g, e = r.get("graph_us"), r.get("eager_us")
                 cells.append(f"{report.fmt(g)} ({report.fmt(e)})" if g is not None else
                              f"({report.fmt(e)})")
+            ro = by.get("read-once") or {}
             body.append([n, bs, report.fmt(floor, 2)] + cells
                         + [report.fmt(c.get("pct_floor")),
+                           report.fmt(ro.get("pct_floor") if ro.get("status") == "ok" else None),
                            report._ratio(c.get("ratio_vs_flashinfer")),
+                           report._ratio(c.get("ratio_vs_read_once")),
                            report.fmt(c.get("accept_rate"), 2)])
         lines.append(report.md_table(["n", "bs", "floor µs"] + provs
-                                     + ["CUDA % of floor", "CUDA / FI", "accept rate"], body))
+                                     + ["CUDA % of floor", "read-once % of floor", "CUDA / FI",
+                                        "CUDA / read-once", "accept rate"], body))
         lines.append("")
     return "\n".join(lines)
 
@@ -364,8 +436,9 @@ def _plot(rows, d) -> Optional[str]:
                         pts.append((r["bs"], r.get("graph_us") or r.get("eager_us")))
                 if pts:
                     pts.sort()
+                    style = {"floor": "--", "read-once": ":"}.get(p, "-")
                     ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
-                            linestyle="--" if p == "floor" else "-")
+                            linestyle=style)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"{dt} V={V} n={n}", fontsize=9)
@@ -396,11 +469,15 @@ def _write(rows, env, hbm, args, avail) -> None:
             tr = next((x for x in rows if x["provider"] == "ours-triton" and x["status"] == "ok"
                        and (x["dtype"], x["V"], x["n"], x["bs"]) == (r["dtype"], r["V"], r["n"],
                                                                      r["bs"])), {})
+            ro = next((x for x in rows if x["provider"] == "read-once" and x["status"] == "ok"
+                       and (x["dtype"], x["V"], x["n"], x["bs"]) == (r["dtype"], r["V"], r["n"],
+                                                                     r["bs"])), {})
             body.append([r["dtype"], r["V"], r["n"], r["bs"], report.fmt(r.get("floor_us"), 2),
                          report.fmt(r.get("graph_us")) if r.get("status") == "ok"
                          else r.get("status", "")[:30],
                          report.fmt(tr.get("graph_us")), report.fmt(fi.get("graph_us")),
-                         report.fmt(r.get("pct_floor"))])
+                         report.fmt(r.get("pct_floor")), report.fmt(ro.get("graph_us")),
+                         report.fmt(ro.get("pct_floor"))])
     print("\nverify: graph-replay us per call, cold L2")
     report.print_table(["dtype", "V", "n", "bs", "floor", "ours-cuda", "ours-triton",
-                        "flashinfer", "% floor"], body)
+                        "flashinfer", "% floor", "read-once", "ro % floor"], body)
