@@ -1191,10 +1191,10 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
                                           uint64_t seed, uint64_t off, uint32_t stream,
                                           const uint32_t& lb, R&& refresh, B&& base_of,
                                           S&& slow) {
-#ifndef TS_FINAL_U
-  constexpr int U = 2;
-#else
+#ifdef TS_FINAL_U
   constexpr int U = TS_FINAL_U;
+#else
+  constexpr int U = VEC >= 8 ? 1 : 2;
 #endif
   const int64_t step = int64_t(kThreads) * VEC;
   int64_t idx = start + int64_t(threadIdx.x) * VEC;
@@ -1625,7 +1625,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
 // One item (request i, split sp) per CTA (mode 0 and 1); in the second pass (mode 2) the CTAs
 // of a fixed grid stride over (request of p.flist, split) items.
 #ifndef TS_FINAL_MINB
-#define TS_FINAL_MINB 3
+#define TS_FINAL_MINB 4
 #endif
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads, TS_FINAL_MINB) verify_final_kernel(const VerifyParams p,
