@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "common/philox.cuh"
@@ -117,6 +118,17 @@ template <typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
   if constexpr (VEC == 1) {
     v[0] = to_f<T>(p[0]);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // bf16 -> f32 is exact: the 16 bits are the top half of the float. One shift / mask per
+    // element (extracting the high half first and then shifting cost two).
+    static_assert(VEC == 8, "16-byte vectors");
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = __uint_as_float(w[k] << 16);
+      v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
   } else {
     static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
     uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
@@ -412,10 +424,15 @@ __device__ __forceinline__ float ex2_approx(float x) {
 // Per-thread online state of one row: raw max (lowest id), and s = sum 2^((z - ref) c) with
 // ref = the running max (0 before the first finite max; only -inf / NaN were summed then).
 // NaN anywhere makes s NaN (ex2(NaN) = NaN, sticky through sums and rescales).
+// A term's argument is fma(z, c, -rc) with rc = fl(ref * c) (one FFMA instead of a subtract and
+// a multiply; coin_margin counts its error) while |rc| <= 2^100, else (z - ref) * c: with an
+// overflowing rc the FFMA could give inf - inf = NaN, which would flag a valid row.
 struct Online {
   float mx;
   int32_t arg;
   float ref;
+  float rc;   // fl(ref * c), or NaN: use (z - ref) * c
+  float rcl;  // fl(ref * log2(e)) (logprobs), same rule
   float s;   // processed: c = inv_t * log2(e)
   float sr;  // raw (logprobs): c = log2(e)
 };
@@ -423,8 +440,16 @@ __device__ __forceinline__ void online_init(Online& o) {
   o.mx = -INFINITY;
   o.arg = INT32_MAX;
   o.ref = 0.0f;
+  o.rc = 0.0f;
+  o.rcl = 0.0f;
   o.s = 0.0f;
   o.sr = 0.0f;
+}
+// rc rounded up (c > 0): z <= ref gives z c <= ref c <= rc, so every argument fma(z, c, -rc) is
+// <= 0 (ex2.approx is checked on [-126, 0]) and the max's own term is at most 1.
+__device__ __forceinline__ float online_rc(float ref, float c) {
+  const float r = __fmul_ru(ref, c);
+  return fabsf(r) <= 1.2676506e30f ? r : NAN;   // 2^100
 }
 // U x K elements, element (u, k) has id idx + u * step + k (ids increase with (u, k)).
 // The max is a tree and the terms are summed per u, then the U partial sums as a tree, then into
@@ -464,16 +489,28 @@ __device__ __forceinline__ void online_block(Online& o, const float (&v)[U][K], 
     o.mx = vm;
     o.arg = int32_t(id);
     o.ref = vm;
+    o.rc = online_rc(vm, c);
+    if (LP) o.rcl = online_rc(vm, kLog2e);
   }
   float ps[U], pr[U];
+  // the FFMA form unless an rc overflowed (uniform per thread and block: a branch, not a select)
+  const bool ffma = o.rc == o.rc && (!LP || o.rcl == o.rcl);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     float t[K], r[K];
+    if (ffma) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const float d = v[u][k] - o.ref;
-      t[k] = ex2_approx(d * c);
-      if (LP) r[k] = ex2_approx(d * kLog2e);
+      for (int k = 0; k < K; ++k) {
+        t[k] = ex2_approx(__fmaf_rn(v[u][k], c, -o.rc));
+        if (LP) r[k] = ex2_approx(__fmaf_rn(v[u][k], kLog2e, -o.rcl));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const float d = v[u][k] - o.ref;
+        t[k] = ex2_approx(d * c);
+        if (LP) r[k] = ex2_approx(d * kLog2e);
+      }
     }
 #pragma unroll
     for (int w = 1; w < K; w *= 2)
@@ -560,6 +597,12 @@ __device__ __forceinline__ void block_sum_f2(float& a, float& b, BlockScratch& s
 //  * the online arguments (z - ref) * c and the rescales (ref - ref') * c: relative 3u each,
 //    and the arguments of one term are all <= 0 and add up to (z - zmax) c, so <= 3u * 38.3 * 2
 //    in log2 units in all, i.e. <= 85u relative;
+//  * a term's argument taken as fma(z, c, -rc), rc = ref c rounded up (Online; |rc| <= 2^100):
+//    off by <= 2u |ref c| + 1.01 u (ref - z) c <= 2u |zmax c| + 2.02 u (zmax - z) c in log2
+//    units (ref <= zmax, so |ref| <= |zmax| + (zmax - ref)); (zmax - z) c <= 38.3 above the mass
+//    cut and |zmax c| = |m| log2(e) (1 + u): <= 1.01 u (2 |m| + 54) relative (ln 2 cancels
+//    log2 e). Below the cut a term grows by at most 2^(2u |zmax c|) <= 2 while |m| <= 5e6
+//    (larger |m| make the bound >= 0.5: every decision is exact), inside the V * 1e-11 budget;
 //  * ex2.approx.ftz: 2^-22.73 relative at most (measured for every float32 x in [-126, 0] on an
 //    H200 by tools/check_verify_margin.py; budgeted 2^-20), one per term plus one per rescale on
 //    its path: a thread rescales at most once per online block of >= 4 elements (plus the
@@ -573,7 +616,8 @@ __device__ __forceinline__ double coin_margin(float m, int64_t chunk, int V) {
   const double nt = double(chunk) / kThreads + 16.0;   // elements per thread, at most
   const double nb = nt / 4.0 + 16.0;                     // online blocks (rescales), at most
   const double d = 1.1920928955078125e-07 + (2.0 * fabs(double(m)) + 54.0) * 1.01 * u + 85.0 * u +
-                   (nb + 3.0) * 9.5367431640625e-07 + (2.0 * nt + 30.0) * u + double(V) * 1e-11;
+                   (2.0 * fabs(double(m)) + 54.0) * 1.01 * u + (nb + 3.0) * 9.5367431640625e-07 +
+                   (2.0 * nt + 30.0) * u + double(V) * 1e-11;
   return 2.0 * d;
 }
 
