@@ -455,7 +455,7 @@ __device__ __forceinline__ float online_rc(float ref, float c) {
 // The max is a tree and the terms are summed per u, then the U partial sums as a tree, then into
 // the running sum: short dependency chains (a sequential chain of U * K float adds made the
 // bf16 pos kernel latency-bound). Any summation order is covered by coin_margin's float-sum term.
-template <int U, int K, bool LP>
+template <int U, int K, bool LP, bool FF>
 __device__ __forceinline__ void online_block(Online& o, const float (&v)[U][K], int64_t idx,
                                              int64_t step, float c) {
   float mu[U];
@@ -489,12 +489,16 @@ __device__ __forceinline__ void online_block(Online& o, const float (&v)[U][K], 
     o.mx = vm;
     o.arg = int32_t(id);
     o.ref = vm;
-    o.rc = online_rc(vm, c);
-    if (LP) o.rcl = online_rc(vm, kLog2e);
+    if (FF) {
+      o.rc = online_rc(vm, c);
+      if (LP) o.rcl = online_rc(vm, kLog2e);
+    }
   }
   float ps[U], pr[U];
-  // the FFMA form unless an rc overflowed (uniform per thread and block: a branch, not a select)
-  const bool ffma = o.rc == o.rc && (!LP || o.rcl == o.rcl);
+  // FF (16-bit logits, where the pos kernel is issue-bound): the FFMA form unless an rc
+  // overflowed (uniform per thread and block: a branch, not a select). fp32 rows are
+  // memory-bound and keep the subtract-multiply form (and the register allocation it had).
+  const bool ffma = FF && o.rc == o.rc && (!LP || o.rcl == o.rcl);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     float t[K], r[K];
@@ -537,6 +541,7 @@ __device__ __forceinline__ void online_block(Online& o, const float (&v)[U][K], 
 template <typename T, int VEC, bool LP, bool TWO, int U>
 __device__ __forceinline__ void online_chunk(const T* row, const T* qrow, int64_t start,
                                              int64_t end, float c, Online& ot, Online& oq) {
+  constexpr bool FF = sizeof(T) == 2;
   const int64_t step = int64_t(kThreads) * VEC;
   int64_t idx = start + int64_t(threadIdx.x) * VEC;
   for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
@@ -546,25 +551,25 @@ __device__ __forceinline__ void online_chunk(const T* row, const T* qrow, int64_
       load_vec<T, VEC>(row + idx + u * step, v[u]);
       if (TWO) load_vec<T, VEC>(qrow + idx + u * step, w[u]);
     }
-    online_block<U, VEC, LP>(ot, v, idx, step, c);
-    if (TWO) online_block<U, VEC, false>(oq, w, idx, step, c);
+    online_block<U, VEC, LP, FF>(ot, v, idx, step, c);
+    if (TWO) online_block<U, VEC, false, FF>(oq, w, idx, step, c);
   }
   for (; idx < end; idx += step) {
     if (idx + VEC <= end) {
       float v[1][VEC];
       load_vec<T, VEC>(row + idx, v[0]);
-      online_block<1, VEC, LP>(ot, v, idx, step, c);
+      online_block<1, VEC, LP, FF>(ot, v, idx, step, c);
       if (TWO) {
         load_vec<T, VEC>(qrow + idx, v[0]);
-        online_block<1, VEC, false>(oq, v, idx, step, c);
+        online_block<1, VEC, false, FF>(oq, v, idx, step, c);
       }
     } else {
       for (int k = 0; idx + k < end; ++k) {
         const float v[1][1] = {{to_f<T>(row[idx + k])}};
-        online_block<1, 1, LP>(ot, v, idx + k, step, c);
+        online_block<1, 1, LP, FF>(ot, v, idx + k, step, c);
         if (TWO) {
           const float w[1][1] = {{to_f<T>(qrow[idx + k])}};
-          online_block<1, 1, false>(oq, w, idx + k, step, c);
+          online_block<1, 1, false, FF>(oq, w, idx + k, step, c);
         }
       }
     }
@@ -654,8 +659,14 @@ __device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) 
 // it with the exact sums. Either way the decision is the exact one. Rows with filters take the
 // exact path (two passes: max, then the exact fixed-point sums). PU: vectors of each row (target
 // and draft) in flight per thread on the fast path; the launcher picks it per dtype.
+// Resident CTAs per SM the register allocation is held to (measured, H200, see VERIFY.md):
+// 16-bit logits 4 (64 registers: the FFMA form leaves room); fp32 what ptxas chose before these
+// bounds existed (4 without clusters, 3 with: 64 / 74 registers).
+template <typename T, bool CLUSTER>
+constexpr int pos_min_blocks() { return sizeof(T) == 2 ? 4 : (CLUSTER ? 3 : 4); }
 template <typename T, int VEC, bool CLUSTER, int PU>
-__global__ void __launch_bounds__(kThreads) verify_pos_kernel(const VerifyParams p) {
+__global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
+    verify_pos_kernel(const VerifyParams p) {
   using G = Grp<CLUSTER>;
   __shared__ BlockScratch scratch;
   __shared__ Slot1 slot1;
