@@ -1810,6 +1810,32 @@ inline int resident_per_sm(Kernel kernel) {
   });
 }
 
+// CTAs of a cluster kernel resident at once in clusters of CS: cudaOccupancyMaxActiveClusters x
+// CS (0 if the query fails). CS = 16 needs the non-portable attribute (max_cluster sets it).
+template <int CS, typename Kernel>
+inline int cluster_capacity(Kernel kernel) {
+  struct Tag {};
+  const void* k = reinterpret_cast<const void*>(kernel);
+  return cached_per_device<Tag>(k, [&]() {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(CS), 1, 1);
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CS;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 0) {
+      (void)cudaGetLastError();
+      clusters = 0;
+    }
+    return clusters * CS;
+  });
+}
+
 // Largest cluster size (16, non-portable, or the portable 8) that the device can schedule for a
 // kernel of kThreads threads. Setting the non-portable attribute is harmless where 16 is refused
 // (then 8 is used).
@@ -1862,22 +1888,25 @@ inline int pick_splits(int64_t units, int64_t V, int64_t resident, int max_split
 }
 
 // Pos-kernel CTAs per row (the cluster size), a power of two <= max_cs: minimizes
-// waves(rows * s) * (chunk bytes + kPosCtaBytes), where a wave is the resident CTAs of the kernel
-// launched (occ1: one CTA per row, occc: the cluster kernel). kPosCtaBytes is a CTA's fixed cost
-// (row lookups, reductions, cluster syncs, the coin) in bytes streamed: fitted to a sweep of
-// every power of two on an H200 (tools/verify_sweep.py, bench/results/h200/verify_sweep_pos.csv):
-// at the 30 swept shapes its pick is within 7 % of the best size (geometric mean 0.6 %), where
-// the element-count model it replaced was up to 44 % slower (bs 64, n 8, bf16).
+// waves(rows * s) * (chunk bytes + kPosCtaBytes), where a wave is what can be resident at once:
+// res[0] CTAs of the one-CTA-per-row kernel, res[log2 s] CTAs of the cluster kernel in clusters
+// of s (cluster_capacity: clusters must fit in a GPC, so fewer than CTAs/SM x SMs -- on an H200
+// at 4 CTAs/SM 528 / 496 / 496 / 448 for s = 2 / 4 / 8 / 16). kPosCtaBytes is a CTA's fixed
+// cost (row lookups, reductions, cluster syncs, the coin) in bytes streamed, fitted to sweeps
+// of every power of two on an H200 (tools/verify_sweep.py pos): at the 30 shapes of
+// bench/results/h200/verify_sweep_pos.csv its pick is within 4.5 % of the best size (geometric
+// mean 0.4 %). Without the cluster capacity (waves of CTAs/SM x SMs) it picked clusters of 16
+// for bs 16, n 1, bf16 once the 16-bit kernel reached 4 CTAs/SM: 17.2 vs 14.0 us.
 constexpr int64_t kPosCtaBytes = 65536;
-inline int pick_pos_splits(int64_t rows, int64_t V, int elem_bytes, int sms, int occ1, int occc,
+inline int pick_pos_splits(int64_t rows, int64_t V, int elem_bytes, const int64_t (&res)[5],
                            int max_cs) {
   int best = 1;
   double best_cost = 0.0;
-  for (int s = 1; s <= max_cs; s *= 2) {
+  for (int s = 1, l = 0; s <= max_cs && l < 5; s *= 2, ++l) {
     const int64_t chunk = (V + s - 1) / s;
     if (s > 1 && chunk < 4096) break;
-    const int64_t res = int64_t(std::max(1, s == 1 ? occ1 : occc)) * sms;
-    const int64_t waves = (rows * s + res - 1) / res;
+    const int64_t r = std::max<int64_t>(1, res[l]);
+    const int64_t waves = (rows * s + r - 1) / r;
     const double cost = double(waves) * double(chunk * elem_bytes + kPosCtaBytes);
     if (s == 1 || cost < best_cost * 0.999) { best = s; best_cost = cost; }
   }
@@ -1935,14 +1964,21 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   // 1. statistics: cs_pos CTAs (a cluster) per row
   {
     const int64_t rows = p.R_t > p.bs ? p.R_t : int64_t(p.bs);
-    // fp32: 4 vectors per row in flight (64 registers, 4 CTAs/SM); 16-bit types: 2 (80 registers,
-    // 3 CTAs/SM; with 4 they need 120 registers, 2 CTAs/SM, measured slower at most shapes)
+    // fp32: 4 vectors per row in flight (64 / 80 registers without / with clusters: 4 / 3
+    // CTAs/SM); 16-bit types: 2 (64 registers, 4 CTAs/SM, pos_min_blocks; with 4 vectors they
+    // needed 120 registers, 2 CTAs/SM, measured slower at most shapes)
     constexpr int PU = sizeof(T) == 4 ? 4 : 2;
     auto k1 = verify_pos_kernel<T, VEC, false, PU>;
     auto kc = verify_pos_kernel<T, VEC, true, PU>;
-    const int cs_max = clusters ? max_cluster(kc) : 1;
-    int cs_pos = pick_pos_splits(rows, p.V, int(sizeof(T)), sms, resident_per_sm(k1),
-                                 resident_per_sm(kc), cs_max);
+    const int cs_max = clusters ? max_cluster(kc) : 1;   // (sets the non-portable attribute)
+    const int64_t occc = int64_t(resident_per_sm(kc)) * sms;
+    auto cap = [&](int64_t c) { return c > 0 ? c : occc; };   // query failed: CTAs/SM x SMs
+    const int64_t res[5] = {int64_t(resident_per_sm(k1)) * sms,
+                            cs_max >= 2 ? cap(cluster_capacity<2>(kc)) : 0,
+                            cs_max >= 4 ? cap(cluster_capacity<4>(kc)) : 0,
+                            cs_max >= 8 ? cap(cluster_capacity<8>(kc)) : 0,
+                            cs_max >= 16 ? cap(cluster_capacity<16>(kc)) : 0};
+    int cs_pos = pick_pos_splits(rows, p.V, int(sizeof(T)), res, cs_max);
     if (tuning_enabled()) {
       const char* f = getenv("TS_VERIFY_CS");
       if (f != nullptr && atoi(f) > 0) cs_pos = std::min(atoi(f), cs_max);
