@@ -1893,10 +1893,12 @@ inline int pick_splits(int64_t units, int64_t V, int64_t resident, int max_split
 // of s (cluster_capacity: clusters must fit in a GPC, so fewer than CTAs/SM x SMs -- on an H200
 // at 4 CTAs/SM 528 / 496 / 496 / 448 for s = 2 / 4 / 8 / 16). kPosCtaBytes is a CTA's fixed
 // cost (row lookups, reductions, cluster syncs, the coin) in bytes streamed, fitted to sweeps
-// of every power of two on an H200 (tools/verify_sweep.py pos): at the 30 shapes of
-// bench/results/h200/verify_sweep_pos.csv its pick is within 4.5 % of the best size (geometric
-// mean 0.4 %). Without the cluster capacity (waves of CTAs/SM x SMs) it picked clusters of 16
-// for bs 16, n 1, bf16 once the 16-bit kernel reached 4 CTAs/SM: 17.2 vs 14.0 us.
+// of every power of two on an H200 (tools/verify_sweep.py pos). At the 30 shapes of
+// bench/results/h200/verify_sweep_pos.csv the size it picks (computed from the capacities that
+// tools/verify_occupancy.cu prints) is the fastest swept size at 27 and within 4.9 % of it at
+// all (the sweep's own "pick" rows differ from the same size's rows by up to 6 %: noise between
+// two measurements). Without the cluster capacity (waves of CTAs/SM x SMs) it picked clusters
+// of 16 for bs 16, n 1, bf16 once the 16-bit kernel reached 4 CTAs/SM: 17.2 vs 14.0 us.
 constexpr int64_t kPosCtaBytes = 65536;
 inline int pick_pos_splits(int64_t rows, int64_t V, int elem_bytes, const int64_t (&res)[5],
                            int max_cs) {
