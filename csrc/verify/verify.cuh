@@ -424,14 +424,15 @@ __device__ __forceinline__ float ex2_approx(float x) {
 // Per-thread online state of one row: raw max (lowest id), and s = sum 2^((z - ref) c) with
 // ref = the running max (0 before the first finite max; only -inf / NaN were summed then).
 // NaN anywhere makes s NaN (ex2(NaN) = NaN, sticky through sums and rescales).
-// A term's argument is fma(z, c, -rc) with rc = fl(ref * c) (one FFMA instead of a subtract and
-// a multiply; coin_margin counts its error) while |rc| <= 2^100, else (z - ref) * c: with an
-// overflowing rc the FFMA could give inf - inf = NaN, which would flag a valid row.
+// 16-bit logits (FF): a term's argument is fma(z, c, -rc) with rc = ref * c rounded up
+// (online_rc; one FFMA instead of a subtract and a multiply; coin_margin counts its error) while
+// |rc| <= 2^100, else (z - ref) * c: an overflowing rc could give inf - inf = NaN, which would
+// flag a valid row. fp32 logits always use (z - ref) * c.
 struct Online {
   float mx;
   int32_t arg;
   float ref;
-  float rc;   // fl(ref * c), or NaN: use (z - ref) * c
+  float rc;   // ref * c rounded up, or NaN: use (z - ref) * c
   float rcl;  // fl(ref * log2(e)) (logprobs), same rule
   float s;   // processed: c = inv_t * log2(e)
   float sr;  // raw (logprobs): c = log2(e)
@@ -660,8 +661,9 @@ __device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) 
 // exact path (two passes: max, then the exact fixed-point sums). PU: vectors of each row (target
 // and draft) in flight per thread on the fast path; the launcher picks it per dtype.
 // Resident CTAs per SM the register allocation is held to (measured, H200, see VERIFY.md):
-// 16-bit logits 4 (64 registers: the FFMA form leaves room); fp32 what ptxas chose before these
-// bounds existed (4 without clusters, 3 with: 64 / 74 registers).
+// 16-bit logits 4 (64 registers); fp32 the occupancy ptxas gave it before these bounds existed
+// (4 without clusters, 3 with; 64 / 80 registers, 74 then). An explicit minimum of 1 let ptxas
+// take 87 / 91 registers for fp32 (2 CTAs/SM).
 template <typename T, bool CLUSTER>
 constexpr int pos_min_blocks() { return sizeof(T) == 2 ? 4 : (CLUSTER ? 3 : 4); }
 template <typename T, int VEC, bool CLUSTER, int PU>
