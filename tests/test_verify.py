@@ -139,6 +139,9 @@ CASES = [
     ([4, 4, 4], 1000, torch.float32, "greedy"),
     ([0, 0], 300, torch.float32, "none"),
     ([2, 1, 2, 0], 150, torch.float32, "topkp"),
+    # 16-byte aligned 16-bit rows: the CUDA pos kernel's vector fast path (FFMA form)
+    ([3, 1, 0, 2], 4096, torch.float16, "temp"),
+    ([2, 4], 4096, torch.bfloat16, "temp"),
 ]
 
 
