@@ -1,5 +1,6 @@
 // Prints, for the pos kernels the verify launcher uses, the resident CTAs per SM and the cluster
-// capacity (cudaOccupancyMaxActiveClusters x size) for every cluster size, on the current GPU.
+// capacity (cudaOccupancyMaxActiveClusters x size) for every cluster size, on the current GPU:
+// the launcher's own queries (resident_per_sm, max_cluster, cluster_capacity).
 //   nvcc -std=c++20 -O3 -arch=sm_90a -I csrc tools/verify_occupancy.cu -o /tmp/vo && /tmp/vo
 #include <cstdio>
 
@@ -13,23 +14,11 @@ void report(const char* name, Kernel kernel, int sms) {
   cudaFuncGetAttributes(&a, kernel);
   std::printf("%s: %d registers, %d CTAs/SM (%d resident)", name, a.numRegs,
               resident_per_sm(kernel), resident_per_sm(kernel) * sms);
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  for (int s = 2; s <= 16; s *= 2) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(s), 1, 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = s;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-    std::printf(", cs %d: %d CTAs", s, e == cudaSuccess ? clusters * s : -1);
-    (void)cudaGetLastError();
-  }
+  // the launcher's own queries; max_cluster first: it sets the non-portable attribute 16 needs
+  const int mc = max_cluster(kernel);
+  std::printf(", max cluster %d, cs 2: %d CTAs, cs 4: %d CTAs, cs 8: %d CTAs, cs 16: %d CTAs", mc,
+              cluster_capacity<2>(kernel), cluster_capacity<4>(kernel),
+              cluster_capacity<8>(kernel), cluster_capacity<16>(kernel));
   std::printf("\n");
 }
 
