@@ -1812,30 +1812,35 @@ inline int resident_per_sm(Kernel kernel) {
   });
 }
 
-// CTAs of a cluster kernel resident at once in clusters of CS: cudaOccupancyMaxActiveClusters x
-// CS (0 if the query fails). CS = 16 needs the non-portable attribute (max_cluster sets it).
+// Clusters of cs CTAs (kThreads threads each) of a kernel that can be resident at once
+// (cudaOccupancyMaxActiveClusters); 0 if the query fails. Uncached: the callers below cache.
+template <typename Kernel>
+inline int active_clusters(Kernel kernel, unsigned cs) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cs, 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cs;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 0) {
+    (void)cudaGetLastError();
+    clusters = 0;
+  }
+  return clusters;
+}
+
+// CTAs of a cluster kernel resident at once in clusters of CS: active_clusters x CS (0 if the
+// query fails). CS = 16 needs the non-portable attribute (max_cluster sets it).
 template <int CS, typename Kernel>
 inline int cluster_capacity(Kernel kernel) {
   struct Tag {};
   const void* k = reinterpret_cast<const void*>(kernel);
-  return cached_per_device<Tag>(k, [&]() {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(CS), 1, 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CS;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 0) {
-      (void)cudaGetLastError();
-      clusters = 0;
-    }
-    return clusters * CS;
-  });
+  return cached_per_device<Tag>(k, [&]() { return active_clusters(kernel, CS) * CS; });
 }
 
 // Largest cluster size (16, non-portable, or the portable 8) that the device can schedule for a
@@ -1848,21 +1853,9 @@ inline int max_cluster(Kernel kernel) {
   return cached_per_device<Tag>(k, [&]() {
     int best = 8;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-        cudaSuccess) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned(kMaxCluster), 1, 1);
-      cfg.blockDim = dim3(kThreads, 1, 1);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = kMaxCluster;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1)
-        best = kMaxCluster;
-    }
+            cudaSuccess &&
+        active_clusters(kernel, unsigned(kMaxCluster)) >= 1)
+      best = kMaxCluster;
     (void)cudaGetLastError();
     return best;
   });
