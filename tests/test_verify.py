@@ -696,7 +696,7 @@ def test_bench_read_once_and_markdown(tmp_path):
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    pb = bv.Problem(2, 1, 40000, torch.bfloat16, dev)   # 2 programs of 32768 bf16 per tensor
+    pb = bv.Problem(2, 1, 40000, torch.bfloat16, dev)   # 32768-element programs, last ones partial
     assert bv._check_read_once(pb, bv._read_once_call()) is None
     out = bv._read_once_call()(pb, pb.tgt, pb.drf)
     nt, nd = pb.tgt.numel(), pb.drf.numel()

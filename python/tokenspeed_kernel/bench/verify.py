@@ -11,9 +11,9 @@ distribution), everything that turns logits into tokens counted:
                    ``import flashinfer.sampling`` works);
 * ``read-once``    not a verify: one Triton kernel that reads the target and the draft logits
                    once (a max per 64 KiB chunk) -- what a single streaming pass over the same
-                   bytes costs at this size, launch included, timed the same way. It shows
-                   where the floor target (a fixed fraction of bytes / bandwidth) is out of reach
-                   of any one-pass kernel (small shapes: launch and ramp dominate).
+                   bytes costs at this size, launch included, timed the same way. It shows how
+                   close any one-pass kernel can get to the floor (bytes / bandwidth) at each
+                   shape.
 
 Grid: bs in {1, 16, 64, 256}, n in {1, 3, 5, 8}, V in {151936, 262144}, fp32 and bf16
 (``--quick``: bs {1, 16, 64}, n = 3, V = 151936). Timing: ``bench.timing.measure`` (CUDA-graph
