@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -1239,10 +1240,19 @@ __device__ __forceinline__ int64_t unpack_id(unsigned long long k) {
 
 // The final kernel's scan. Per element, base_of(id, z, zq) gives the part of the score's upper
 // bound that needs no noise (-inf: the element cannot win); with G <= gumbel_ub(w) <= 16.65 an
-// element survives if key32(base + bound on G) >= lb. Per loaded vector: the constant bound first;
-// if any element of the vector survives it, the Philox blocks of the whole vector are generated
-// (uniform work, no per-element divergence) and each element is tested with gumbel_ub of its own
-// word; only those survivors reach `slow(id, w)` (the exact score), from one call site.
+// element survives if key32(base + bound on G) >= lb. Per iteration (U vectors of VEC ids):
+// (1) the constant bound: if no element has fadd(base, 16.65) >= lb, no Philox block is
+// generated (a warp skips them only when none of its lanes needs one: rare with flat logits,
+// common with peaked ones); otherwise the blocks of all its groups of 4 ids are generated
+// together (independent chains: instruction-level parallelism; TS_FINAL_JOINT=0 restores group
+// by group); (2) one test per group, fadd(max base, gumbel_ub(max word)) >= lb: gumbel_ub is
+// non-decreasing in the word and fadd in both arguments, so it bounds every element's
+// fadd(base_k, gumbel_ub(w_k)) -- a group failing it has no survivor (almost every group fails
+// it: ~1e-5 of the elements survive); (3) only then each element with its own word; the
+// survivors reach `slow(id, w)` (the exact score) from one call site outside the unrolled loop.
+// The bases are evaluated for every element (the warp executes them anyway), so base_of should
+// be branch-free. Pruning only skips tokens that cannot win: tools/verify_tokens.py compares the
+// tokens with a build without any pruning (-DTS_FINAL_NOPRUNE).
 template <typename T, int VEC, bool TWO, typename R, typename B, typename S>
 __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start, int64_t end,
                                           uint64_t seed, uint64_t off, uint32_t stream,
@@ -1255,6 +1265,14 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
 #endif
   const int64_t step = int64_t(kThreads) * VEC;
   int64_t idx = start + int64_t(threadIdx.x) * VEC;
+  // groups of 4 ids in one iteration; with TS_FINAL_JOINT all their blocks are generated together
+  // when any element passes (instruction-level parallelism), else group by group
+  constexpr int NG = VEC % 4 == 0 ? U * VEC / 4 : 1;
+#ifdef TS_FINAL_JOINT
+  constexpr bool kJoint = TS_FINAL_JOINT;
+#else
+  constexpr bool kJoint = true;
+#endif
   for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
     float va[U][VEC], vb[U][VEC];
 #pragma unroll
@@ -1264,43 +1282,58 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
     }
     refresh();
     // lb as a float: key32(a) >= lb  <=>  a >= key32_to_float(lb) (key32 is an order isomorphism
-    // of the non-NaN floats with -0 = +0; no bound (lb = 0): -inf). Bases are never NaN.
-    const float lbf = lb ? key32_to_float(lb) : -INFINITY;
-    float base[U][VEC];
-    uint32_t w[U][VEC];
+    // of the non-NaN floats with -0 = +0). No bound (lb = 0): -FLT_MAX, which every finite base
+    // plus a positive noise bound reaches and -inf (not in the support) does not. Bases are never
+    // NaN.
+    const float lbf = lb ? key32_to_float(lb) : -FLT_MAX;
     uint32_t surv = 0;
+    float base[U * VEC];
+    uint32_t pass = 0;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      // G <= 16.65 for every word: an element failing this test cannot win, whatever its noise
-      bool pass[VEC];
+    for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        base[u][k] = base_of(idx + u * step + k, va[u][k], TWO ? vb[u][k] : 0.0f);
-        pass[k] = base[u][k] > -INFINITY && fadd(base[u][k], 16.65f) >= lbf;
+        base[u * VEC + k] = base_of(idx + u * step + k, va[u][k], TWO ? vb[u][k] : 0.0f);
+        // G <= 16.65 for every word: an element failing this cannot win, whatever its noise
+        if (fadd(base[u * VEC + k], 16.65f) >= lbf) pass |= 1u << (u * VEC + k);
       }
-      if constexpr (VEC % 4 == 0) {
-        // one Philox block per group of 4 ids, generated only if an element of the group passed
+    auto block_of = [&](int g) -> Philox4 {   // group g: vector g / (VEC / 4), its quad g % ..
+      const uint32_t blk = uint32_t((idx + (g / (VEC / 4)) * step) >> 2) + uint32_t(g % (VEC / 4));
+      return philox_block(seed, off, blk, stream);
+    };
+    // the group test, then each element of a group that passes it
+    auto test_group = [&](int g, const Philox4& ph) {
+      const uint32_t mw = max(max(ph.x, ph.y), max(ph.z, ph.w));
+      const float mb = fmaxf(fmaxf(base[4 * g], base[4 * g + 1]),
+                             fmaxf(base[4 * g + 2], base[4 * g + 3]));
+      if (!(fadd(mb, gumbel_ub(mw)) >= lbf)) return;
+      const uint32_t w[4] = {ph.x, ph.y, ph.z, ph.w};
 #pragma unroll
-        for (int q = 0; q < VEC / 4; ++q) {
-          if (!(pass[4 * q] || pass[4 * q + 1] || pass[4 * q + 2] || pass[4 * q + 3])) continue;
-          const Philox4 ph =
-              philox_block(seed, off, uint32_t((idx + u * step) >> 2) + q, stream);
-          w[u][4 * q] = ph.x;
-          w[u][4 * q + 1] = ph.y;
-          w[u][4 * q + 2] = ph.z;
-          w[u][4 * q + 3] = ph.w;
+      for (int k = 0; k < 4; ++k)
+        if (((pass >> (4 * g + k)) & 1u) && fadd(base[4 * g + k], gumbel_ub(w[k])) >= lbf)
+          surv |= 1u << (4 * g + k);
+    };
+    if constexpr (VEC % 4 == 0) {
+      if constexpr (kJoint) {
+        if (pass) {
+          Philox4 ph[NG];
 #pragma unroll
-          for (int k = 4 * q; k < 4 * q + 4; ++k)
-            if (pass[k] && fadd(base[u][k], gumbel_ub(w[u][k])) >= lbf)
-              surv |= 1u << (u * VEC + k);
+          for (int g = 0; g < NG; ++g) ph[g] = block_of(g);
+#pragma unroll
+          for (int g = 0; g < NG; ++g) test_group(g, ph[g]);
         }
       } else {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          if (!pass[k]) continue;
-          w[u][k] = philox_word(seed, off, uint32_t(idx + u * step + k), stream);
-          if (fadd(base[u][k], gumbel_ub(w[u][k])) >= lbf) surv |= 1u << (u * VEC + k);
-        }
+        for (int g = 0; g < NG; ++g)
+          if ((pass >> (4 * g)) & 0xFu) test_group(g, block_of(g));
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < U * VEC; ++e) {
+        if (!((pass >> e) & 1u)) continue;
+        const int64_t id = idx + (e / VEC) * step + (e % VEC);
+        const uint32_t w = philox_word(seed, off, uint32_t(id), stream);
+        if (fadd(base[e], gumbel_ub(w)) >= lbf) surv |= 1u << e;
       }
     }
     while (surv) {
@@ -1444,6 +1477,13 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   // has a strictly smaller score than the winner, so it is not the winner (ties included) and
   // its exact score need not be computed. The winner itself is never skipped.
   uint32_t lb = 0;   // 0 = no bound (key32 of every float is > 0)
+#ifdef TS_FINAL_NOPRUNE
+  // test build: no pruning at all, every element of the support is scored exactly (the oracle
+  // that tools/verify_tokens.py compares the pruned kernel against)
+  auto may_win = [&](float) -> bool { return true; };
+  auto publish = [&](float) {};
+  auto refresh = [&]() {};
+#else
   auto may_win = [&](float ub) -> bool {
     const uint32_t s = *reinterpret_cast<volatile unsigned*>(&sh_lb);
     lb = s > lb ? s : lb;
@@ -1457,6 +1497,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     const uint32_t s = *reinterpret_cast<volatile unsigned*>(&sh_lb);
     lb = s > lb ? s : lb;
   };
+#endif
 
   if (bonus) {
     // the sampler: argmax over the kept set of x + G(seed, offset + n, id, stream 0)
@@ -1479,9 +1520,22 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
       if (bs > -INFINITY) slow(st.arg_t, philox_word(seed, offp, uint32_t(st.arg_t), kStreamSample));
     }
     __syncthreads();
-    if (start < end)
-      scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamSample, lb, refresh,
-                               base_of, slow);
+    // rows without min-p / top-k / top-p (and not greedy): every element is kept, so the same
+    // bound without the kept-set test, branch-free
+    const bool plain = !rp.greedy && !rp.mp_on && st.thr_t == 0;
+    auto base_plain = [&](int64_t, float z, float) -> float {
+      const float x = fmul(z, rp.inv_t);
+      const float y = fsub(x, st.m_t);
+      return (y >= -span) ? x : -INFINITY;
+    };
+    if (start < end) {
+      if (plain)
+        scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamSample, lb, refresh,
+                                 base_plain, slow);
+      else
+        scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamSample, lb, refresh,
+                                 base_of, slow);
+    }
   } else {
     // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
     // approx: S_t in [St_lo, St_hi], S_q in [Sq_lo, Sq_hi], so N_i in
@@ -1501,6 +1555,13 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     // (soft_exp_neg's error), so bitlen(A) <= 39 + bitlen(S_q) + yt log2 e + 1e-6 and
     // ln_ub(A) <= ubc (fmul / fadd are monotone; the 0.01 covers their rounding).
     auto ubc_of = [&](float yt) { return fmul(fadd(fmul(yt, kLog2e), bl_sq), 0.6932f); };
+    // One FFMA bounding ubc_of from above for every yt in [kMassCut, 0] (the scan's bases; yt <= 0
+    // since m_t is the max of the same x): with C = 0.6932f, L = kLog2e, |yt L| <= 38.3 and
+    // bl_sq <= 103.01, the three roundings of ubc_of add at most 2^-24 (38.3 C + 103.01 C + 72)
+    // < 1.1e-5 to C (L yt + bl_sq), and the FFMA's rounding takes at most 2^-24 * 72 < 4.3e-6
+    // from ubc_a yt + ubc_b; ubc_a <= C L (yt <= 0) and ubc_b >= C bl_sq + 3e-5 cover both.
+    const float ubc_a = __double2float_rd(double(0.6932f) * double(kLog2e));
+    const float ubc_b = __double2float_ru(double(0.6932f) * double(bl_sq) + 3e-5);
     // bound without the noise: ubc(yt) >= ln_ub(A); -inf: not in the residual's support
     auto base_of = [&](int64_t id, float z, float zq) -> float {
       const float xt = fmul(z, rp.inv_t);
@@ -1570,14 +1631,17 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     // rows without min-p / top-k / top-p (and not greedy) keep every element: the same bound
     // without the kept-set tests (base_of's kept_at calls are all true there)
     const bool plain = !rp.greedy && !rp.mp_on && st.thr_t == 0 && st.thr_q == 0;
+    // (the same values as base_of's, written without branches: the warp evaluates every
+    // element anyway, and early returns cost a divergence region per element)
     auto base_plain = [&](int64_t, float z, float zq) -> float {
       const float yt = fsub(fmul(z, rp.inv_t), st.m_t);
-      if (!(yt >= kMassCut)) return -INFINITY;
+      bool out = !(yt >= kMassCut);
       if (!ngram) {
         const float yq = fsub(fmul(zq, rp.inv_t), st.m_q);
-        if (yq >= -12.0f && fadd(yt, dS) < fsub(yq, 1e-4f)) return -INFINITY;
+        out = out | ((yq >= -12.0f) & (fadd(yt, dS) < fsub(yq, 1e-4f)));
       }
-      return ubc_of(yt);
+      const float ub = __fmaf_rn(yt, ubc_a, ubc_b);   // >= ubc_of(yt), see above
+      return out ? -INFINITY : ub;
     };
     if (start < end) {
       if (ngram) {
