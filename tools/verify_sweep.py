@@ -4,17 +4,12 @@
                                                           #   launcher's pick), 1, 2, 4, 8, 16
     python tools/verify_sweep.py final bs,n,V,dtype ...   # final kernel: splits per request
     python tools/verify_sweep.py pick  bs,n,V,dtype ...   # the launcher's own picks only
-    python tools/verify_sweep.py fused bs,n,V,dtype ...   # the launcher's picks without (0) and
-                                                          #   with (1) the fused rows + first
-                                                          #   pass kernel (TS_VERIFY_FUSED)
 
 Forces the sizes through the launcher's tuning hook (TOKENSPEED_VERIFY_TUNING, TS_VERIFY_CS,
 TS_VERIFY_FS; see tuning_enabled() in csrc/verify/verify.cuh) and prints CSV, one line per
 (shape, size): the device time of each kernel of one call (torch.profiler, mean of 6 calls after
 2 warm-up calls, back to back), and whether the tokens equal those of the first size (they must:
-the sizes never change a token). Columns pos / final1 / resolve / final2 are the launches in
-order; with the fused kernel (fused = 1) the first column is the fused kernel (rows and first
-pass) and final1 is the resolve kernel, and so on: compare totals."""
+the sizes never change a token)."""
 import os
 import sys
 
@@ -48,7 +43,7 @@ def measure(call, pb, reps=6):
 
 def main():
     mode, cfgs = sys.argv[1], sys.argv[2:]
-    assert mode in ("pos", "final", "pick", "fused"), "mode: pos, final, pick or fused"
+    assert mode in ("pos", "final", "pick"), "mode: pos, final or pick"
     call = _ours("cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
           f"git {os.environ.get('TS_GIT_SHA', '?')}")
@@ -58,15 +53,13 @@ def main():
         bs, n, V, dt = c.split(",")
         pb = Problem(int(bs), int(n), int(V), DT[dt], torch.device("cuda"))
         ref = None
-        sizes = {"pick": (0,), "pos": POS, "final": FINAL, "fused": (0, 1)}[mode]
-        for size in sizes:
+        for size in ((0,) if mode == "pick" else POS if mode == "pos" else FINAL):
             os.environ["TS_VERIFY_CS"] = str(size if mode == "pos" else 0)
             os.environ["TS_VERIFY_FS"] = str(size if mode == "final" else 0)
-            os.environ["TS_VERIFY_FUSED"] = str(size if mode == "fused" else 1)
             t, out = measure(call, pb)
             ref = out.tokens.clone() if ref is None else ref
             t4 = (t + [0.0] * 4)[:4]
-            print(f"{bs},{n},{V},{dt},{size if mode in ('pos', 'fused') else 0},"
+            print(f"{bs},{n},{V},{dt},{size if mode == 'pos' else 0},"
                   f"{size if mode == 'final' else 0}," + ",".join(f"{x:.1f}" for x in t4) +
                   f",{sum(t):.1f},{int(torch.equal(out.tokens, ref))}", flush=True)
         del pb

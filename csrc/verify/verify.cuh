@@ -29,7 +29,6 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -46,9 +45,6 @@ namespace tokenspeed_kernel::verify {
 // kExactResidual (testing): every final token the first final pass decides from the approximate
 // sums is sent to the exact path instead (after its scan), as an undecided one would be.
 enum : uint32_t { kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16 };
-// internal (never from Python): the fused kernel's pos items leave the final / resolve slots
-// alone (zeroed by a memset before it; see verify_fused_kernel)
-enum : uint32_t { kNoZero = 32 };
 // kUnsure: the approximate sums could not decide the coin (the resolve kernel does, exactly).
 // kExactS: S_t / S_q are the exact fixed-point sums (else approximations, see verify_pos_kernel).
 enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8, kUnsure = 16, kExactS = 32 };
@@ -60,7 +56,7 @@ constexpr float kGumbelSpan = 19.5f;    // G in [-2.8116, 16.6356]
 constexpr float kLn2Pow38 = 26.33959286127792f;
 
 // Per target row (position) statistics written by pass kernel, read by the final kernel.
-struct alignas(16) PosStats {
+struct PosStats {
   int64_t S_t, S_q;       // fixed-point mass sums of the kept sets (target, draft); exact iff
                           // status & kExactS, else within the coin's error bound
   int64_t e_p, e_q;       // exact masses of the draft token (target, draft)
@@ -671,10 +667,9 @@ __device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) 
 // take 87 / 91 registers for fp32 (2 CTAs/SM).
 template <typename T, bool CLUSTER>
 constexpr int pos_min_blocks() { return sizeof(T) == 2 ? 4 : (CLUSTER ? 3 : 4); }
-// One target row (= position) per CTA or cluster; the body of verify_pos_kernel and of the fused
-// kernel's pos items. Returns the row's request (-1: no row), the same in every thread.
 template <typename T, int VEC, bool CLUSTER, int PU>
-__device__ __forceinline__ int pos_row(const VerifyParams& p, const int64_t row) {
+__global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
+    verify_pos_kernel(const VerifyParams p) {
   using G = Grp<CLUSTER>;
   __shared__ BlockScratch scratch;
   __shared__ Slot1 slot1;
@@ -682,24 +677,24 @@ __device__ __forceinline__ int pos_row(const VerifyParams& p, const int64_t row)
   __shared__ SlotOn slot_on;
   const unsigned cs = G::size();
   const unsigned rank = G::rank();
+  const int64_t row = int64_t(blockIdx.x / cs);
   // zero the final kernel's candidate slots / arrival counters (the final kernel runs after
   // this one on the same stream): replaces two memsets. Rows >= R_t exist only if R_t < bs.
-  if (rank == 0 && threadIdx.x == 0 && row < p.bs && p.cand != nullptr && !(p.flags & kNoZero)) {
+  if (rank == 0 && threadIdx.x == 0 && row < p.bs && p.cand != nullptr) {
     p.cand[row] = 0ull;
     p.count[row] = 0u;
     p.racc[2 * row] = 0ull;
     p.racc[2 * row + 1] = 0ull;
     p.rcount[row] = 0u;
   }
-  if (row == 0 && rank == 0 && threadIdx.x == 0 && p.fcount != nullptr && !(p.flags & kNoZero))
-    *p.fcount = 0u;
-  if (row >= p.R_t) return -1;  // uniform over the cluster
+  if (row == 0 && rank == 0 && threadIdx.x == 0 && p.fcount != nullptr) *p.fcount = 0u;
+  if (row >= p.R_t) return;  // uniform over the cluster
   int i, j;
   locate_target_row(p, row, i, j);
   const int n = int(p.cu[i + 1] - p.cu[i]);
   if (j > n) {  // padding row of the padded layout (uniform over the cluster)
     if (rank == 0 && threadIdx.x == 0) p.pos[row].status = 0;
-    return i;
+    return;
   }
   const bool has_d = !(p.flags & kNgram) && j < n;
   const int64_t ds = draft_slot(p, i, j);
@@ -956,24 +951,6 @@ __device__ __forceinline__ int pos_row(const VerifyParams& p, const int64_t row)
     st.status = status;
     p.pos[row] = st;
   }
-  return i;
-}
-template <typename T, int VEC, bool CLUSTER, int PU>
-__global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
-    verify_pos_kernel(const VerifyParams p) {
-  pos_row<T, VEC, CLUSTER, PU>(p, int64_t(blockIdx.x / Grp<CLUSTER>::size()));
-}
-
-// A position's stats as written by another CTA of the same kernel (the fused kernel): through
-// L2 (ld.global.cg), never a stale L1 line. 80 bytes, 16-byte aligned.
-__device__ __forceinline__ PosStats load_pos(const PosStats* ps) {
-  static_assert(sizeof(PosStats) % 16 == 0, "PosStats: whole 16-byte vectors");
-  PosStats r;
-  const int4* src = reinterpret_cast<const int4*>(ps);
-  int4* dst = reinterpret_cast<int4*>(&r);
-#pragma unroll
-  for (int k = 0; k < int(sizeof(PosStats) / 16); ++k) dst[k] = __ldcg(src + k);
-  return r;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -985,7 +962,7 @@ __device__ __forceinline__ int first_failed(const VerifyParams& p, int i, int j0
   const int lane = int(threadIdx.x & 31u);
   for (int base = j0; base < n; base += 32) {
     const int j = base + lane;
-    const bool fail = j < n && !(__ldcg(&p.pos[target_row(p, i, j)].status) & kAccept);
+    const bool fail = j < n && !(p.pos[target_row(p, i, j)].status & kAccept);
     const unsigned bal = __ballot_sync(0xffffffffu, fail);
     if (bal) return base + __ffs(int(bal)) - 1;
   }
@@ -1429,7 +1406,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   __syncthreads();
   const int f = sh_f;
   const int64_t tr = target_row(p, i, f);
-  const PosStats st = load_pos(p.pos + tr);
+  const PosStats st = p.pos[tr];
   const bool bonus = f == n;
   const bool bad = (st.status & kBadT) || (!bonus && (st.status & kBadQ));
   const bool logprobs = p.flags & kLogprobs;
@@ -1786,116 +1763,6 @@ __global__ void __launch_bounds__(kThreads, TS_FINAL_MINB) verify_final_kernel(c
 }
 
 // ------------------------------------------------------------------------------------------
-// fused: the pos kernel's rows and the final kernel's first pass in one persistent kernel
-// ------------------------------------------------------------------------------------------
-// Used when the pos kernel would run one CTA per row and the final kernel makes a first pass
-// (no logprobs). A fixed grid (what fits at once) takes items from a global counter in order. The
-// order is a sequence of blocks r = 0 .. bs + L - 1: block r holds the target rows of request r
-// (r < bs; pos_row) followed by the S first-pass items (request r - L, split s) of the final
-// kernel (r >= L). A final item first waits until every row of its request has been published
-// (per-request counter, released after the row's stats are stored). Every row it waits for comes
-// earlier in the order and row items never wait, so those rows are held by running CTAs (or
-// done) and the wait always ends -- no co-residency assumption beyond that. The lag L lets the
-// final work of early requests run beside the rows of later ones: the rows stream logits (fp32:
-// memory-bound), the final scan is compute-bound, and one kernel holds both instead of one after
-// the other (L = bs: all rows first). Stats written by another CTA are read through L2
-// (load_pos, __ldcg). The slots of the final and resolve kernels, the item counter and the
-// per-request counters are zeroed by a memset before the launch (kNoZero: the row items do not
-// zero them).
-struct FusedWs {
-  unsigned int* next;    // item counter
-  unsigned int* ready;   // [bs] rows of each request published
-  int32_t lag;           // L, in [1, bs]
-};
-__device__ __forceinline__ int64_t rows_before(const VerifyParams& p, int r) {
-  return (p.flags & kPadded) ? int64_t(r) * (p.max_n + 1) : p.cu[r] + r;
-}
-// Item `it` -> block r (warp-wide: 32 probes per round, F strictly increasing), every lane gets r
-__device__ __forceinline__ int fused_block(const VerifyParams& p, int64_t it, int64_t S, int L) {
-  const int lane = int(threadIdx.x & 31u);
-  auto F = [&](int r) -> int64_t {   // items before block r
-    const int rr = r < p.bs ? r : p.bs;
-    const int q = r - L < 0 ? 0 : (r - L > p.bs ? p.bs : r - L);
-    return rows_before(p, rr) + S * q;
-  };
-  int lo = 0, hi = p.bs + L - 1;   // F(lo) <= it < F(hi + 1)
-  while (hi > lo) {
-    const int span = hi - lo;
-    const int r = lo + int((int64_t(span) * (lane + 1) + 31) / 32);   // in (lo, hi], lane 31: hi
-    const unsigned m = __ballot_sync(0xffffffffu, F(r) <= it);        // a prefix of the lanes
-    if (m == 0u) {
-      hi = __shfl_sync(0xffffffffu, r, 0) - 1;
-    } else {
-      const int k = 31 - __clz(int(m));
-      const int rk = __shfl_sync(0xffffffffu, r, k);
-      const int rn = __shfl_sync(0xffffffffu, r, k < 31 ? k + 1 : 31);
-      lo = rk;
-      if (k < 31) hi = rn - 1;
-    }
-  }
-  return lo;
-}
-template <typename T, int VEC, int PU>
-__global__ void __launch_bounds__(kThreads, 4) verify_fused_kernel(const VerifyParams p,
-                                                                  const FinalWs ws,
-                                                                  const FusedWs fz) {
-  __shared__ unsigned sh_item;
-  __shared__ int64_t sh_row;
-  __shared__ int sh_req, sh_sp;
-  const int64_t S = ws.splits;
-  const int L = fz.lag;
-  const int64_t total = p.R_t + int64_t(p.bs) * S;
-  while (true) {
-    if (threadIdx.x < 32) {
-      unsigned it = 0;
-      if (threadIdx.x == 0) it = atomicAdd(fz.next, 1u);
-      it = __shfl_sync(0xffffffffu, it, 0);
-      if (int64_t(it) < total) {
-        const int r = fused_block(p, int64_t(it), S, L);
-        if (threadIdx.x == 0) {
-          const int rr = r < p.bs ? r : p.bs;
-          const int q = r - L < 0 ? 0 : (r - L > p.bs ? p.bs : r - L);
-          int64_t o = int64_t(it) - (rows_before(p, rr) + S * q);
-          sh_row = -1;
-          if (r < p.bs) {
-            const int64_t rb = rows_before(p, r), nr = rows_before(p, r + 1) - rb;
-            if (o < nr) sh_row = rb + o;
-            o -= nr;
-          }
-          sh_req = r - L;
-          sh_sp = int(o);
-        }
-      }
-      if (threadIdx.x == 0) sh_item = it;
-    }
-    __syncthreads();
-    const bool done = int64_t(sh_item) >= total;
-    const int64_t row = sh_row;
-    const int i = sh_req, sp = sh_sp;
-    __syncthreads();   // the shared item is rewritten by the next round's warp 0
-    if (done) return;
-    if (row >= 0) {
-      const int ri = pos_row<T, VEC, false, PU>(p, row);
-      __syncthreads();   // the stats are stored by thread 0 (above): nothing else to wait for
-      if (threadIdx.x == 0 && ri >= 0) {
-        __threadfence();   // release the row's stats
-        atomicAdd(&fz.ready[ri], 1u);
-      }
-    } else {
-      if (threadIdx.x == 0) {
-        const unsigned need = (p.flags & kPadded) ? unsigned(p.max_n + 1)
-                                                  : unsigned(p.cu[i + 1] - p.cu[i] + 1);
-        while (*reinterpret_cast<volatile unsigned*>(&fz.ready[i]) < need) __nanosleep(64);
-        __threadfence();   // acquire: the rows' stats are read after this (through L2)
-      }
-      __syncthreads();
-      final_one<T, VEC>(p, ws, i, sp);
-      __syncthreads();   // shared memory reuse by the next item
-    }
-  }
-}
-
-// ------------------------------------------------------------------------------------------
 // strict accept: one warp per request
 // ------------------------------------------------------------------------------------------
 struct StrictParams {
@@ -2140,34 +2007,9 @@ inline int verify_final_splits(int64_t bs, int64_t V, int sms, bool vec_ok) {
 // final (first pass: tokens decided from the approximate sums where their error bounds leave no
 // doubt) + resolve + final (second pass) over the requests the first pass listed -- usually none
 // or a few, so those two run on a fixed grid of one wave with each listed request split finely.
-// 3. exact sums, 4. second final pass: the requests the first pass listed (usually none), each
-// split as if it were alone, on a fixed grid of at most one wave
-template <typename T, int VEC>
-inline cudaError_t launch_list_passes(VerifyParams p, int sms, FinalWs ws, cudaStream_t stream) {
-  auto chunk_of = [&](int c) {
-    const int64_t per = (int64_t(p.V) + c - 1) / c;
-    return int32_t((per + 7) / 8 * 8);
-  };
-  const int64_t res_r = int64_t(resident_per_sm(verify_resolve_kernel<T, VEC>)) * sms;
-  const int64_t res_f = int64_t(resident_per_sm(verify_final_kernel<T, VEC>)) * sms;
-  cudaError_t e;
-  p.rsplits = pick_splits(1, p.V, res_r, 128, 2048);
-  p.rchunk = chunk_of(p.rsplits);
-  const int64_t gr = std::min<int64_t>(int64_t(p.bs) * p.rsplits, res_r);
-  verify_resolve_kernel<T, VEC><<<unsigned(gr), kThreads, 0, stream>>>(p);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  ws.splits = pick_splits(1, p.V, res_f, 128, 2048);
-  ws.chunk = chunk_of(ws.splits);
-  ws.mode = 2;
-  const int64_t gf = std::min<int64_t>(int64_t(p.bs) * ws.splits, res_f);
-  verify_final_kernel<T, VEC><<<unsigned(gf), kThreads, 0, stream>>>(p, ws);
-  return cudaGetLastError();
-}
 template <typename T, int VEC>
 inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool clusters,
-                                                 FinalWs ws, FusedWs fz, size_t zero_bytes,
-                                                 cudaStream_t stream) {
+                                                 FinalWs ws, cudaStream_t stream) {
   auto chunk_of = [&](int c) {
     const int64_t per = (int64_t(p.V) + c - 1) / c;
     return int32_t((per + 7) / 8 * 8);
@@ -2199,39 +2041,9 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
                             cs_max >= 8 ? cap(cluster_capacity<8>(kc)) : 0,
                             cs_max >= 16 ? cap(cluster_capacity<16>(kc)) : 0};
     int cs_pos = pick_pos_splits(rows, p.V, int(sizeof(T)), res, cs_max);
-    bool fused = true;
     if (tuning_enabled()) {
       const char* f = getenv("TS_VERIFY_CS");
       if (f != nullptr && atoi(f) > 0) cs_pos = std::min(atoi(f), cs_max);
-      const char* u = getenv("TS_VERIFY_FUSED");
-      if (u != nullptr && atoi(u) == 0) fused = false;
-    }
-    // one CTA per row and a first final pass: rows and first pass in one persistent kernel
-    if (fused && cs_pos == 1 && two_pass && fz.next != nullptr && p.R_t <= (int64_t(1) << 30) &&
-        int64_t(p.bs) * ws.splits <= (int64_t(1) << 30)) {
-      e = cudaMemsetAsync(ws.cand, 0, zero_bytes, stream);
-      if (e != cudaSuccess) return e;
-      VerifyParams pf = p;
-      pf.chunk = chunk_of(1);
-      pf.flags |= kNoZero;
-      ws.chunk = chunk_of(ws.splits);
-      ws.mode = 1;
-      auto kf = verify_fused_kernel<T, VEC, PU>;
-      const int64_t items = p.R_t + int64_t(p.bs) * ws.splits;
-      const int64_t grid = std::min<int64_t>(int64_t(resident_per_sm(kf)) * sms, items);
-      // lag: the final items of a request come about half a wave of items after its rows
-      const double per_req = double(p.R_t) / double(p.bs) + double(ws.splits);
-      int64_t lag = int64_t(std::ceil(double(grid) / 2.0 / per_req));
-      if (tuning_enabled()) {
-        const char* l = getenv("TS_VERIFY_LAG");
-        if (l != nullptr && atoi(l) > 0) lag = atoi(l);
-      }
-      fz.lag = int32_t(std::max<int64_t>(1, std::min<int64_t>(lag, p.bs)));
-      kf<<<unsigned(grid), kThreads, 0, stream>>>(pf, ws, fz);
-      e = cudaGetLastError();
-      if (e != cudaSuccess) return e;
-      p.chunk = pf.chunk;
-      return launch_list_passes<T, VEC>(p, sms, ws, stream);
     }
     VerifyParams pp = p;
     pp.chunk = chunk_of(cs_pos);
@@ -2241,6 +2053,7 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     p.chunk = pp.chunk;
   }
   const int64_t res_r = int64_t(resident_per_sm(verify_resolve_kernel<T, VEC>)) * sms;
+  const int64_t res_f = int64_t(resident_per_sm(verify_final_kernel<T, VEC>)) * sms;
   if (!two_pass) {
     // 2. exact sums of every request's deciding position, 3. the final token
     p.rsplits = pick_splits(p.bs, p.V, res_r, 128, 2048);
@@ -2259,22 +2072,30 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   verify_final_kernel<T, VEC><<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  return launch_list_passes<T, VEC>(p, sms, ws, stream);
+  // 3. exact sums, 4. second final pass: listed requests, split as if each were alone
+  p.rsplits = pick_splits(1, p.V, res_r, 128, 2048);
+  p.rchunk = chunk_of(p.rsplits);
+  const int64_t gr = std::min<int64_t>(int64_t(p.bs) * p.rsplits, res_r);
+  verify_resolve_kernel<T, VEC><<<unsigned(gr), kThreads, 0, stream>>>(p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  ws.splits = pick_splits(1, p.V, res_f, 128, 2048);
+  ws.chunk = chunk_of(ws.splits);
+  ws.mode = 2;
+  const int64_t gf = std::min<int64_t>(int64_t(p.bs) * ws.splits, res_f);
+  verify_final_kernel<T, VEC><<<unsigned(gf), kThreads, 0, stream>>>(p, ws);
+  return cudaGetLastError();
 }
-// fz / zero_bytes: the fused kernel's counters and the bytes from ws.cand on that a memset
-// zeroes before it (fz.next == nullptr: never fused)
 template <typename T>
 inline cudaError_t launch_verify_probabilistic(VerifyParams p, int sms, bool clusters, FinalWs ws,
-                                               bool vec_ok, cudaStream_t stream,
-                                               FusedWs fz = FusedWs{nullptr, nullptr, 0},
-                                               size_t zero_bytes = 0) {
+                                               bool vec_ok, cudaStream_t stream) {
   if (p.bs == 0) return cudaSuccess;
   p.cand = ws.cand;
   p.count = ws.count;
   if (ws.splits < 1) ws.splits = verify_final_splits<T>(p.bs, p.V, sms, vec_ok);
   constexpr int VEC = 16 / sizeof(T);
-  return vec_ok ? launch_verify_probabilistic_v<T, VEC>(p, sms, clusters, ws, fz, zero_bytes, stream)
-                : launch_verify_probabilistic_v<T, 1>(p, sms, clusters, ws, fz, zero_bytes, stream);
+  return vec_ok ? launch_verify_probabilistic_v<T, VEC>(p, sms, clusters, ws, stream)
+                : launch_verify_probabilistic_v<T, 1>(p, sms, clusters, ws, stream);
 }
 
 inline cudaError_t launch_verify_strict(const StrictParams& p, cudaStream_t stream) {

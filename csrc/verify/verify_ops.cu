@@ -163,11 +163,7 @@ void verify_probabilistic(const at::Tensor& target_logits,
   // per request: final-kernel candidate (8 B), resolve sums (16 B), two arrival counters (8 B), a
   // slot of the exact-path list (4 B); the list's count (4 B); padding to 48 bs; then the first
   // final pass's per-CTA states (16 B each)
-  // then (16-byte aligned) the fused kernel's item counter (16 B) and per-request row counters
-  // (4 B each); the memset before the fused kernel zeroes everything up to there
-  const int64_t fused_bytes = 16 + (bs * 4 + 15) / 16 * 16;
-  at::Tensor fws = at::empty({bs * 48 + fused_bytes + bs * fsplits * 16},
-                             tgt.options().dtype(at::kByte));
+  at::Tensor fws = at::empty({bs * 48 + bs * fsplits * 16}, tgt.options().dtype(at::kByte));
   uint8_t* fb = static_cast<uint8_t*>(fws.data_ptr());
   FinalWs fw{};
   fw.cand = reinterpret_cast<unsigned long long*>(fb);
@@ -176,25 +172,18 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.rcount = reinterpret_cast<unsigned int*>(fb + bs * 28);
   p.flist = reinterpret_cast<int32_t*>(fb + bs * 32);
   p.fcount = reinterpret_cast<unsigned int*>(fb + bs * 36);
-  FusedWs fz{};
-  fz.next = reinterpret_cast<unsigned int*>(fb + bs * 48);
-  fz.ready = reinterpret_cast<unsigned int*>(fb + bs * 48 + 16);
-  const size_t zero_bytes = size_t(bs * 48 + fused_bytes);
-  fw.state = reinterpret_cast<float4*>(fb + bs * 48 + fused_bytes);
+  fw.state = reinterpret_cast<float4*>(fb + bs * 48);
   fw.splits = fsplits;
   cudaError_t err;
   switch (dtype) {
     case at::kFloat:
-      err = launch_verify_probabilistic<float>(p, sms, clusters, fw, vec_ok, stream, fz,
-                                                     zero_bytes);
+      err = launch_verify_probabilistic<float>(p, sms, clusters, fw, vec_ok, stream);
       break;
     case at::kBFloat16:
-      err = launch_verify_probabilistic<__nv_bfloat16>(p, sms, clusters, fw, vec_ok, stream, fz,
-                                                     zero_bytes);
+      err = launch_verify_probabilistic<__nv_bfloat16>(p, sms, clusters, fw, vec_ok, stream);
       break;
     default:
-      err = launch_verify_probabilistic<__half>(p, sms, clusters, fw, vec_ok, stream, fz,
-                                                     zero_bytes);
+      err = launch_verify_probabilistic<__half>(p, sms, clusters, fw, vec_ok, stream);
       break;
   }
   TORCH_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
