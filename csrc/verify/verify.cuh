@@ -1632,8 +1632,9 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     // rows without min-p / top-k / top-p (and not greedy) keep every element: the same bound
     // without the kept-set tests (base_of's kept_at calls are all true there)
     const bool plain = !rp.greedy && !rp.mp_on && st.thr_t == 0 && st.thr_q == 0;
-    // (the same values as base_of's, written without branches: the warp evaluates every
-    // element anyway, and early returns cost a divergence region per element)
+    // (base_of's tests written without branches -- the warp evaluates every element anyway, and
+    // early returns cost a divergence region per element -- with the one-FFMA bound above, which
+    // is >= base_of's ubc_of)
     auto base_plain = [&](int64_t, float z, float zq) -> float {
       const float yt = fsub(fmul(z, rp.inv_t), st.m_t);
       bool out = !(yt >= kMassCut);
