@@ -726,3 +726,29 @@ def test_bench_read_once_and_markdown(tmp_path):
     assert "| 13.3 | 40.0 |" in line and "| 3.00 |" in line, line   # 4/30, 4/10 of floor
     bv.report.write_csv(tmp_path / "v.csv", rows, bv.CSV_COLUMNS)
     assert "ratio_vs_read_once" in (tmp_path / "v.csv").read_text().splitlines()[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# tools/verify_tokens.py (the pruning check against a -DTS_FINAL_NOPRUNE build): the script itself,
+# on small problems with the reference backend (CPU) -- dump is deterministic, cmp finds a change
+# ---------------------------------------------------------------------------------------------
+def test_verify_tokens_tool(tmp_path):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tool = os.path.join(root, "tools", "verify_tokens.py")
+    env = dict(os.environ, TS_TOK_SMALL="1", TS_TOK_BACKEND="reference", TS_TOK_DEV="cpu")
+    a, b = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
+    for f in (a, b):
+        subprocess.run([sys.executable, tool, "dump", f, "2"], env=env, check=True,
+                       capture_output=True)
+    same = subprocess.run([sys.executable, tool, "cmp", a, b], env=env, capture_output=True,
+                          text=True)
+    assert same.returncode == 0 and "SAME" in same.stdout, same.stdout + same.stderr
+    res = torch.load(b)
+    k = sorted(res)[0]
+    res[k][0, 0, 0] = res[k][0, 0, 0] + 1   # one token of one request changed
+    torch.save(res, b)
+    diff = subprocess.run([sys.executable, tool, "cmp", a, b], env=env, capture_output=True,
+                          text=True)
+    assert diff.returncode == 1 and "DIFFER in 1 requests" in diff.stdout, diff.stdout
