@@ -1244,8 +1244,7 @@ __device__ __forceinline__ int64_t unpack_id(unsigned long long k) {
 // (1) the constant bound: if no element has fadd(base, 16.65) >= lb, no Philox block is
 // generated (a warp skips them only when none of its lanes needs one: rare with flat logits,
 // common with peaked ones); otherwise the blocks of all its groups of 4 ids are generated
-// together (independent chains: instruction-level parallelism; TS_FINAL_JOINT=0 restores group
-// by group); (2) one test per group, fadd(max base, gumbel_ub(max word)) >= lb: gumbel_ub is
+// together (independent chains: instruction-level parallelism); (2) one test per group, fadd(max base, gumbel_ub(max word)) >= lb: gumbel_ub is
 // non-decreasing in the word and fadd in both arguments, so it bounds every element's
 // fadd(base_k, gumbel_ub(w_k)) -- a group failing it has no survivor (almost every group fails
 // it: ~1e-5 of the elements survive); (3) only then each element with its own word; the
@@ -1265,14 +1264,9 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
 #endif
   const int64_t step = int64_t(kThreads) * VEC;
   int64_t idx = start + int64_t(threadIdx.x) * VEC;
-  // groups of 4 ids in one iteration; with TS_FINAL_JOINT all their blocks are generated together
-  // when any element passes (instruction-level parallelism), else group by group
+  // groups of 4 ids in one iteration: all their blocks are generated together when any element
+  // passes (independent chains: instruction-level parallelism)
   constexpr int NG = VEC % 4 == 0 ? U * VEC / 4 : 1;
-#ifdef TS_FINAL_JOINT
-  constexpr bool kJoint = TS_FINAL_JOINT;
-#else
-  constexpr bool kJoint = true;
-#endif
   for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
     float va[U][VEC], vb[U][VEC];
 #pragma unroll
@@ -1315,18 +1309,12 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
           surv |= 1u << (4 * g + k);
     };
     if constexpr (VEC % 4 == 0) {
-      if constexpr (kJoint) {
-        if (pass) {
-          Philox4 ph[NG];
+      if (pass) {
+        Philox4 ph[NG];
 #pragma unroll
-          for (int g = 0; g < NG; ++g) ph[g] = block_of(g);
+        for (int g = 0; g < NG; ++g) ph[g] = block_of(g);
 #pragma unroll
-          for (int g = 0; g < NG; ++g) test_group(g, ph[g]);
-        }
-      } else {
-#pragma unroll
-        for (int g = 0; g < NG; ++g)
-          if ((pass >> (4 * g)) & 0xFu) test_group(g, block_of(g));
+        for (int g = 0; g < NG; ++g) test_group(g, ph[g]);
       }
     } else {
 #pragma unroll
@@ -1824,16 +1812,16 @@ __global__ void __launch_bounds__(128) verify_strict_kernel(const StrictParams p
 // ------------------------------------------------------------------------------------------
 // launchers
 // ------------------------------------------------------------------------------------------
-template <typename Kernel>
-inline cudaError_t launch_maybe_cluster(Kernel kernel, bool cluster, unsigned cs, int64_t blocks,
-                                        cudaStream_t stream, const VerifyParams& p) {
+// Launch configuration of `blocks` CTAs of kThreads threads, in clusters of cs (cs > 1; attr is
+// the storage for the cluster attribute) or without clusters (cs <= 1).
+inline cudaLaunchConfig_t launch_config(int64_t blocks, unsigned cs, cudaStream_t stream,
+                                        cudaLaunchAttribute (&attr)[1]) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(blocks), 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  if (cluster) {
+  if (cs > 1) {
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = cs;
     attr[0].val.clusterDim.y = 1;
@@ -1841,20 +1829,28 @@ inline cudaError_t launch_maybe_cluster(Kernel kernel, bool cluster, unsigned cs
     cfg.attrs = attr;
     cfg.numAttrs = 1;
   }
+  return cfg;
+}
+template <typename Kernel>
+inline cudaError_t launch_maybe_cluster(Kernel kernel, bool cluster, unsigned cs, int64_t blocks,
+                                        cudaStream_t stream, const VerifyParams& p) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = launch_config(blocks, cluster ? cs : 1u, stream, attr);
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 // A host-side query about a kernel (occupancy, cluster size), computed once per (device,
 // kernel): function attributes such as the non-portable cluster size are set per device, and
-// devices of one process may differ. Each call site (Tag) has its own cache and lock.
-template <typename Tag, typename F>
-inline int cached_per_device(const void* kernel, F&& compute) {
+// devices of one process may differ. Each call site has its own cache and lock: F is the call
+// site's lambda, whose type is its own in every instance of the calling template.
+template <typename Kernel, typename F>
+inline int cached_per_device(Kernel kernel, F&& compute) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, int> cache;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) (void)cudaGetLastError();
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(dev, kernel);
+  const auto key = std::make_pair(dev, reinterpret_cast<const void*>(kernel));
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   const int v = compute();
@@ -1865,9 +1861,7 @@ inline int cached_per_device(const void* kernel, F&& compute) {
 // Resident CTAs per SM of a kernel (kThreads threads, static shared memory only).
 template <typename Kernel>
 inline int resident_per_sm(Kernel kernel) {
-  struct Tag {};
-  const void* k = reinterpret_cast<const void*>(kernel);
-  return cached_per_device<Tag>(k, [&]() {
+  return cached_per_device(kernel, [&]() {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0) != cudaSuccess ||
         n < 1) {
@@ -1879,19 +1873,12 @@ inline int resident_per_sm(Kernel kernel) {
 }
 
 // Clusters of cs CTAs (kThreads threads each) of a kernel that can be resident at once
-// (cudaOccupancyMaxActiveClusters); 0 if the query fails. Uncached: the callers below cache.
+// (cudaOccupancyMaxActiveClusters; cs >= 2); 0 if the query fails. Uncached: the callers below
+// cache.
 template <typename Kernel>
 inline int active_clusters(Kernel kernel, unsigned cs) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(cs, 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cs;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = launch_config(cs, cs, nullptr, attr);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 0) {
     (void)cudaGetLastError();
@@ -1904,9 +1891,7 @@ inline int active_clusters(Kernel kernel, unsigned cs) {
 // query fails). CS = 16 needs the non-portable attribute (max_cluster sets it).
 template <int CS, typename Kernel>
 inline int cluster_capacity(Kernel kernel) {
-  struct Tag {};
-  const void* k = reinterpret_cast<const void*>(kernel);
-  return cached_per_device<Tag>(k, [&]() { return active_clusters(kernel, CS) * CS; });
+  return cached_per_device(kernel, [&]() { return active_clusters(kernel, CS) * CS; });
 }
 
 // Largest cluster size (16, non-portable, or the portable 8) that the device can schedule for a
@@ -1914,9 +1899,7 @@ inline int cluster_capacity(Kernel kernel) {
 // (then 8 is used).
 template <typename Kernel>
 inline int max_cluster(Kernel kernel) {
-  struct Tag {};
-  const void* k = reinterpret_cast<const void*>(kernel);
-  return cached_per_device<Tag>(k, [&]() {
+  return cached_per_device(kernel, [&]() {
     int best = 8;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
             cudaSuccess &&
