@@ -97,7 +97,8 @@ struct VerifyParams {
   int32_t rsplits, rchunk;   // resolve kernel: CTAs per request, elements per CTA
   unsigned long long* cand;  // [bs] final-kernel candidate slots, zeroed by the pos kernel
   unsigned int* count;       // [bs] final-kernel arrival counters, zeroed by the pos kernel
-  unsigned long long* racc;  // [2 bs] resolve-kernel exact sums (S_t, S_q), zeroed likewise
+  unsigned long long* racc;  // [2 max(R_t, bs)] resolve-kernel exact sums (S_t, S_q) per target
+                             // row, zeroed likewise
   unsigned int* rcount;      // [bs] resolve-kernel arrival counters, zeroed likewise
   int32_t* flist;            // [bs] requests the first final pass sends to the exact path
   unsigned int* fcount;      // their number (zeroed by the pos kernel); flist null: one-pass
@@ -114,16 +115,13 @@ template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v
 }
 template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
 
-// VEC consecutive elements from a 16-byte aligned address (VEC * sizeof(T) == 16), or VEC == 1.
+// The VEC elements of one 16-byte vector (VEC * sizeof(T) == 16) as floats.
 template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
-  if constexpr (VEC == 1) {
-    v[0] = to_f<T>(p[0]);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+__device__ __forceinline__ void unpack_vec(const uint4 raw, float (&v)[VEC]) {
+  static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     // bf16 -> f32 is exact: the 16 bits are the top half of the float. One shift / mask per
     // element (extracting the high half first and then shifting cost two).
-    static_assert(VEC == 8, "16-byte vectors");
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -131,12 +129,42 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
       v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
     }
   } else {
-    static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
-    uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v[k] = to_f<T>(e[k]);
   }
+}
+// VEC consecutive elements from a 16-byte aligned address (VEC * sizeof(T) == 16), or VEC == 1.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    v[0] = to_f<T>(p[0]);
+  } else {
+    unpack_vec<T, VEC>(__ldg(reinterpret_cast<const uint4*>(p)), v);
+  }
+}
+
+// Per-thread asynchronous copies (sm_80+): 16 bytes global -> shared, bypassing L1. A thread
+// reads back only what it copied itself, so cp.async.wait_group alone orders the copy before
+// the read (no barrier).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem) = __ldg(reinterpret_cast<const uint4*>(gmem));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 
 // Calls f(id, z) for every element of [start, end) owned by this thread, ids increasing per
@@ -683,9 +711,11 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
   if (rank == 0 && threadIdx.x == 0 && row < p.bs && p.cand != nullptr) {
     p.cand[row] = 0ull;
     p.count[row] = 0u;
+    p.rcount[row] = 0u;
+  }
+  if (rank == 0 && threadIdx.x == 0 && p.racc != nullptr) {   // per target row
     p.racc[2 * row] = 0ull;
     p.racc[2 * row + 1] = 0ull;
-    p.rcount[row] = 0u;
   }
   if (row == 0 && rank == 0 && threadIdx.x == 0 && p.fcount != nullptr) *p.fcount = 0u;
   if (row >= p.R_t) return;  // uniform over the cluster
@@ -1035,13 +1065,16 @@ __device__ __forceinline__ void block_masses(const VerifyParams& p, const RowPar
 }
 
 // p.rsplits CTAs per request, each a contiguous vocabulary chunk (no clusters: the partial sums
-// meet in global 64-bit atomics, exact and order-free). Every CTA finds the request's deciding
-// position f (the first without the accept bit). If f is a rejection whose sums are only
-// approximate (a fast row), the CTAs add their chunk's exact fixed-point sums of the target and
-// draft rows of f into p.racc; the last CTA to arrive stores the exact S_t / S_q (the final
-// kernel's residual needs them) and, if f's coin was kUnsure, decides it exactly. An accepted
-// coin (kUnsure, then accepted: rare) moves the walk on; that CTA alone does the next
-// positions over whole rows.
+// meet in global 64-bit atomics, exact and order-free). Every CTA finds the positions whose exact
+// sums the walk may need: the first position f without the accept bit and, while that position's
+// coin is undecided (kUnsure: it may be accepted), the next position without the accept bit, and
+// so on (positions that are bad or already exact stop the list; they need no sums). For each it
+// adds its chunk's exact fixed-point sums of the target and draft rows into p.racc (per target
+// row). The last CTA to arrive walks exactly: at each position it stores the exact S_t / S_q
+// (the final kernel's residual needs them) and, if the coin was kUnsure, decides it exactly; an
+// accept moves the walk on to sums that are already complete. (Before, an accepted kUnsure coin
+// left the next position to the last CTA alone, whole rows at a time: 125 us at bs 256, n 5,
+// fp32 on an H200.)
 template <typename T, int VEC>
 __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, const int sp) {
   __shared__ BlockScratch scratch;
@@ -1049,68 +1082,55 @@ __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, 
   __shared__ int sh_last;
   __shared__ long long sh_S[2];
   const int n = int(p.cu[i + 1] - p.cu[i]);
-  if (threadIdx.x < 32) {
-    const int f = first_failed(p, i, 0, n);
-    if (threadIdx.x == 0) sh_f = f;
-  }
-  __syncthreads();
-  int f = sh_f;
-  if (f == n) return;  // bonus position: no sums needed (uniform over the request's CTAs)
   const bool ngram = p.flags & kNgram;
   const RowParams rp = row_params(p, i);
-  {
-    const int64_t row = target_row(p, i, f);
-    const PosStats ps = p.pos[row];
-    if (ps.status & (kBadT | kBadQ | kExactS)) return;  // nothing to compute (uniform)
-    const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
-    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + draft_slot(p, i, f) * p.stride_d;
-    const int64_t start = int64_t(sp) * p.rchunk;
-    const int64_t end = start + p.rchunk < p.V ? start + p.rchunk : int64_t(p.V);
-    long long St = 0, Sq = 0;
-    if (start < end) block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, start, end, St, Sq, scratch);
-    if (threadIdx.x == 0) {
-      if (St) atomicAdd(&p.racc[2 * i], (unsigned long long)St);
-      if (Sq) atomicAdd(&p.racc[2 * i + 1], (unsigned long long)Sq);
-      __threadfence();
-      sh_last = atomicAdd(&p.rcount[i], 1u) == unsigned(p.rsplits) - 1u;
-    }
-    __syncthreads();
-    if (!sh_last) return;
-    if (threadIdx.x == 0) {
-      __threadfence();
-      sh_S[0] = (long long)atomicAdd(&p.racc[2 * i], 0ull);     // atomic reads of the totals
-      sh_S[1] = (long long)atomicAdd(&p.racc[2 * i + 1], 0ull);
-    }
-    __syncthreads();
-    St = sh_S[0];
-    Sq = ngram ? 1 : sh_S[1];
-    const bool acc = (ps.status & kUnsure) && coin_exact(coin_U(p, i, f), ps.e_p, ps.e_q, St, Sq);
-    if (threadIdx.x == 0) {
-      p.pos[row].S_t = St;
-      p.pos[row].S_q = Sq;
-      p.pos[row].status = (ps.status & ~kUnsure) | kExactS | (acc ? kAccept : 0u);
-    }
-    if (!acc) return;
-  }
-  // Rare: f's coin was undecided by the approximate sums and is accepted; the walk goes on in
-  // this (last) CTA alone, whole rows at a time.
-  while (true) {
-    __syncthreads();   // scratch / sh_f reuse
+  const int64_t start = int64_t(sp) * p.rchunk;
+  const int64_t end = start + p.rchunk < p.V ? start + p.rchunk : int64_t(p.V);
+  // the first position >= j0 without the accept bit (block-uniform)
+  auto next_failed = [&](int j0) -> int {
+    __syncthreads();   // sh_f / scratch reuse
     if (threadIdx.x < 32) {
-      const int g = first_failed(p, i, f + 1, n);
+      const int g = first_failed(p, i, j0, n);
       if (threadIdx.x == 0) sh_f = g;
     }
     __syncthreads();
-    f = sh_f;
-    if (f == n) return;
+    return sh_f;
+  };
+  bool any = false;   // uniform over the request's CTAs (same statuses, same walk)
+  for (int f = next_failed(0); f < n; f = next_failed(f + 1)) {
+    const int64_t row = target_row(p, i, f);
+    const PosStats ps = p.pos[row];
+    if (ps.status & (kBadT | kBadQ | kExactS)) break;  // nothing to compute
+    const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
+    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + draft_slot(p, i, f) * p.stride_d;
+    long long St = 0, Sq = 0;
+    if (start < end) block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, start, end, St, Sq, scratch);
+    if (threadIdx.x == 0) {
+      if (St) atomicAdd(&p.racc[2 * row], (unsigned long long)St);
+      if (Sq) atomicAdd(&p.racc[2 * row + 1], (unsigned long long)Sq);
+    }
+    any = true;
+    if (!(ps.status & kUnsure)) break;   // a decided rejection: the walk stops here
+  }
+  if (!any) return;   // bonus, bad or exact deciding position: no sums (uniform)
+  if (threadIdx.x == 0) {
+    __threadfence();
+    sh_last = atomicAdd(&p.rcount[i], 1u) == unsigned(p.rsplits) - 1u;
+  }
+  __syncthreads();
+  if (!sh_last) return;
+  if (threadIdx.x == 0) __threadfence();
+  for (int f = next_failed(0); f < n; f = next_failed(f + 1)) {
     const int64_t row = target_row(p, i, f);
     const PosStats ps = p.pos[row];
     if (ps.status & (kBadT | kBadQ | kExactS)) return;
-    const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
-    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + draft_slot(p, i, f) * p.stride_d;
-    long long St, Sq;
-    block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, 0, p.V, St, Sq, scratch);
-    if (ngram) Sq = 1;
+    if (threadIdx.x == 0) {
+      sh_S[0] = (long long)atomicAdd(&p.racc[2 * row], 0ull);     // atomic reads of the totals
+      sh_S[1] = (long long)atomicAdd(&p.racc[2 * row + 1], 0ull);
+    }
+    __syncthreads();
+    const long long St = sh_S[0];
+    const long long Sq = ngram ? 1 : sh_S[1];
     const bool acc = (ps.status & kUnsure) && coin_exact(coin_U(p, i, f), ps.e_p, ps.e_q, St, Sq);
     if (threadIdx.x == 0) {
       p.pos[row].S_t = St;
@@ -1238,6 +1258,33 @@ __device__ __forceinline__ int64_t unpack_id(unsigned long long k) {
   return int64_t(0xFFFFFFFFu - uint32_t(k & 0xFFFFFFFFull));
 }
 
+// The final kernel's scan: vectors per row and iteration (U), and the depth of its load pipeline
+// (ST stages of per-thread cp.async copies into shared memory, 0: plain loads; only for 16-byte
+// vectors on sm_80+): three stages of 8 KiB for 16-bit logits, two of 16 KiB for fp32.
+template <int VEC>
+constexpr int final_u() {
+#ifdef TS_FINAL_U
+  return TS_FINAL_U;
+#else
+  return VEC >= 8 ? 1 : 2;
+#endif
+}
+#ifndef TS_FINAL_PIPE
+#define TS_FINAL_PIPE 1
+#endif
+template <int VEC>
+constexpr int final_stages() {
+  if (VEC == 1 || !TS_FINAL_PIPE) return 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return 0;
+#endif
+  return 2 * final_u<VEC>() * kThreads * 16 <= 8192 ? 3 : 2;
+}
+template <int VEC>
+constexpr int final_pipe_vectors() {
+  return final_stages<VEC>() > 0 ? final_stages<VEC>() * 2 * final_u<VEC>() * kThreads : 1;
+}
+
 // The final kernel's scan. Per element, base_of(id, z, zq) gives the part of the score's upper
 // bound that needs no noise (-inf: the element cannot win); with G <= gumbel_ub(w) <= 16.65 an
 // element survives if key32(base + bound on G) >= lb. Per iteration (U vectors of VEC ids):
@@ -1256,23 +1303,58 @@ template <typename T, int VEC, bool TWO, typename R, typename B, typename S>
 __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start, int64_t end,
                                           uint64_t seed, uint64_t off, uint32_t stream,
                                           const uint32_t& lb, R&& refresh, B&& base_of,
-                                          S&& slow) {
-#ifdef TS_FINAL_U
-  constexpr int U = TS_FINAL_U;
-#else
-  constexpr int U = VEC >= 8 ? 1 : 2;
-#endif
+                                          S&& slow, uint4* pipe) {
+  constexpr int U = final_u<VEC>();
+  constexpr int ST = final_stages<VEC>();
   const int64_t step = int64_t(kThreads) * VEC;
   int64_t idx = start + int64_t(threadIdx.x) * VEC;
   // groups of 4 ids in one iteration: all their blocks are generated together when any element
   // passes (independent chains: instruction-level parallelism)
   constexpr int NG = VEC % 4 == 0 ? U * VEC / 4 : 1;
-  for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
-    float va[U][VEC], vb[U][VEC];
+  // iterations of the vector loop for this thread
+  const int nit = idx + (U - 1) * step + VEC <= end
+                      ? int((end - VEC - (U - 1) * step - idx) / (U * step)) + 1
+                      : 0;
+  // ST > 0: the loads run ST - 1 iterations ahead through per-thread cp.async copies into
+  // shared memory (stage s, row r (0: a, 1: b), vector u at pipe[(s * 2 * U + r * U + u) *
+  // kThreads + threadIdx.x]). The stage written at an iteration is the one read at the previous
+  // iteration: its values were used by that iteration's bases, which precede this copy in
+  // program order.
+  int rs = 0;   // stage read at this iteration
+  // copy the vectors of iteration it (= the current one + ahead) into stage s
+  auto issue = [&](int it, int ahead, int s) {
+    if constexpr (ST > 0) {
+      if (it < nit) {
+        const int64_t at = idx + int64_t(ahead * U) * step;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      load_vec<T, VEC>(a + idx + u * step, va[u]);
-      if (TWO) load_vec<T, VEC>(b + idx + u * step, vb[u]);
+        for (int u = 0; u < U; ++u) {
+          cp_async16(pipe + (s * 2 * U + u) * kThreads + threadIdx.x, a + at + u * step);
+          if (TWO)
+            cp_async16(pipe + (s * 2 * U + U + u) * kThreads + threadIdx.x, b + at + u * step);
+        }
+      }
+      cp_async_commit();   // empty groups too: wait_group counts groups
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < (ST > 0 ? ST - 1 : 0); ++s) issue(s, s, s);
+  for (int it = 0; it < nit; ++it, idx += U * step) {
+    float va[U][VEC], vb[U][VEC];
+    if constexpr (ST > 0) {
+      issue(it + ST - 1, ST - 1, rs == 0 ? ST - 1 : rs - 1);
+      cp_async_wait<(ST > 0 ? ST - 1 : 0)>();
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        unpack_vec<T, VEC>(pipe[(rs * 2 * U + u) * kThreads + threadIdx.x], va[u]);
+        if (TWO) unpack_vec<T, VEC>(pipe[(rs * 2 * U + U + u) * kThreads + threadIdx.x], vb[u]);
+      }
+      rs = rs + 1 == ST ? 0 : rs + 1;
+    } else {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        load_vec<T, VEC>(a + idx + u * step, va[u]);
+        if (TWO) load_vec<T, VEC>(b + idx + u * step, vb[u]);
+      }
     }
     refresh();
     // lb as a float: key32(a) >= lb  <=>  a >= key32_to_float(lb) (key32 is an order isomorphism
@@ -1378,6 +1460,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   __shared__ unsigned sh_lb;   // key32 of a lower bound of the winner's score (pruning)
   __shared__ float sh_hi;
   __shared__ float2 sh_iv[kThreads];
+  __shared__ __align__(16) uint4 sh_pipe[final_pipe_vectors<VEC>()];   // scan_rows' loads
   __shared__ long long sh_S2[2];
   const int n = int(p.cu[i + 1] - p.cu[i]);
   const int W = p.max_n + 1;
@@ -1520,10 +1603,10 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     if (start < end) {
       if (plain)
         scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamSample, lb, refresh,
-                                 base_plain, slow);
+                                 base_plain, slow, sh_pipe);
       else
         scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamSample, lb, refresh,
-                                 base_of, slow);
+                                 base_of, slow, sh_pipe);
     }
   } else {
     // residual: N_i = e^p_i S_q - e^q_i S_p > 0, score soft_ln(f32(N_i)) + G(offset + f, stream 2)
@@ -1637,17 +1720,17 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
       if (ngram) {
         if (plain)
           scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb,
-                                   refresh, base_plain, slow);
+                                   refresh, base_plain, slow, sh_pipe);
         else
           scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb,
-                                   refresh, base_of, slow);
+                                   refresh, base_of, slow, sh_pipe);
       } else {
         if (plain)
           scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb,
-                                  refresh, base_plain, slow);
+                                  refresh, base_plain, slow, sh_pipe);
         else
           scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb,
-                                  refresh, base_of, slow);
+                                  refresh, base_of, slow, sh_pipe);
       }
     }
   }
@@ -1982,8 +2065,9 @@ inline int verify_final_splits(int64_t bs, int64_t V, int sms, bool vec_ok) {
 }
 
 // sms: the device's SM count; clusters: thread-block clusters available (sm_90+); ws.cand /
-// ws.count (final kernel), p.racc / p.rcount (resolve kernel) and p.flist must hold bs (2 bs)
-// entries (zeroed by the pos kernel, which therefore always runs with at least bs row blocks);
+// ws.count (final kernel), p.rcount (resolve kernel) and p.flist must hold bs entries, p.racc
+// 2 max(R_t, bs) (zeroed by the pos kernel, which therefore always runs with at least bs row
+// blocks);
 // ws.splits from verify_final_splits, ws.state bs * ws.splits entries (when p.flist is set);
 // vec_ok: rows 16-byte aligned.
 //
