@@ -1364,44 +1364,49 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
     const float lbf = lb ? key32_to_float(lb) : -FLT_MAX;
     uint32_t surv = 0;
     float base[U * VEC];
-    uint32_t pass = 0;
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
+      for (int k = 0; k < VEC; ++k)
         base[u * VEC + k] = base_of(idx + u * step + k, va[u][k], TWO ? vb[u][k] : 0.0f);
-        // G <= 16.65 for every word: an element failing this cannot win, whatever its noise
-        if (fadd(base[u * VEC + k], 16.65f) >= lbf) pass |= 1u << (u * VEC + k);
-      }
     auto block_of = [&](int g) -> Philox4 {   // group g: vector g / (VEC / 4), its quad g % ..
       constexpr int QV = VEC >= 4 ? VEC / 4 : 1;   // groups per vector (used only if VEC % 4 == 0)
       const uint32_t blk = uint32_t((idx + (g / QV) * step) >> 2) + uint32_t(g % QV);
       return philox_block(seed, off, blk, stream);
     };
-    // the group test, then each element of a group that passes it
-    auto test_group = [&](int g, const Philox4& ph) {
-      const uint32_t mw = max(max(ph.x, ph.y), max(ph.z, ph.w));
-      const float mb = fmaxf(fmaxf(base[4 * g], base[4 * g + 1]),
-                             fmaxf(base[4 * g + 2], base[4 * g + 3]));
-      if (!(fadd(mb, gumbel_ub(mw)) >= lbf)) return;
-      const uint32_t w[4] = {ph.x, ph.y, ph.z, ph.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (((pass >> (4 * g + k)) & 1u) && fadd(base[4 * g + k], gumbel_ub(w[k])) >= lbf)
-          surv |= 1u << (4 * g + k);
-    };
     if constexpr (VEC % 4 == 0) {
-      if (pass) {
+      // Per group of 4 ids the largest base; G <= 16.65 for every word, so if even the largest
+      // base of the iteration fails fadd(base, 16.65) >= lb no element can win, whatever its
+      // noise, and no Philox block is generated (fadd is monotone: this one test equals the
+      // per-element tests or-ed together).
+      float mb[NG];
+#pragma unroll
+      for (int g = 0; g < NG; ++g)
+        mb[g] = fmaxf(fmaxf(base[4 * g], base[4 * g + 1]), fmaxf(base[4 * g + 2], base[4 * g + 3]));
+      float mall = mb[0];
+#pragma unroll
+      for (int g = 1; g < NG; ++g) mall = fmaxf(mall, mb[g]);
+      if (fadd(mall, 16.65f) >= lbf) {
         Philox4 ph[NG];
 #pragma unroll
         for (int g = 0; g < NG; ++g) ph[g] = block_of(g);
+        // the group test, then each element of a group that passes it (an element passing its
+        // own test also passes the constant one: gumbel_ub(w) <= 16.65)
 #pragma unroll
-        for (int g = 0; g < NG; ++g) test_group(g, ph[g]);
+        for (int g = 0; g < NG; ++g) {
+          const uint32_t mw = max(max(ph[g].x, ph[g].y), max(ph[g].z, ph[g].w));
+          if (!(fadd(mb[g], gumbel_ub(mw)) >= lbf)) continue;
+          const uint32_t w[4] = {ph[g].x, ph[g].y, ph[g].z, ph[g].w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            if (fadd(base[4 * g + k], gumbel_ub(w[k])) >= lbf) surv |= 1u << (4 * g + k);
+        }
       }
     } else {
 #pragma unroll
       for (int e = 0; e < U * VEC; ++e) {
-        if (!((pass >> e) & 1u)) continue;
+        // G <= 16.65 for every word: an element failing this cannot win, whatever its noise
+        if (!(fadd(base[e], 16.65f) >= lbf)) continue;
         const int64_t id = idx + (e / VEC) * step + (e % VEC);
         const uint32_t w = philox_word(seed, off, uint32_t(id), stream);
         if (fadd(base[e], gumbel_ub(w)) >= lbf) surv |= 1u << e;
