@@ -4,8 +4,8 @@
 #   VARIANTS="new: old:-DTS_FINAL_PIPE=0" SHAPES="256,1,151936,bf16 ..." ROUNDS=2 tools/verify_ab.sh
 #
 # Each variant "name:flags" is a copy of the tree built in parallel with NVCC_APPEND_FLAGS=flags
-# (MAX_JOBS split between them); "name=DIR:flags" takes csrc/ from DIR instead (e.g. an older
-# commit's sources carried in a git-ignored folder). Then, ROUNDS times, every variant runs
+# (MAX_JOBS split between them; several flags joined by "_": "-DA=1_-DB=2"); "name=DIR:flags"
+# takes csrc/ from DIR instead (e.g. an older commit's sources carried in a git-ignored folder). Then, ROUNDS times, every variant runs
 # `tools/verify_sweep.py pick SHAPES` (per-kernel device times, back-to-back calls) in turn, so
 # the spread between rounds of one variant shows the noise; then `tools/verify_tokens.py dump`
 # per variant and `cmp` of every variant against the first (tokens must be identical).
@@ -23,7 +23,7 @@ read -ra VS <<< "$VARIANTS"
 jobs=$(( ${MAX_JOBS:-16} / ${#VS[@]} )); [ "$jobs" -lt 1 ] && jobs=1
 export PYTHONUNBUFFERED=1
 for v in "${VS[@]}"; do
-  name=${v%%:*}; flags=${v#*:}; src=.
+  name=${v%%:*}; flags=${v#*:}; flags=${flags//_-/ -}; src=.
   case $name in *=*) src=${name#*=}; name=${name%%=*} ;; esac
   d=/tmp/ab_$name; rm -rf "$d"; mkdir -p "$d"
   cp -a csrc python setup.py pyproject.toml CMakeLists.txt tools "$d"/

@@ -1278,6 +1278,9 @@ constexpr int final_stages() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return 0;
 #endif
+#ifdef TS_FINAL_STAGES
+  return TS_FINAL_STAGES;   // build knob for A/Bs (static shared memory: <= ~44 KiB of stages)
+#endif
   return 2 * final_u<VEC>() * kThreads * 16 <= 8192 ? 3 : 2;
 }
 template <int VEC>
