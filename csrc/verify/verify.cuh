@@ -1291,11 +1291,13 @@ constexpr int final_pipe_vectors() {
 // The final kernel's scan. Per element, base_of(id, z, zq) gives the part of the score's upper
 // bound that needs no noise (-inf: the element cannot win); with G <= gumbel_ub(w) <= 16.65 an
 // element survives if key32(base + bound on G) >= lb. Per iteration (U vectors of VEC ids):
-// (1) the constant bound: if no element has fadd(base, 16.65) >= lb, no Philox block is
+// (1) the constant bound, tested once on the iteration's largest base: if no element has
+// fadd(base, 16.65) >= lb, no Philox block is
 // generated (a warp skips them only when none of its lanes needs one: rare with flat logits,
 // common with peaked ones); otherwise the blocks of all its groups of 4 ids are generated
-// together (independent chains: instruction-level parallelism); (2) one test per group, fadd(max base, gumbel_ub(max word)) >= lb: gumbel_ub is
-// non-decreasing in the word and fadd in both arguments, so it bounds every element's
+// together (independent chains: instruction-level parallelism); (2) one test per group,
+// fadd(max base, gumbel_ub(max word)) >= lb: gumbel_ub is non-decreasing in the word and fadd in
+// both arguments, so it bounds every element's
 // fadd(base_k, gumbel_ub(w_k)) -- a group failing it has no survivor (almost every group fails
 // it: ~1e-5 of the elements survive); (3) only then each element with its own word; the
 // survivors reach `slow(id, w)` (the exact score) from one call site outside the unrolled loop.

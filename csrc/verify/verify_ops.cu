@@ -160,22 +160,22 @@ void verify_probabilistic(const at::Tensor& target_logits,
     case at::kBFloat16: fsplits = verify_final_splits<__nv_bfloat16>(bs, V, sms, vec_ok); break;
     default: fsplits = verify_final_splits<__half>(bs, V, sms, vec_ok); break;
   }
-  // per request: final-kernel candidate (8 B), 16 B unused, two arrival counters (8 B), a slot of
-  // the exact-path list (4 B); the list's count (4 B); padding to 48 bs; then the first final
-  // pass's per-CTA states (16 B each); then the resolve kernel's sums (16 B per target row, or
-  // per request if there are fewer rows: the pos kernel zeroes one per row CTA)
+  // per request: final-kernel candidate (8 B), two arrival counters (8 B), a slot of the
+  // exact-path list (4 B); the list's count (4 B); padding to 32 bs; then the first final pass's
+  // per-CTA states (16 B each); then the resolve kernel's sums (16 B per target row, or per
+  // request if there are fewer rows: the pos kernel zeroes one per row CTA)
   const int64_t rows = std::max<int64_t>(R_t, bs);
-  at::Tensor fws =
-      at::empty({bs * 48 + bs * fsplits * 16 + rows * 16}, tgt.options().dtype(at::kByte));
+  const int64_t state_at = bs * 32, racc_at = state_at + bs * fsplits * 16;
+  at::Tensor fws = at::empty({racc_at + rows * 16}, tgt.options().dtype(at::kByte));
   uint8_t* fb = static_cast<uint8_t*>(fws.data_ptr());
   FinalWs fw{};
   fw.cand = reinterpret_cast<unsigned long long*>(fb);
-  p.racc = reinterpret_cast<unsigned long long*>(fb + bs * 48 + bs * fsplits * 16);
-  fw.count = reinterpret_cast<unsigned int*>(fb + bs * 24);
-  p.rcount = reinterpret_cast<unsigned int*>(fb + bs * 28);
-  p.flist = reinterpret_cast<int32_t*>(fb + bs * 32);
-  p.fcount = reinterpret_cast<unsigned int*>(fb + bs * 36);
-  fw.state = reinterpret_cast<float4*>(fb + bs * 48);
+  fw.count = reinterpret_cast<unsigned int*>(fb + bs * 8);
+  p.rcount = reinterpret_cast<unsigned int*>(fb + bs * 12);
+  p.flist = reinterpret_cast<int32_t*>(fb + bs * 16);
+  p.fcount = reinterpret_cast<unsigned int*>(fb + bs * 20);
+  fw.state = reinterpret_cast<float4*>(fb + state_at);
+  p.racc = reinterpret_cast<unsigned long long*>(fb + racc_at);
   fw.splits = fsplits;
   cudaError_t err;
   switch (dtype) {
