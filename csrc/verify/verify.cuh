@@ -44,7 +44,15 @@ namespace tokenspeed_kernel::verify {
 // kExactCoins (testing): every coin that needs the mass sums is decided by the exact path.
 // kExactResidual (testing): every final token the first final pass decides from the approximate
 // sums is sent to the exact path instead (after its scan), as an undecided one would be.
-enum : uint32_t { kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16 };
+// kListStats (tuning hook only, tools/verify_listed.py): count why requests are listed for the
+// exact path in g_verify_list_stats.
+enum : uint32_t {
+  kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16, kListStats = 64
+};
+// [0] kUnsure coin at the deciding position, [1] bounds too wide (or a testing flag),
+// [2] score intervals that did not decide, [3] positions whose exact sums the resolve kernel
+// computed (per listed request). Written only with kListStats.
+static __device__ unsigned int g_verify_list_stats[4];
 // kUnsure: the approximate sums could not decide the coin (the resolve kernel does, exactly).
 // kExactS: S_t / S_q are the exact fixed-point sums (else approximations, see verify_pos_kernel).
 enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8, kUnsure = 16, kExactS = 32 };
@@ -1110,6 +1118,8 @@ __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, 
       if (Sq) atomicAdd(&p.racc[2 * row + 1], (unsigned long long)Sq);
     }
     any = true;
+    if ((p.flags & kListStats) && sp == 0 && threadIdx.x == 0)
+      atomicAdd(&g_verify_list_stats[3], 1u);
     if (!(ps.status & kUnsure)) break;   // a decided rejection: the walk stops here
   }
   if (!any) return;   // bonus, bad or exact deciding position: no sums (uniform)
@@ -1506,7 +1516,11 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
       send = dt >= 0.25 || dq >= 0.25 || logprobs || (p.flags & kExactCoins);
     }
     if (send) {
-      if (sp == 0 && threadIdx.x == 0) p.flist[atomicAdd(p.fcount, 1u)] = i;
+      if (sp == 0 && threadIdx.x == 0) {
+        p.flist[atomicAdd(p.fcount, 1u)] = i;
+        if (p.flags & kListStats)
+          atomicAdd(&g_verify_list_stats[(st.status & kUnsure) ? 0 : 1], 1u);
+      }
       return;
     }
   }
@@ -1792,6 +1806,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
         ws.cand[i] = 0ull;   // the second pass starts afresh
         ws.count[i] = 0u;
         p.flist[atomicAdd(p.fcount, 1u)] = i;
+        if (p.flags & kListStats) atomicAdd(&g_verify_list_stats[2], 1u);
       }
       return;
     }

@@ -3,6 +3,7 @@
 #include "verify_ops.h"
 
 #include <ATen/ATen.h>
+#include <cstdio>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -132,6 +133,8 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.bs = int32_t(bs);
   p.max_n = int32_t(max_num_draft);
   p.flags = uint32_t(flags) & (kPadded | kNgram | kExactCoins | kExactResidual);
+  const bool list_stats = tuning_enabled() && getenv("TS_VERIFY_LISTSTATS") != nullptr;
+  if (list_stats) p.flags |= kListStats;
   if (logprobs.has_value()) p.flags |= kLogprobs;
   p.ids = draft_token_ids.data_ptr<int64_t>();
   p.cu = cu_num_draft.data_ptr<int64_t>();
@@ -191,6 +194,17 @@ void verify_probabilistic(const at::Tensor& target_logits,
   }
   TORCH_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
               cudaGetErrorString(err));
+  if (list_stats) {
+    // tuning hook only (tools/verify_listed.py): a host sync, then one line on stderr
+    unsigned int c[4] = {0, 0, 0, 0}, fc = 0;
+    TORCH_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "verify list stats: sync failed");
+    cudaMemcpyFromSymbol(c, g_verify_list_stats, sizeof(c));
+    cudaMemcpy(&fc, p.fcount, sizeof(fc), cudaMemcpyDeviceToHost);
+    const unsigned int z[4] = {0, 0, 0, 0};
+    cudaMemcpyToSymbol(g_verify_list_stats, z, sizeof(z));
+    fprintf(stderr, "verify_list_stats listed=%u unsure=%u wide=%u interval=%u positions=%u\n",
+            p.flist != nullptr && !(p.flags & kLogprobs) ? fc : 0u, c[0], c[1], c[2], c[3]);
+  }
 }
 
 void verify_strict_accept(const at::Tensor& target_tokens, const at::Tensor& target_valid,
