@@ -1860,6 +1860,100 @@ __global__ void __launch_bounds__(kThreads, TS_FINAL_MINB) verify_final_kernel(c
 }
 
 // ------------------------------------------------------------------------------------------
+// kernels 3 + 4 fused (two-pass order, sm_90 clusters): the listed requests' exact path
+// ------------------------------------------------------------------------------------------
+// One thread-block cluster of C CTAs per listed request (the clusters stride over the list), each
+// CTA a vocabulary chunk (ws.chunk). Phase 1, per position the walk needs (the first without the
+// accept bit, then the next while a kUnsure coin turns out accepted): the chunk's exact
+// fixed-point sums (as verify_resolve_kernel), combined through distributed shared memory into
+// the exact S_t / S_q in every CTA; every CTA decides the coin exactly (same inputs, same
+// decision) and CTA 0 stores the exact statistics in p.pos. Phase 2: the same CTAs score the
+// final token exactly over the same chunks (final_one, mode 2). One launch instead of two, and
+// the sums meet in the cluster instead of global atomics and an arrival counter.
+template <typename T, int VEC>
+__device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs& ws, const int i,
+                                            const unsigned rank) {
+  namespace cg = cooperative_groups;
+  __shared__ BlockScratch scratch;
+  __shared__ int sh_f;
+  __shared__ long long sh_part[2];
+  __shared__ long long sh_S[2];
+  cg::cluster_group cl = cg::this_cluster();
+  const unsigned C = cl.num_blocks();
+  const int n = int(p.cu[i + 1] - p.cu[i]);
+  const bool ngram = p.flags & kNgram;
+  const RowParams rp = row_params(p, i);
+  const int64_t start = int64_t(rank) * ws.chunk;
+  const int64_t end = start + ws.chunk < p.V ? start + ws.chunk : int64_t(p.V);
+  auto next_failed = [&](int j0) -> int {
+    __syncthreads();   // sh_f / scratch reuse
+    if (threadIdx.x < 32) {
+      const int g = first_failed(p, i, j0, n);
+      if (threadIdx.x == 0) sh_f = g;
+    }
+    __syncthreads();
+    return sh_f;
+  };
+  for (int f = next_failed(0); f < n; f = next_failed(f + 1)) {
+    const int64_t row = target_row(p, i, f);
+    const PosStats ps = p.pos[row];
+    if (ps.status & (kBadT | kBadQ | kExactS)) break;   // nothing to compute (uniform)
+    const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
+    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + draft_slot(p, i, f) * p.stride_d;
+    long long St = 0, Sq = 0;
+    if (start < end) block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, start, end, St, Sq, scratch);
+    if (threadIdx.x == 0) {
+      sh_part[0] = St;
+      sh_part[1] = Sq;
+    }
+    cl.sync();   // every CTA's partial sums are in its shared memory
+    if (threadIdx.x == 0) {
+      long long a = 0, b = 0;
+      for (unsigned r = 0; r < C; ++r) {
+        const long long* q = cl.map_shared_rank(sh_part, r);
+        a += q[0];
+        b += q[1];
+      }
+      sh_S[0] = a;
+      sh_S[1] = b;
+    }
+    cl.sync();   // every CTA has read every partial (sh_part reusable); sh_S visible in the CTA
+    const long long Sx = sh_S[0];
+    const long long Qx = ngram ? 1 : sh_S[1];
+    const bool acc = (ps.status & kUnsure) && coin_exact(coin_U(p, i, f), ps.e_p, ps.e_q, Sx, Qx);
+    if (rank == 0 && threadIdx.x == 0) {
+      p.pos[row].S_t = Sx;
+      p.pos[row].S_q = Qx;
+      p.pos[row].status = (ps.status & ~kUnsure) | kExactS | (acc ? kAccept : 0u);
+    }
+    if (!acc) break;   // uniform: every CTA decided the same
+  }
+  // CTA 0's statistics reach the other CTAs' final scan: release (fence, then the cluster
+  // barrier's release), acquire (the barrier, then a fence in every thread before its loads)
+  if (rank == 0 && threadIdx.x == 0) __threadfence();
+  cl.sync();
+  __threadfence();
+}
+#ifndef TS_LISTED_FUSED
+#define TS_LISTED_FUSED 1
+#endif
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads, 2) verify_listed_kernel(const VerifyParams p,
+                                                                    const FinalWs ws) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const unsigned C = cl.num_blocks();
+  const unsigned rank = cl.block_rank();
+  const unsigned items = *reinterpret_cast<const volatile unsigned*>(p.fcount);
+  for (unsigned it = blockIdx.x / C; it < items; it += gridDim.x / C) {
+    const int i = p.flist[it];
+    listed_sums<T, VEC>(p, ws, i, rank);
+    final_one<T, VEC>(p, ws, i, int(rank));
+    cl.sync();   // the next item reuses shared memory that other CTAs of the cluster may read
+  }
+}
+
+// ------------------------------------------------------------------------------------------
 // strict accept: one warp per request
 // ------------------------------------------------------------------------------------------
 struct StrictParams {
@@ -2165,6 +2259,19 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   verify_final_kernel<T, VEC><<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
+  // 3 + 4 fused (sm_90): one cluster per listed request, as large as can be scheduled
+  if (TS_LISTED_FUSED && clusters) {
+    auto kl = verify_listed_kernel<T, VEC>;
+    const int cs = max_cluster(kl);   // (sets the non-portable attribute)
+    const int cap = cs >= 16 ? cluster_capacity<16>(kl) : cluster_capacity<8>(kl);
+    const int64_t nclusters = std::max<int64_t>(1, std::min<int64_t>(p.bs, cap / cs));
+    ws.splits = cs;
+    ws.chunk = chunk_of(cs);
+    ws.mode = 2;
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = launch_config(nclusters * cs, unsigned(cs), stream, attr);
+    return cudaLaunchKernelEx(&cfg, kl, p, ws);
+  }
   // 3. exact sums, 4. second final pass: listed requests, split as if each were alone
   p.rsplits = pick_splits(1, p.V, res_r, 128, 2048);
   p.rchunk = chunk_of(p.rsplits);
