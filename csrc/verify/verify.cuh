@@ -1934,8 +1934,16 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
   cl.sync();
   __threadfence();
 }
+// Used at bs <= TS_LISTED_FUSED_MAX_BS only. On an H200 (bench/results/h200/verify_ab_listed.csv)
+// the fused launch costs 1.1-1.6 us when nothing is listed where the two launches cost 3.4-5.0 us,
+// but 28-35 us for one listed request where the two take 20-29 us: a cluster (16 SMs) scans
+// the two rows that the resolve / second-pass grids spread over ~74 SMs. Something is listed in
+// about 60 % of the calls at bs 256 and rarely at bs <= 64 (tools/verify_listed.py).
 #ifndef TS_LISTED_FUSED
 #define TS_LISTED_FUSED 1
+#endif
+#ifndef TS_LISTED_FUSED_MAX_BS
+#define TS_LISTED_FUSED_MAX_BS 64
 #endif
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads, 2) verify_listed_kernel(const VerifyParams p,
@@ -2260,7 +2268,7 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   // 3 + 4 fused (sm_90): one cluster per listed request, as large as can be scheduled
-  if (TS_LISTED_FUSED && clusters) {
+  if (TS_LISTED_FUSED && clusters && p.bs <= TS_LISTED_FUSED_MAX_BS) {
     auto kl = verify_listed_kernel<T, VEC>;
     const int cs = max_cluster(kl);   // (sets the non-portable attribute)
     const int cap = cs >= 16 ? cluster_capacity<16>(kl) : cluster_capacity<8>(kl);
