@@ -5,9 +5,9 @@ kernel costs per call (probabilistic, temperature only, the bench's inputs).
 
 For each shape and each of K offsets (1000, 1016, ...: the bench uses 1000), one call with the
 launcher's list statistics on (tuning hook: TOKENSPEED_VERIFY_TUNING + TS_VERIFY_LISTSTATS, a
-host sync and a line on stderr, see verify_ops.cu), then 4 calls timed per kernel with
-torch.profiler (statistics off). Prints CSV: per (shape, offset) the listed requests and why
-(kUnsure coin at the deciding position / bounds too wide / score intervals undecided), the
+host sync and a line on stderr, see verify_ops.cu), then, statistics off, 2 warm-up calls and
+4 calls timed per kernel with torch.profiler (tools/verify_sweep.measure). Prints CSV: per
+(shape, offset) the listed requests and why (kUnsure coin at the deciding position / bounds too wide / score intervals undecided), the
 positions the resolve kernel summed, and the mean device time of each kernel."""
 import argparse
 import os
@@ -18,9 +18,9 @@ import tempfile
 os.environ["TOKENSPEED_VERIFY_TUNING"] = "1"
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from tokenspeed_kernel.bench.verify import Problem, _ours  # noqa: E402
+from verify_sweep import measure  # noqa: E402  (tools/ is sys.path[0] when run as a script)
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PAT = re.compile(r"verify_list_stats listed=(\d+) unsure=(\d+) wide=(\d+) interval=(\d+) "
@@ -49,20 +49,6 @@ def stats_call(call, pb):
     return [int(x) for x in m[0]]
 
 
-def times(call, pb, reps=4):
-    call(pb, pb.tgt, pb.drf)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            call(pb, pb.tgt, pb.drf)
-        torch.cuda.synchronize()
-    ev = [e for e in prof.events() if e.device_type.name == "CUDA" and "verify" in e.name]
-    ev.sort(key=lambda e: e.time_range.start)
-    per = len(ev) // reps
-    return [sum(ev[r * per + k].time_range.elapsed_us() for r in range(reps)) / reps
-            for k in range(per)]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--offsets", type=int, default=8)
@@ -80,7 +66,7 @@ def main():
             off = 1000 + 16 * k
             pb.offset.fill_(off)
             s = stats_call(call, pb)
-            t = (times(call, pb) + [0.0] * 4)[:4]
+            t = (measure(call, pb, reps=4)[0] + [0.0] * 4)[:4]
             print(f"{bs},{n},{V},{dt},{off}," + ",".join(str(x) for x in s) + "," +
                   ",".join(f"{x:.1f}" for x in t) + f",{sum(t):.1f}", flush=True)
         del pb
