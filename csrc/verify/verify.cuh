@@ -50,8 +50,8 @@ enum : uint32_t {
   kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16, kListStats = 64
 };
 // [0] kUnsure coin at the deciding position, [1] bounds too wide (or a testing flag),
-// [2] score intervals that did not decide, [3] positions whose exact sums the resolve kernel
-// computed (per listed request). Written only with kListStats.
+// [2] score intervals that did not decide, [3] positions whose exact sums the resolve kernel (or
+// the fused listed kernel) computed (per listed request). Written only with kListStats.
 static __device__ unsigned int g_verify_list_stats[4];
 // kUnsure: the approximate sums could not decide the coin (the resolve kernel does, exactly).
 // kExactS: S_t / S_q are the exact fixed-point sums (else approximations, see verify_pos_kernel).
@@ -1072,6 +1072,38 @@ __device__ __forceinline__ void block_masses(const VerifyParams& p, const RowPar
   block_sum_i64x2(St, Sq, scratch);
 }
 
+// The first position >= j0 of request i without the accept bit, block-uniform: warp 0 asks
+// (first_failed), every thread reads the answer from sh_f. The leading barrier lets callers
+// reuse sh_f and their scratch across calls.
+__device__ __forceinline__ int block_first_failed(const VerifyParams& p, int i, int j0, int n,
+                                                  int& sh_f) {
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int g = first_failed(p, i, j0, n);
+    if (threadIdx.x == 0) sh_f = g;
+  }
+  __syncthreads();
+  return sh_f;
+}
+// This CTA's exact fixed-point sums over [start, end) of the target and draft rows of request
+// i's position f (target row `row`); the block's totals in thread 0. `counted`: the CTA that
+// counts the position in the list statistics (kListStats).
+template <typename T, int VEC>
+__device__ __forceinline__ void position_masses(const VerifyParams& p, const RowParams& rp,
+                                                const PosStats& ps, int i, int f, int64_t row,
+                                                int64_t start, int64_t end, bool counted,
+                                                long long& St, long long& Sq,
+                                                BlockScratch& scratch) {
+  const bool ngram = p.flags & kNgram;
+  const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
+  const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + draft_slot(p, i, f) * p.stride_d;
+  St = 0;
+  Sq = 0;
+  if (start < end) block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, start, end, St, Sq, scratch);
+  if ((p.flags & kListStats) && counted && threadIdx.x == 0)
+    atomicAdd(&g_verify_list_stats[3], 1u);
+}
+
 // p.rsplits CTAs per request, each a contiguous vocabulary chunk (no clusters: the partial sums
 // meet in global 64-bit atomics, exact and order-free). Every CTA finds the positions whose exact
 // sums the walk may need: the first position f without the accept bit and, while that position's
@@ -1094,32 +1126,19 @@ __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, 
   const RowParams rp = row_params(p, i);
   const int64_t start = int64_t(sp) * p.rchunk;
   const int64_t end = start + p.rchunk < p.V ? start + p.rchunk : int64_t(p.V);
-  // the first position >= j0 without the accept bit (block-uniform)
-  auto next_failed = [&](int j0) -> int {
-    __syncthreads();   // sh_f / scratch reuse
-    if (threadIdx.x < 32) {
-      const int g = first_failed(p, i, j0, n);
-      if (threadIdx.x == 0) sh_f = g;
-    }
-    __syncthreads();
-    return sh_f;
-  };
   bool any = false;   // uniform over the request's CTAs (same statuses, same walk)
-  for (int f = next_failed(0); f < n; f = next_failed(f + 1)) {
+  for (int f = block_first_failed(p, i, 0, n, sh_f); f < n;
+       f = block_first_failed(p, i, f + 1, n, sh_f)) {
     const int64_t row = target_row(p, i, f);
     const PosStats ps = p.pos[row];
     if (ps.status & (kBadT | kBadQ | kExactS)) break;  // nothing to compute
-    const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
-    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + draft_slot(p, i, f) * p.stride_d;
-    long long St = 0, Sq = 0;
-    if (start < end) block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, start, end, St, Sq, scratch);
+    long long St, Sq;
+    position_masses<T, VEC>(p, rp, ps, i, f, row, start, end, sp == 0, St, Sq, scratch);
     if (threadIdx.x == 0) {
       if (St) atomicAdd(&p.racc[2 * row], (unsigned long long)St);
       if (Sq) atomicAdd(&p.racc[2 * row + 1], (unsigned long long)Sq);
     }
     any = true;
-    if ((p.flags & kListStats) && sp == 0 && threadIdx.x == 0)
-      atomicAdd(&g_verify_list_stats[3], 1u);
     if (!(ps.status & kUnsure)) break;   // a decided rejection: the walk stops here
   }
   if (!any) return;   // bonus, bad or exact deciding position: no sums (uniform)
@@ -1130,7 +1149,8 @@ __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, 
   __syncthreads();
   if (!sh_last) return;
   if (threadIdx.x == 0) __threadfence();
-  for (int f = next_failed(0); f < n; f = next_failed(f + 1)) {
+  for (int f = block_first_failed(p, i, 0, n, sh_f); f < n;
+       f = block_first_failed(p, i, f + 1, n, sh_f)) {
     const int64_t row = target_row(p, i, f);
     const PosStats ps = p.pos[row];
     if (ps.status & (kBadT | kBadQ | kExactS)) return;
@@ -1885,23 +1905,13 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
   const RowParams rp = row_params(p, i);
   const int64_t start = int64_t(rank) * ws.chunk;
   const int64_t end = start + ws.chunk < p.V ? start + ws.chunk : int64_t(p.V);
-  auto next_failed = [&](int j0) -> int {
-    __syncthreads();   // sh_f / scratch reuse
-    if (threadIdx.x < 32) {
-      const int g = first_failed(p, i, j0, n);
-      if (threadIdx.x == 0) sh_f = g;
-    }
-    __syncthreads();
-    return sh_f;
-  };
-  for (int f = next_failed(0); f < n; f = next_failed(f + 1)) {
+  for (int f = block_first_failed(p, i, 0, n, sh_f); f < n;
+       f = block_first_failed(p, i, f + 1, n, sh_f)) {
     const int64_t row = target_row(p, i, f);
     const PosStats ps = p.pos[row];
     if (ps.status & (kBadT | kBadQ | kExactS)) break;   // nothing to compute (uniform)
-    const T* trow = static_cast<const T*>(p.tgt) + row * p.stride_t;
-    const T* drow = ngram ? trow : static_cast<const T*>(p.drf) + draft_slot(p, i, f) * p.stride_d;
-    long long St = 0, Sq = 0;
-    if (start < end) block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, start, end, St, Sq, scratch);
+    long long St, Sq;
+    position_masses<T, VEC>(p, rp, ps, i, f, row, start, end, rank == 0, St, Sq, scratch);
     if (threadIdx.x == 0) {
       sh_part[0] = St;
       sh_part[1] = Sq;
@@ -1936,8 +1946,8 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
 }
 // Used at bs <= TS_LISTED_FUSED_MAX_BS only. On an H200 (bench/results/h200/verify_ab_listed.csv)
 // the fused launch costs 1.1-1.6 us when nothing is listed where the two launches cost 3.4-5.0 us,
-// but 28-35 us for one listed request where the two take 20-29 us: a cluster (16 SMs) scans
-// the two rows that the resolve / second-pass grids spread over ~74 SMs. Something is listed in
+// but 28-35 us for one listed request where the two take 20-29 us: a cluster (at most 16 SMs)
+// scans the two rows that the resolve / second-pass grids spread over ~74 SMs. Something is listed in
 // about 60 % of the calls at bs 256 (tools/verify_listed.py, 6 offsets per shape), in 0-2 of 6
 // at bs 64 (there the expected gain is about nil: at 19ac3ab, fused up to bs 64, the table's
 // bf16 V 262144 n 3 bs 64 problem has a listed request and took 1.11x the time), and the

@@ -3,10 +3,11 @@
 #include "verify_ops.h"
 
 #include <ATen/ATen.h>
-#include <cstdio>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <cstdio>
 
 #include "verify.cuh"
 
@@ -197,11 +198,12 @@ void verify_probabilistic(const at::Tensor& target_logits,
   if (list_stats) {
     // tuning hook only (tools/verify_listed.py): a host sync, then one line on stderr
     unsigned int c[4] = {0, 0, 0, 0}, fc = 0;
-    TORCH_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "verify list stats: sync failed");
-    cudaMemcpyFromSymbol(c, g_verify_list_stats, sizeof(c));
-    cudaMemcpy(&fc, p.fcount, sizeof(fc), cudaMemcpyDeviceToHost);
     const unsigned int z[4] = {0, 0, 0, 0};
-    cudaMemcpyToSymbol(g_verify_list_stats, z, sizeof(z));
+    TORCH_CHECK(cudaStreamSynchronize(stream) == cudaSuccess &&
+                    cudaMemcpyFromSymbol(c, g_verify_list_stats, sizeof(c)) == cudaSuccess &&
+                    cudaMemcpy(&fc, p.fcount, sizeof(fc), cudaMemcpyDeviceToHost) == cudaSuccess &&
+                    cudaMemcpyToSymbol(g_verify_list_stats, z, sizeof(z)) == cudaSuccess,
+                "verify list statistics: a CUDA call failed");
     fprintf(stderr, "verify_list_stats listed=%u unsure=%u wide=%u interval=%u positions=%u\n",
             p.flist != nullptr && !(p.flags & kLogprobs) ? fc : 0u, c[0], c[1], c[2], c[3]);
   }
