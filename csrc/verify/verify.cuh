@@ -1947,11 +1947,11 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
 // Used at bs <= TS_LISTED_FUSED_MAX_BS only. On an H200 (bench/results/h200/verify_ab_listed.csv)
 // the fused launch costs 1.1-1.6 us when nothing is listed where the two launches cost 3.4-5.0 us,
 // but 28-35 us for one listed request where the two take 20-29 us: a cluster (at most 16 SMs)
-// scans the two rows that the resolve / second-pass grids spread over ~74 SMs. Something is listed in
-// about 60 % of the calls at bs 256 (tools/verify_listed.py, 6 offsets per shape), in 0-2 of 6
-// at bs 64 (there the expected gain is about nil: at 19ac3ab, fused up to bs 64, the table's
-// bf16 V 262144 n 3 bs 64 problem has a listed request and took 1.11x the time), and the
-// probability scales with bs, so the fused launch is used up to bs 32.
+// scans the two rows that the resolve / second-pass grids spread over ~74 SMs. Something is
+// listed in 14 of 24 calls at bs 256 (tools/verify_listed.py, 6 offsets at each of 4 shapes), in
+// 0 and 2 of 6 at two bs-64 shapes (there the expected gain is about nil: at 19ac3ab, fused up
+// to bs 64, the table's bf16 V 262144 n 3 bs 64 problem had a listed request and took 1.11x the
+// time), and the probability scales with bs, so the fused launch is used up to bs 32.
 #ifndef TS_LISTED_FUSED
 #define TS_LISTED_FUSED 1
 #endif
