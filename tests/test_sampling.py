@@ -485,6 +485,28 @@ def test_sample_boundary_ties(backend):
                            _ref(z, seed, offset, **full)[0])
 
 
+def test_sample_top_p_stops_in_top_k_bucket(backend):
+    """top-k > 256 (the CUDA radix path) + top-p whose boundary falls in a radix bucket that holds
+    one key the top-k keeps and keys it drops: only the kept one may stay (the threshold is
+    max(bucket, top-k threshold)). 299 tokens at 9.0, token 299 at 5.1 and 700 tokens at 5.0
+    (5.1 and 5.0 share the top 12 key bits); k = 300 keeps ids 0..299, p = 0.99999 keeps token
+    299 (its mass before, 299 * 2^38, is < trunc(p * S)); the 5.0 tokens hold ~4 % of the mass
+    a wrong threshold would add."""
+    R, V = 64 if (ON_GPU or backend == "reference") else 16, 1000
+    z = torch.full((R, V), 5.0)
+    z[:, :299] = 9.0
+    z[:, 299] = 5.1
+    z = z.to(DEVICE)
+    seed, offset = _seeds(R, _gen(37))
+    kw = dict(top_k=torch.full((R,), 300, dtype=torch.int32, device=DEVICE),
+              top_p=torch.full((R,), 0.99999, device=DEVICE))
+    kept = _kept(z, **kw)[0]
+    assert kept[:300].all() and not kept[300:].any()
+    got = ops.sample(z, seed, offset, backend=backend, **kw).tokens
+    assert int(got.max()) < 300
+    assert torch.equal(got, _ref(z, seed, offset, **kw)[0])
+
+
 def test_sample_int32_out(backend):
     gen = _gen(31)
     z = _logits(5, 100, gen)

@@ -626,6 +626,64 @@ def test_gpu_batch_over_1024():
             assert_same(ref, run(b, mode, prob, extra, logprobs=False))
 
 
+def _tied_problem(n_list, V, dtype, seed):
+    """Logits with many exact ties (integers in [-4, 0], some rows N(0, 2)) so that top-k / top-p
+    boundaries fall inside tied groups and the radix select has to descend to the id bits; a NaN
+    in one target row and an all -inf draft row (invalid rows: thresholds must not fault)."""
+    prob = make_problem(n_list, V, torch.float32, seed=seed, agree=0.5)
+    g = torch.Generator().manual_seed(seed)
+    for key in ("target_logits", "draft_logits"):
+        t = prob[key].cpu()
+        ties = torch.randint(-4, 1, t.shape, generator=g).float()
+        normal = (torch.rand(t.shape[0], 1, generator=g) < 0.3).expand_as(t)
+        prob[key] = torch.where(normal, t * (2.0 / 3.0), ties).to(dtype).to(DEV)
+    prob["target_logits"][2, 7] = float("nan")        # request 0, position 2
+    if prob["draft_logits"].shape[0] > 6:
+        prob["draft_logits"][6] = float("-inf")         # a draft row with no finite logit
+    return prob
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_top_k_top_p_radix_thresholds(dtype):
+    """CUDA top-k / top-p kept sets by the radix select (the sampler's levels) == the reference
+    and == the bisection oracle (_BISECT_THRESHOLDS_FOR_TESTING): tokens and logprobs. Processed
+    logprobs are log(e / S) over the kept set, so a threshold one key off changes them (with
+    tied masses by a factor like k / (k + 1)). Two shapes: 30 rows at V = 40000 (rows split over
+    ~18 CTAs: the global histograms), and 560 rows at V = 4099 (one CTA per row on an H100 /
+    H200: the shared-memory-only path)."""
+    if "cuda" not in _backends():
+        pytest.skip("needs the CUDA extension")
+    shapes = [([3, 2, 4, 1, 0, 2], 40000), ([3] * 80, 4099)]
+    for si, (n_list, V) in enumerate(shapes):
+        bs = len(n_list)
+        prob = _tied_problem(n_list, V, dtype, seed=700 + si)
+        rep = (bs + 5) // 6
+        extra = {
+            "temperature": torch.tensor([1.0, 0.7, 1.3, 1.0, 0.9, 1.0] * rep)[:bs],
+            "top_k": torch.tensor([3, 0, 17, 1, 3000, 5] * rep, dtype=torch.int32)[:bs],
+            "top_p": torch.tensor([1.0, 0.3, 0.9, 0.9, 0.6, 0.5] * rep)[:bs],
+            "min_p": torch.tensor([0.0, 0.0, 0.05, 0.0, 0.0, 0.0] * rep)[:bs],
+        }
+        extra = {k: v.to(DEV) for k, v in extra.items()}
+        for mode in ("probabilistic", "ngram"):
+            for s in range(3):
+                prob["seed"] = prob["seed"] + 1
+                ref = run("reference", mode, prob, extra)
+                radix = run("cuda", mode, prob, extra)
+                assert_same(ref, radix)
+                ov._BISECT_THRESHOLDS_FOR_TESTING = True
+                try:
+                    bis = run("cuda", mode, prob, extra)
+                finally:
+                    ov._BISECT_THRESHOLDS_FOR_TESTING = False
+                assert torch.equal(radix.tokens, bis.tokens)
+                assert torch.equal(radix.processed_logprobs.nan_to_num(7.0),
+                                   bis.processed_logprobs.nan_to_num(7.0))
+                assert_same(ref, run("cuda", mode, prob, extra, logprobs=False))
+
+
 @gpu
 @pytest.mark.gpu
 def test_gpu_rows_times_vocab_over_2_31():

@@ -5,7 +5,9 @@ kernel orders), the testing knobs that force the exact paths, clusters
 compared with the reference (token identity).
 
     compute-sanitizer --tool memcheck python tools/sanitize_verify.py [case ...] [--temp-only]
-(racecheck is slow: select cases, e.g. `1 2 --temp-only` for the cluster cases)
+                                                                      [--filters-only]
+(racecheck is slow: select cases, e.g. `1 2 --temp-only` for the cluster cases;
+`--filters-only`: only the top-k / top-p parameter sets, i.e. the threshold kernels)
 """
 import importlib
 import sys
@@ -50,6 +52,7 @@ def main() -> int:
              ([1, 3], 40000, torch.bfloat16, True), ([4], 1003, torch.float16, True)]
     pick = [int(a) for a in sys.argv[1:] if a.isdigit()]
     temp_only = "--temp-only" in sys.argv
+    filters_only = "--filters-only" in sys.argv
     for k, (n_list, V, dt, un) in enumerate(cases):
         if pick and k not in pick:
             continue
@@ -57,10 +60,14 @@ def main() -> int:
         prob = problem(n_list, V, dt, 10 + k, un)
         temp = torch.full((bs,), 0.8, device="cuda")
         temp[0] = 0.0 if k % 2 else 0.8
-        for extra in ({"temperature": temp},
-                      {"temperature": temp, "min_p": torch.full((bs,), 0.05, device="cuda")},
-                      {"temperature": temp, "top_k": torch.full((bs,), 20, dtype=torch.int32,
-                                                                device="cuda")})[:1 if temp_only else 3]:
+        sets = ({"temperature": temp},
+                {"temperature": temp, "min_p": torch.full((bs,), 0.05, device="cuda")},
+                {"temperature": temp, "top_k": torch.full((bs,), 20, dtype=torch.int32,
+                                                          device="cuda"),
+                 "top_p": torch.full((bs,), 0.8, device="cuda")},
+                {"temperature": temp, "top_p": torch.full((bs,), 0.6, device="cuda")})
+        sets = sets[:1] if temp_only else sets[2:] if filters_only else sets
+        for extra in sets:
             for mode in ("probabilistic", "ngram"):
                 ref = run(prob, mode, "reference", extra)
                 # logprobs: one-pass order; without: first pass + listed requests (the knobs

@@ -32,8 +32,11 @@ constexpr int kMergeCap = 16384;                              // finalize merge 
 constexpr int kHistBins = 4096;
 
 enum RowMode : int { kGreedy = 0, kPlain = 1, kTopK = 2, kGeneric = 3 };
+// F_THRESHOLDS: the kept-set thresholds only (launch_thresholds, used by the verify family):
+// every row with top-k or top-p takes the radix path (no top-k candidate fast path), min-p is
+// left to the caller.
 enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
-                   F_GENERIC = 32 };
+                   F_GENERIC = 32, F_THRESHOLDS = 64 };
 
 struct Params {
   const void* logits;
@@ -48,6 +51,12 @@ struct Params {
   int flags;
   int splits, chunk;      // chunk: elements per split (multiple of 8)
   int row0;               // first row of this launch (grid.y <= 65535 rows per launch)
+  // launch_thresholds only (null / 0 for sampling):
+  const int32_t* row_req; // request of each row (instead of row / tpr); < 0: no thresholds
+  const void* logits2;    // rows >= rows1 are rows (row - rows1) of logits2 (stride row_stride2)
+  int64_t row_stride2;
+  int rows1;
+  int64_t* thr_out;       // [rows] key56 threshold of each row (0: no top-k / top-p)
 };
 
 struct Partial {
@@ -89,6 +98,15 @@ struct RowParams {
 __device__ __forceinline__ RowParams row_params(const Params& p, int row) {
   RowParams r;
   int q = row / p.tpr;
+  if (p.row_req != nullptr) {
+    q = p.row_req[row];
+    if (q < 0) {   // a row without thresholds (launch_thresholds)
+      r.inv_t = 1.0f; r.top_p = 1.0f; r.min_p = 0.0f; r.k = 0;
+      r.greedy = false; r.k_on = false; r.p_on = false; r.mp_on = false;
+      r.seed = 0; r.offset = 0; r.mode = kPlain;
+      return r;
+    }
+  }
   float t = (p.flags & F_TEMP) ? p.temperature[q] : 1.0f;
   r.greedy = !(t > 0.0f);
   r.inv_t = inv_temperature(t);
@@ -98,10 +116,10 @@ __device__ __forceinline__ RowParams row_params(const Params& p, int row) {
   r.k_on = r.k > 0 && r.k < p.vocab;
   r.p_on = r.top_p < 1.0f;
   r.mp_on = r.min_p > 0.0f;
-  r.seed = uint64_t(p.seed[q]);
-  r.offset = uint64_t(p.offset[q]) + uint64_t(row % p.tpr);
+  r.seed = p.seed ? uint64_t(p.seed[q]) : 0;
+  r.offset = p.offset ? uint64_t(p.offset[q]) + uint64_t(row % p.tpr) : 0;
   if (r.greedy) r.mode = kGreedy;
-  else if (r.k_on && r.k <= kTopKCap) r.mode = kTopK;
+  else if (r.k_on && r.k <= kTopKCap && !(p.flags & F_THRESHOLDS)) r.mode = kTopK;
   else if (r.k_on || r.p_on || r.mp_on) r.mode = kGeneric;
   else r.mode = kPlain;
   return r;
@@ -175,7 +193,7 @@ __device__ __forceinline__ uint32_t best_id(unsigned long long b) { return ~uint
 
 // Radix selection of the k-th largest among n unique 56-bit keys in shared memory.
 // Returns thr such that exactly k keys satisfy key >= thr. All threads of the block call it.
-__device__ unsigned long long block_select_kth(const unsigned long long* keys, int n, int k,
+__device__ inline unsigned long long block_select_kth(const unsigned long long* keys, int n, int k,
                                                unsigned int* hist /*256*/, unsigned long long* sh) {
   unsigned long long prefix = 0, pmask = 0;
   int remaining = k;
@@ -229,7 +247,7 @@ __device__ unsigned long long block_select_kth(const unsigned long long* keys, i
 }
 
 // Compact keys >= thr of keys[0..n) into out (order unspecified); returns the count (block-wide).
-__device__ int block_compact(const unsigned long long* keys, int n, unsigned long long thr,
+__device__ inline int block_compact(const unsigned long long* keys, int n, unsigned long long thr,
                              unsigned long long* out, unsigned int* counter) {
   if (threadIdx.x == 0) *counter = 0;
   __syncthreads();
@@ -483,21 +501,42 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(Params p, Workspace w
 __device__ __forceinline__ int level_shift(int level) { return level == 0 ? 44 : 44 - 11 * level; }
 __device__ __forceinline__ int level_bits(int level) { return level == 0 ? 12 : 11; }
 
+// Rows of a launch_thresholds call may come from a second tensor (Params::logits2).
+template <typename T>
+__device__ __forceinline__ const T* row_logits(const Params& p, int row) {
+  if (p.logits2 != nullptr && row >= p.rows1)
+    return reinterpret_cast<const T*>(p.logits2) + int64_t(row - p.rows1) * p.row_stride2;
+  return reinterpret_cast<const T*>(p.logits) + int64_t(row) * p.row_stride;
+}
+
+// The global histograms (Workspace::hcnt / hmass) merge the splits of a row; with one split per
+// row the CTA decides from its shared-memory histogram and they are not allocated.
+// Rows whose logits are invalid (NaN, +inf, no finite value: pass 0's flag and max) get no
+// threshold (phase 2, thr 0): their token is decided by the invalid-row rule, and a total mass
+// of 0 would leave the boundary search without a bucket.
+template <int kUnused = 0>
 __global__ void generic_init_kernel(Params p, Workspace ws) {
   const int row = blockIdx.x;
   const RowParams rp = row_params(p, row);
-  if (rp.mode != kGeneric) return;
-  for (int i = threadIdx.x; i < kHistBins; i += blockDim.x) {
-    ws.hcnt[int64_t(row) * kHistBins + i] = 0;
-    ws.hmass[int64_t(row) * kHistBins + i] = 0;
+  if (rp.mode != kGeneric) {
+    if (p.thr_out != nullptr && threadIdx.x == 0) p.thr_out[row] = 0;
+    return;
   }
+  if (p.splits > 1)
+    for (int i = threadIdx.x; i < kHistBins; i += blockDim.x) {
+      ws.hcnt[int64_t(row) * kHistBins + i] = 0;
+      ws.hmass[int64_t(row) * kHistBins + i] = 0;
+    }
   unsigned long long mx = 0;
+  unsigned int inv = 0;
   if (threadIdx.x < 32) {
     for (int s = threadIdx.x; s < p.splits; s += 32) {
-      unsigned long long v = ws.part[int64_t(row) * p.splits + s].max56;
-      mx = v > mx ? v : mx;
+      const Partial& pt = ws.part[int64_t(row) * p.splits + s];
+      mx = pt.max56 > mx ? pt.max56 : mx;
+      inv |= pt.invalid;
     }
     mx = warp_max_u64(mx);
+    inv = __any_sync(0xffffffffu, inv != 0) ? 1u : 0u;
   }
   if (threadIdx.x == 0) {
     RowState st;
@@ -505,10 +544,12 @@ __global__ void generic_init_kernel(Params p, Workspace ws) {
     st.L = rp.mp_on ? soft_ln(rp.min_p) : -INFINITY;
     st.prefix = 0; st.lower = 0; st.thr = 0; st.level = 0; st.arrive = 0; st.mode = kGeneric;
     st.pad = 0; st.pad2 = 0;
-    if (rp.k_on) { st.phase = 0; st.target = uint64_t(rp.k); }
+    if (inv || !(st.m > -INFINITY)) { st.phase = 2; st.target = 0; }
+    else if (rp.k_on) { st.phase = 0; st.target = uint64_t(rp.k); }
     else if (rp.p_on) { st.phase = 1; st.target = 0; }
     else { st.phase = 2; st.target = 0; }
     ws.state[row] = st;
+    if (p.thr_out != nullptr && st.phase == 2) p.thr_out[row] = 0;
   }
 }
 
@@ -541,7 +582,7 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
   __syncthreads();
 
   const int begin = split * p.chunk, end = min(begin + p.chunk, p.vocab);
-  const T* rowp = reinterpret_cast<const T*>(p.logits) + int64_t(row) * p.row_stride;
+  const T* rowp = row_logits<T>(p, row);
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) % (4 * sizeof(T))) == 0;
   for (int b0 = begin; b0 < end; b0 += kThreads * 4) {
     const int i0 = b0 + threadIdx.x * 4;
@@ -562,26 +603,31 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
     }
   }
   __syncthreads();
-  unsigned int* gcnt = ws.hcnt + int64_t(row) * kHistBins;
-  unsigned long long* gmass = ws.hmass + int64_t(row) * kHistBins;
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
-    if (sm.cnt[i]) atomicAdd(&gcnt[i], sm.cnt[i]);
-    if (sm.mass[i]) atomicAdd(&gmass[i], sm.mass[i]);
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) sm.last = (atomicAdd(&stp->arrive, 1u) == unsigned(p.splits - 1));
-  __syncthreads();
-  if (!sm.last) return;
-  __threadfence();
-  // ---- last CTA of the row: decide the boundary bucket ----
-  // load global histogram into shared (volatile-free: after the fence, use atomics-free loads)
+  if (p.splits > 1) {
+    unsigned int* gcnt = ws.hcnt + int64_t(row) * kHistBins;
+    unsigned long long* gmass = ws.hmass + int64_t(row) * kHistBins;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+      if (sm.cnt[i]) atomicAdd(&gcnt[i], sm.cnt[i]);
+      if (sm.mass[i]) atomicAdd(&gmass[i], sm.mass[i]);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) sm.last = (atomicAdd(&stp->arrive, 1u) == unsigned(p.splits - 1));
+    __syncthreads();
+    if (!sm.last) return;
+    __threadfence();
+    // ---- last CTA of the row: decide the boundary bucket ----
+    // load global histogram into shared (volatile-free: after the fence, use atomics-free loads)
 #pragma unroll 8
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
-    sm.cnt[i] = __ldcg(&gcnt[i]);
-    sm.mass[i] = __ldcg(&gmass[i]);
-  }
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) { gcnt[i] = 0; gmass[i] = 0; }
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+      sm.cnt[i] = __ldcg(&gcnt[i]);
+      sm.mass[i] = __ldcg(&gmass[i]);
+    }
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) { gcnt[i] = 0; gmass[i] = 0; }
+  }   // one split: the CTA's own histogram is the row's
+  // the boundary search below always finds a bucket (valid rows: target <= the total count or
+  // mass); zeroed anyway, so that a bucket index is never read uninitialized
+  if (threadIdx.x == 0) { sm.sh[0] = 0; sm.sh[1] = 0; }
   __syncthreads();
   unsigned long long target = stp->target;
   if (phase == 1 && level == 0) {
@@ -639,11 +685,14 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
     if (!done) {
       st.prefix = np; st.level = level + 1; st.target = remaining;
     } else {
-      st.thr = np;
+      // phase 1 counts only keys >= lower (the top-k threshold): a bucket it stops at early may
+      // also hold keys below lower, so the kept set is key >= max(np, lower) (phase 0: lower 0)
+      st.thr = np > lower ? np : lower;
       if (phase == 0 && rp.p_on) { st.phase = 1; st.lower = np; st.prefix = 0; st.level = 0; st.target = 0; }
       else st.phase = 2;
     }
     *stp = st;
+    if (st.phase == 2 && p.thr_out != nullptr) p.thr_out[row] = int64_t(st.thr);
     __threadfence();
   }
 }
@@ -878,6 +927,39 @@ inline int choose_splits(int rows, int vocab, int num_sms) {
   return s < 1 ? 1 : s;
 }
 
+// Kernels with a (split, row) grid run in launches of at most 65535 rows (grid.y limit).
+template <typename F>
+inline void for_row_blocks(const Params& p, F&& launch) {
+  for (int r0 = 0; r0 < p.rows; r0 += 65535) {
+    Params q = p;
+    q.row0 = r0;
+    launch(q, dim3(p.splits, min(65535, p.rows - r0)));
+  }
+}
+
+// generic_init + the 10 radix levels (needs pass 0's Partial::max56 / invalid in ws.part).
+template <typename T>
+cudaError_t launch_levels(const Params& p, const Workspace& ws, cudaStream_t stream) {
+  static bool attr_set = false;   // per template instance (process-wide; attribute is per function)
+  if (!attr_set) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        level_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(level_smem()));
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  generic_init_kernel<<<p.rows, 256, 0, stream>>>(p, ws);
+  for (int l = 0; l < 10; ++l)
+    for_row_blocks(p, [&](const Params& q, dim3 grid) {
+      level_kernel<T><<<grid, kThreads, level_smem(), stream>>>(q, ws);
+    });
+  return cudaGetLastError();
+}
+
+// Workspace bytes of the radix levels (state, and the split-merging histograms when splits > 1).
+inline int64_t level_hist_bytes(int64_t rows, int splits) {
+  return splits > 1 ? rows * kHistBins * int64_t(4 + 8) : 0;
+}
+
 template <typename T, typename TokT>
 cudaError_t launch_sample(Params p, Workspace ws, TokT* tokens, bool* valid, float* logprobs,
                           float* plogprobs, cudaStream_t stream) {
@@ -886,29 +968,17 @@ cudaError_t launch_sample(Params p, Workspace ws, TokT* tokens, bool* valid, flo
     cudaError_t e;
     if ((e = cudaFuncSetAttribute(partial_kernel<T, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(partial_smem(true)))) != cudaSuccess) return e;
     if ((e = cudaFuncSetAttribute(partial_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(partial_smem(true)))) != cudaSuccess) return e;
-    if ((e = cudaFuncSetAttribute(level_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(level_smem()))) != cudaSuccess) return e;
     if ((e = cudaFuncSetAttribute(finalize_kernel<T, TokT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(final_smem(true)))) != cudaSuccess) return e;
     attr_set = true;
   }
   const bool topk = p.flags & F_TOPK;
-  // kernels with a (split, row) grid run in launches of at most 65535 rows (grid.y limit)
-  auto per_rows = [&](auto&& launch) {
-    for (int r0 = 0; r0 < p.rows; r0 += 65535) {
-      Params q = p;
-      q.row0 = r0;
-      launch(q, dim3(p.splits, min(65535, p.rows - r0)));
-    }
-  };
-  per_rows([&](const Params& q, dim3 grid) {
+  for_row_blocks(p, [&](const Params& q, dim3 grid) {
     partial_kernel<T, 0><<<grid, kThreads, partial_smem(topk), stream>>>(q, ws);
   });
   if (p.flags & F_GENERIC) {
-    generic_init_kernel<<<p.rows, 256, 0, stream>>>(p, ws);
-    for (int l = 0; l < 10; ++l)
-      per_rows([&](const Params& q, dim3 grid) {
-        level_kernel<T><<<grid, kThreads, level_smem(), stream>>>(q, ws);
-      });
-    per_rows([&](const Params& q, dim3 grid) {
+    const cudaError_t e = launch_levels<T>(p, ws, stream);
+    if (e != cudaSuccess) return e;
+    for_row_blocks(p, [&](const Params& q, dim3 grid) {
       partial_kernel<T, 1><<<grid, kThreads, partial_smem(false), stream>>>(q, ws);
     });
   }

@@ -46,7 +46,7 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   p.rows = int(rows);
   p.vocab = int(vocab);
   p.tpr = int(tokens_per_request);
-  p.flags = int(flags) & ~(F_TEMP | F_TOPK | F_TOPP | F_MINP);
+  p.flags = int(flags) & ~(F_TEMP | F_TOPK | F_TOPP | F_MINP | F_THRESHOLDS);
   p.temperature = opt_ptr<float>(temperature, at::kFloat, "temperature", n, logits);
   p.top_k = opt_ptr<int>(top_k, at::kInt, "top_k", n, logits);
   p.top_p = opt_ptr<float>(top_p, at::kFloat, "top_p", n, logits);
@@ -91,7 +91,7 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   const int64_t part_bytes = np * int64_t(sizeof(Partial));
   const int64_t cand_bytes = (p.top_k ? np * kTopKCap * 8 : 0);
   const int64_t state_bytes = generic ? rows * int64_t(sizeof(RowState)) : 0;
-  const int64_t hist_bytes = generic ? rows * kHistBins * int64_t(4 + 8) : 0;
+  const int64_t hist_bytes = generic ? level_hist_bytes(rows, p.splits) : 0;
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
   const int64_t total = align(part_bytes) * (generic ? 2 : 1) + align(cand_bytes) +
                         align(state_bytes) + align(hist_bytes);
@@ -102,8 +102,10 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   if (generic) { ws.part1 = reinterpret_cast<Partial*>(base); base += align(part_bytes); }
   ws.cand = reinterpret_cast<unsigned long long*>(base); base += align(cand_bytes);
   ws.state = reinterpret_cast<RowState*>(base); base += align(state_bytes);
-  ws.hcnt = reinterpret_cast<unsigned int*>(base);
-  ws.hmass = reinterpret_cast<unsigned long long*>(base + align(rows * kHistBins * 4));
+  if (hist_bytes) {   // splits > 1 (level_hist_bytes)
+    ws.hcnt = reinterpret_cast<unsigned int*>(base);
+    ws.hmass = reinterpret_cast<unsigned long long*>(base + align(rows * kHistBins * 4));
+  }
 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(logits.get_device());
   cudaError_t err = cudaSuccess;

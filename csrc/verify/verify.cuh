@@ -38,16 +38,20 @@
 
 #include "common/philox.cuh"
 #include "common/softmath.cuh"
+#include "sampling/sampling.cuh"   // the radix select of the kept-set thresholds (launch_levels)
 
 namespace tokenspeed_kernel::verify {
 
 // kExactCoins (testing): every coin that needs the mass sums is decided by the exact path.
 // kExactResidual (testing): every final token the first final pass decides from the approximate
 // sums is sent to the exact path instead (after its scan), as an undecided one would be.
+// kBisectThresholds (testing): top-k / top-p thresholds by the bisection kernel (the oracle)
+// instead of the radix select.
 // kListStats (tuning hook only, tools/verify_listed.py): count why requests are listed for the
 // exact path in g_verify_list_stats.
 enum : uint32_t {
-  kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16, kListStats = 64
+  kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16,
+  kBisectThresholds = 32, kListStats = 64
 };
 // [0] kUnsure coin at the deciding position, [1] bounds too wide (or a testing flag),
 // [2] score intervals that did not decide, [3] positions whose exact sums the resolve kernel (or
@@ -1188,31 +1192,97 @@ __global__ void __launch_bounds__(kThreads, 3) verify_resolve_kernel(const Verif
 // kernel 0 (only with top-k / top-p): kept-set threshold of every target and draft row
 // ------------------------------------------------------------------------------------------
 // kept = {key56(x, id) >= thr}: top-k, then top-p on the top-k fixed-point mass
-// (reference.sampling.kept_mask). Exact bisection over the 56-bit key space, one CTA per row:
-// a max pass, 56 counting passes (top-k), 1 + 56 mass passes (top-p). Slow (~113 passes over
-// the row, from L2/L1) but exact; rows without an active top-k / top-p exit at once.
+// (reference.sampling.kept_mask). Rows are numbered target rows [0, R_t), then draft rows;
+// a row is active if the walk can reach its position (target j <= n_i, draft j < n_i).
+template <typename T>
+__device__ __forceinline__ const T* thr_row(const VerifyParams& p, int64_t r, int& i,
+                                            bool& active) {
+  int j;
+  if (r < p.R_t) {
+    locate_target_row(p, r, i, j);
+    active = j <= int(p.cu[i + 1] - p.cu[i]);
+    return static_cast<const T*>(p.tgt) + r * p.stride_t;
+  }
+  const int64_t d = r - p.R_t;
+  locate_draft_row(p, d, i, j);
+  active = j < int(p.cu[i + 1] - p.cu[i]);
+  return static_cast<const T*>(p.drf) + d * p.stride_d;
+}
+struct ThrParams {
+  int32_t k;
+  float tp;
+  bool k_on, p_on;
+};
+__device__ __forceinline__ ThrParams thr_params(const VerifyParams& p, int i, const RowParams& rp,
+                                                bool active) {
+  ThrParams t;
+  t.k = (active && p.top_k) ? p.top_k[i] : 0;
+  t.tp = (active && p.top_p) ? p.top_p[i] : 1.0f;
+  t.k_on = !rp.greedy && t.k > 0 && t.k < p.V;
+  t.p_on = !rp.greedy && t.tp < 1.0f;
+  return t;
+}
+
+// The default: the sampler's radix select (sampling::launch_levels: 12 + 4 x 11 bits of the
+// key, by count for top-k, then by fixed-point mass for top-p; each level one pass over the
+// filtered rows split over `splits` CTAs per row, the last CTA of a row deciding). This kernel
+// is its pass 0: per (split, row) the max key56 of x = z / T and the invalid flag (NaN, +inf),
+// and row_req[r] = the row's request, or -1 for rows without an active top-k / top-p (the
+// levels skip them and write thr 0). Invalid rows get thr 0 (the walk stops at them anyway).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) verify_thr_max_kernel(const VerifyParams p,
+                                                                  const int64_t row0,
+                                                                  const int32_t chunk,
+                                                                  const int32_t splits,
+                                                                  int32_t* row_req,
+                                                                  sampling::Partial* part) {
+  __shared__ BlockScratch scratch;
+  const int64_t r = row0 + blockIdx.y;
+  const int split = blockIdx.x;
+  int i;
+  bool active;
+  const T* row = thr_row<T>(p, r, i, active);
+  const RowParams rp = row_params(p, i);
+  const ThrParams tp = thr_params(p, i, rp, active);
+  const bool on = tp.k_on || tp.p_on;
+  if (split == 0 && threadIdx.x == 0) row_req[r] = on ? i : -1;
+  if (!on) return;   // uniform per row
+  const int64_t start = int64_t(split) * chunk;
+  const int64_t end = start + chunk < p.V ? start + chunk : int64_t(p.V);
+  MaxArg acc{-INFINITY, INT32_MAX};
+  bool bad = false;
+  if (start < end)
+    for_chunk<T, VEC>(row, start, end, [&](int64_t id, float z) {
+      const float x = fmul(z, rp.inv_t);
+      if (x != x || x == INFINITY) bad = true;
+      else if (x > acc.v) { acc.v = x; acc.id = int32_t(id); }
+    });
+  const MaxArg a = block_max_arg(acc, scratch);
+  const bool inv = block_any(bad, scratch);
+  if (threadIdx.x == 0) {
+    sampling::Partial o{};
+    o.max56 = a.id == INT32_MAX ? 0ull : key56(key32(a.v), uint32_t(a.id));
+    o.invalid = inv ? 1u : 0u;
+    part[r * splits + split] = o;
+  }
+}
+
+// Testing oracle (flags & kBisectThresholds): exact bisection over the 56-bit key space, one
+// CTA per row: a max pass, 56 counting passes (top-k), 1 + 56 mass passes (top-p) over the row
+// (~113 re-reads); rows without an active top-k / top-p exit at once. Tests compare the radix
+// path's tokens and logprobs with it.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const VerifyParams p) {
   __shared__ BlockScratch scratch;
   const int64_t r = blockIdx.x;
-  int i, j;
-  const T* row;
+  int i;
   bool active;
-  if (r < p.R_t) {
-    locate_target_row(p, r, i, j);
-    active = j <= int(p.cu[i + 1] - p.cu[i]);
-    row = static_cast<const T*>(p.tgt) + r * p.stride_t;
-  } else {
-    const int64_t d = r - p.R_t;
-    locate_draft_row(p, d, i, j);
-    active = j < int(p.cu[i + 1] - p.cu[i]);
-    row = static_cast<const T*>(p.drf) + d * p.stride_d;
-  }
+  const T* row = thr_row<T>(p, r, i, active);
   const RowParams rp = row_params(p, i);
-  const int32_t k = (active && p.top_k) ? p.top_k[i] : 0;
-  const float tp = (active && p.top_p) ? p.top_p[i] : 1.0f;
-  const bool k_on = !rp.greedy && k > 0 && k < p.V;
-  const bool p_on = !rp.greedy && tp < 1.0f;
+  const ThrParams tpar = thr_params(p, i, rp, active);
+  const int32_t k = tpar.k;
+  const float tp = tpar.tp;
+  const bool k_on = tpar.k_on, p_on = tpar.p_on;
   if (!k_on && !p_on) {
     if (threadIdx.x == 0) p.thr[r] = 0;
     return;
@@ -2215,9 +2285,87 @@ inline int verify_final_splits(int64_t bs, int64_t V, int sms, bool vec_ok) {
 // final (first pass: tokens decided from the approximate sums where their error bounds leave no
 // doubt) + resolve + final (second pass) over the requests the first pass listed -- usually none
 // or a few, so those two run on a fixed grid of one wave with each listed request split finely.
+// Workspace of the radix thresholds (p.thr set, kBisectThresholds clear): sized by
+// verify_thr_ws_bytes, carved by verify_thr_ws.
+struct ThrWs {
+  sampling::Workspace ws;   // part [rows * splits], state [rows], hcnt / hmass if splits > 1
+  int32_t* row_req;         // [rows]
+  int32_t splits, chunk;
+};
+inline void verify_thr_split(int64_t rows, int V, int sms, int32_t& splits, int32_t& chunk) {
+  const int s = sampling::choose_splits(int(std::min<int64_t>(rows, 1 << 30)), V, sms);
+  const int64_t c = ((int64_t(V) + s - 1) / s + 7) / 8 * 8;
+  chunk = int32_t(c);
+  splits = int32_t((V + c - 1) / c);
+}
+inline int64_t thr_align(int64_t b) { return (b + 255) / 256 * 256; }
+inline int64_t verify_thr_ws_bytes(int64_t rows, int splits) {
+  const int64_t hist = splits > 1 ? thr_align(rows * sampling::kHistBins * 4) +
+                                        thr_align(rows * sampling::kHistBins * 8)
+                                  : 0;   // sampling::level_hist_bytes, aligned
+  return thr_align(rows * splits * int64_t(sizeof(sampling::Partial))) +
+         thr_align(rows * int64_t(sizeof(sampling::RowState))) + thr_align(rows * 4) + hist;
+}
+inline ThrWs verify_thr_ws(uint8_t* base, int64_t rows, int32_t splits, int32_t chunk) {
+  ThrWs t{};
+  t.splits = splits;
+  t.chunk = chunk;
+  t.ws.part = reinterpret_cast<sampling::Partial*>(base);
+  base += thr_align(rows * splits * int64_t(sizeof(sampling::Partial)));
+  t.ws.state = reinterpret_cast<sampling::RowState*>(base);
+  base += thr_align(rows * int64_t(sizeof(sampling::RowState)));
+  t.row_req = reinterpret_cast<int32_t*>(base);
+  base += thr_align(rows * 4);
+  if (splits > 1) {
+    t.ws.hcnt = reinterpret_cast<unsigned int*>(base);
+    base += thr_align(rows * sampling::kHistBins * 4);
+    t.ws.hmass = reinterpret_cast<unsigned long long*>(base);
+  }
+  return t;
+}
+
+// Kept-set thresholds of every target and draft row into p.thr: the radix select (pass 0 here,
+// then the sampler's init and levels), or the bisection oracle (kBisectThresholds).
+template <typename T, int VEC>
+inline cudaError_t launch_verify_thresholds(const VerifyParams& p, const ThrWs& tw,
+                                            cudaStream_t stream) {
+  const int64_t rows = p.R_t + p.R_d;
+  if (p.flags & kBisectThresholds) {
+    verify_threshold_kernel<T, VEC><<<unsigned(rows), kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
+    const dim3 grid(unsigned(tw.splits), unsigned(std::min<int64_t>(65535, rows - r0)));
+    verify_thr_max_kernel<T, VEC><<<grid, kThreads, 0, stream>>>(p, r0, tw.chunk, tw.splits,
+                                                                  tw.row_req, tw.ws.part);
+  }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  sampling::Params sp{};
+  sp.logits = p.tgt;
+  sp.row_stride = p.stride_t;
+  sp.logits2 = p.R_d > 0 ? p.drf : nullptr;
+  sp.row_stride2 = p.stride_d;
+  sp.rows1 = int(p.R_t);
+  sp.rows = int(rows);
+  sp.vocab = p.V;
+  sp.tpr = 1;
+  sp.temperature = p.temperature;
+  sp.top_k = p.top_k;
+  sp.top_p = p.top_p;
+  sp.flags = sampling::F_THRESHOLDS | (p.temperature ? sampling::F_TEMP : 0) |
+             (p.top_k ? sampling::F_TOPK : 0) | (p.top_p ? sampling::F_TOPP : 0);
+  sp.splits = tw.splits;
+  sp.chunk = tw.chunk;
+  sp.row_req = tw.row_req;
+  sp.thr_out = p.thr;
+  return sampling::launch_levels<T>(sp, tw.ws, stream);
+}
+
 template <typename T, int VEC>
 inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool clusters,
-                                                 FinalWs ws, cudaStream_t stream) {
+                                                 FinalWs ws, const ThrWs& tw,
+                                                 cudaStream_t stream) {
   auto chunk_of = [&](int c) {
     const int64_t per = (int64_t(p.V) + c - 1) / c;
     return int32_t((per + 7) / 8 * 8);
@@ -2226,9 +2374,7 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   if (!two_pass) { p.flist = nullptr; p.fcount = nullptr; }
   cudaError_t e;
   if (p.thr != nullptr && p.R_t + p.R_d > 0) {
-    const unsigned blocks = unsigned(p.R_t + p.R_d);
-    verify_threshold_kernel<T, VEC><<<blocks, kThreads, 0, stream>>>(p);
-    e = cudaGetLastError();
+    e = launch_verify_thresholds<T, VEC>(p, tw, stream);
     if (e != cudaSuccess) return e;
   }
   // 1. statistics: cs_pos CTAs (a cluster) per row
@@ -2307,16 +2453,18 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   verify_final_kernel<T, VEC><<<unsigned(gf), kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }
+// tw: the radix thresholds' workspace (used when p.thr is set and kBisectThresholds is clear).
 template <typename T>
 inline cudaError_t launch_verify_probabilistic(VerifyParams p, int sms, bool clusters, FinalWs ws,
-                                               bool vec_ok, cudaStream_t stream) {
+                                               const ThrWs& tw, bool vec_ok,
+                                               cudaStream_t stream) {
   if (p.bs == 0) return cudaSuccess;
   p.cand = ws.cand;
   p.count = ws.count;
   if (ws.splits < 1) ws.splits = verify_final_splits<T>(p.bs, p.V, sms, vec_ok);
   constexpr int VEC = 16 / sizeof(T);
-  return vec_ok ? launch_verify_probabilistic_v<T, VEC>(p, sms, clusters, ws, stream)
-                : launch_verify_probabilistic_v<T, 1>(p, sms, clusters, ws, stream);
+  return vec_ok ? launch_verify_probabilistic_v<T, VEC>(p, sms, clusters, ws, tw, stream)
+                : launch_verify_probabilistic_v<T, 1>(p, sms, clusters, ws, tw, stream);
 }
 
 inline cudaError_t launch_verify_strict(const StrictParams& p, cudaStream_t stream) {

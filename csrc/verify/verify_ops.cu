@@ -133,7 +133,7 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.V = int32_t(V);
   p.bs = int32_t(bs);
   p.max_n = int32_t(max_num_draft);
-  p.flags = uint32_t(flags) & (kPadded | kNgram | kExactCoins | kExactResidual);
+  p.flags = uint32_t(flags) & (kPadded | kNgram | kExactCoins | kExactResidual | kBisectThresholds);
   const bool list_stats = tuning_enabled() && getenv("TS_VERIFY_LISTSTATS") != nullptr;
   if (list_stats) p.flags |= kListStats;
   if (logprobs.has_value()) p.flags |= kLogprobs;
@@ -181,16 +181,26 @@ void verify_probabilistic(const at::Tensor& target_logits,
   fw.state = reinterpret_cast<float4*>(fb + state_at);
   p.racc = reinterpret_cast<unsigned long long*>(fb + racc_at);
   fw.splits = fsplits;
+  // top-k / top-p: the radix thresholds' workspace (not needed by the bisection oracle)
+  ThrWs tw{};
+  at::Tensor tws;
+  if (filt && !(p.flags & kBisectThresholds)) {
+    const int64_t trows = R_t + R_d;
+    verify_thr_split(trows, int(V), sms, tw.splits, tw.chunk);
+    tws = at::empty({std::max<int64_t>(verify_thr_ws_bytes(trows, tw.splits), 1)},
+                    tgt.options().dtype(at::kByte));
+    tw = verify_thr_ws(static_cast<uint8_t*>(tws.data_ptr()), trows, tw.splits, tw.chunk);
+  }
   cudaError_t err;
   switch (dtype) {
     case at::kFloat:
-      err = launch_verify_probabilistic<float>(p, sms, clusters, fw, vec_ok, stream);
+      err = launch_verify_probabilistic<float>(p, sms, clusters, fw, tw, vec_ok, stream);
       break;
     case at::kBFloat16:
-      err = launch_verify_probabilistic<__nv_bfloat16>(p, sms, clusters, fw, vec_ok, stream);
+      err = launch_verify_probabilistic<__nv_bfloat16>(p, sms, clusters, fw, tw, vec_ok, stream);
       break;
     default:
-      err = launch_verify_probabilistic<__half>(p, sms, clusters, fw, vec_ok, stream);
+      err = launch_verify_probabilistic<__half>(p, sms, clusters, fw, tw, vec_ok, stream);
       break;
   }
   TORCH_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",

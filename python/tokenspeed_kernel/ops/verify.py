@@ -15,6 +15,7 @@ from . import sampling as _sampling
 MODES = ("strict", "probabilistic", "ngram")
 # flag bits shared with csrc/verify/verify_ops.cu
 F_PADDED, F_NGRAM, F_LOGPROBS, F_EXACT_COINS, F_EXACT_RESIDUAL = 1, 2, 4, 8, 16
+F_BISECT_THRESHOLDS = 32
 # Testing only: the CUDA probabilistic kernels decide every accept coin (and every final token)
 # from the exact mass sums instead of from the error-bounded approximate ones first (the tokens
 # must not change).
@@ -22,6 +23,9 @@ _EXACT_COINS_FOR_TESTING = False
 # Testing only: the CUDA first final pass scores with the approximate sums' intervals as usual,
 # then sends every token it decided that way to the exact path (resolve kernel, second pass).
 _EXACT_RESIDUAL_FOR_TESTING = False
+# Testing only: the CUDA top-k / top-p thresholds come from the bisection kernel (one CTA per
+# row, ~113 passes: the independent oracle) instead of the radix select.
+_BISECT_THRESHOLDS_FOR_TESTING = False
 
 # The schemas csrc/verify/verify_ops.cu defines (kept here too so tests can define them on a
 # machine without the compiled extension; tests/test_verify.py checks they match the C++ ones).
@@ -256,6 +260,8 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
         flags |= F_EXACT_COINS
     if _EXACT_RESIDUAL_FOR_TESTING:
         flags |= F_EXACT_RESIDUAL
+    if _BISECT_THRESHOLDS_FOR_TESTING:
+        flags |= F_BISECT_THRESHOLDS
     if plan.mode == "strict":
         req, pos = _strict_rows(plan)
 

@@ -1,0 +1,358 @@
+"""Verify with top-k / top-p: ``python -m tokenspeed_kernel.bench verify-filters``.
+
+Probabilistic chain verify from logits as in ``bench verify`` (same problems: target N(0, 3^2),
+draft = target + N(0, 1), drafts sampled from the draft distribution, temperature 0.8), with
+the filters engines use applied to target and draft rows alike:
+
+* ``temp``         temperature only (the reference point: no thresholds);
+* ``top_p``        top-p 0.9;
+* ``top_k_top_p``  top-k 50, then top-p 0.9 on the top-k mass.
+
+Providers:
+
+* ``ours-cuda``          ``ops.verify(..., backend="cuda")``: thresholds by the radix select
+                         (the sampler's levels, several CTAs per row);
+* ``ours-cuda-bisect``   the same call with ``_BISECT_THRESHOLDS_FOR_TESTING``: the bisection
+                         kernel that computed the thresholds before (one CTA per row, ~113
+                         passes over the row) -- the "before" of the radix change, same run;
+* ``flashinfer``         ``softmax(T)`` of target and draft, ``top_k_renorm_probs`` /
+                         ``top_p_renorm_probs`` on both (per-row tensors), then
+                         ``chain_speculative_sampling`` (when ``import flashinfer.sampling``
+                         works). FlashInfer's renormalization is its own (float) top-p rule, not
+                         our fixed-point one: a timing baseline, checked for shape, range and
+                         "q == p accepts every draft".
+
+Grid: bs in {1, 16, 64}, n = 3, V = 151936, fp32 and bf16 (``--batch`` / ``--vocab`` /
+``--dtype`` override). Timing, floor and checks as in ``bench verify`` (ours: tokens of the
+first requests identical to the reference before timing). Results:
+``bench/results/<gpu>/verify_filters.{csv,md,png}``.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from . import report, timing
+from .verify import DTYPES, TEMP, Problem, _time, log
+
+MODES = {"temp": {}, "top_p": {"top_p": 0.9}, "top_k_top_p": {"top_k": 50, "top_p": 0.9}}
+BATCH = [1, 16, 64]
+NDRAFT = 3
+VOCAB = [151936]
+PROVIDERS = ["ours-cuda", "ours-cuda-bisect", "flashinfer"]
+CSV_COLUMNS = [
+    "gpu", "gpu_short", "torch", "cuda", "triton", "flashinfer", "git_sha", "date",
+    "provider", "mode", "dtype", "V", "bs", "n", "status", "graph_us", "graph_p20", "graph_p80",
+    "eager_us", "eager_p20", "eager_p80", "host_us", "floor_us", "pct_floor",
+    "ratio_vs_bisect", "ratio_vs_flashinfer", "calls", "samples"]
+
+
+def _filters(pb: Problem, mode: str) -> Dict[str, torch.Tensor]:
+    dev = pb.tgt.device
+    out = {"temperature": pb.T}
+    for k, v in MODES[mode].items():
+        out[k] = torch.full((pb.bs,), v, device=dev,
+                            dtype=torch.int32 if k == "top_k" else torch.float32)
+    return out
+
+
+def _ours(mode: str, bisect: bool):
+    from .. import ops
+    ov = importlib.import_module("tokenspeed_kernel.ops.verify")
+
+    def call(pb: Problem, tgt, drf):
+        old = ov._BISECT_THRESHOLDS_FOR_TESTING
+        ov._BISECT_THRESHOLDS_FOR_TESTING = bisect
+        try:
+            return ops.verify(tgt, pb.ids, pb.seed, pb.offset, cu_num_draft=pb.cu,
+                              draft_logits=drf, max_num_draft=pb.n, backend="cuda",
+                              validate=False, **pb.filt)
+        finally:
+            ov._BISECT_THRESHOLDS_FOR_TESTING = old
+    return call
+
+
+def _fi(fs, mode: str):
+    import inspect
+    kk = MODES[mode].get("top_k")
+    pp = MODES[mode].get("top_p")
+    # explicit seed / offset where this FlashInfer takes them (as in bench verify)
+    kw = ({"seed": 12345, "offset": 0}
+          if "seed" in inspect.signature(fs.chain_speculative_sampling).parameters else {})
+
+    def probs(pb: Problem, logits, T):
+        p = fs.softmax(logits, temperature=T)
+        if kk is not None:
+            p = fs.top_k_renorm_probs(p, torch.full((p.shape[0],), kk, device=p.device,
+                                                    dtype=torch.int32))
+        if pp is not None:
+            p = fs.top_p_renorm_probs(p, torch.full((p.shape[0],), pp, device=p.device))
+        return p
+
+    def call(pb: Problem, tgt, drf, ids=None):
+        tp = probs(pb, tgt, pb.T_rows_t)
+        dp = probs(pb, drf, pb.T_rows_d)
+        return fs.chain_speculative_sampling(dp.view(pb.bs, pb.n, pb.V),
+                                             pb.ids_fi if ids is None else ids,
+                                             tp.view(pb.bs, pb.n + 1, pb.V), **kw)
+    return call
+
+
+def _check_ours(pb: Problem, call, name) -> Optional[str]:
+    from .. import ops
+    out = call(pb, pb.tgt, pb.drf)
+    k = min(pb.bs, 2)
+    ref = ops.verify(pb.tgt[:k * (pb.n + 1)], pb.ids[:k * pb.n], pb.seed[:k], pb.offset[:k],
+                     cu_num_draft=pb.cu[:k + 1], draft_logits=pb.drf[:k * pb.n],
+                     max_num_draft=pb.n, backend="reference",
+                     **{a: t[:k] for a, t in pb.filt.items()})
+    if not torch.equal(out.tokens[:k], ref.tokens) or not torch.equal(out.num_accepted[:k],
+                                                                      ref.num_accepted):
+        return f"{name}: tokens differ from the reference"
+    if not bool(out.valid.all()):
+        return f"{name}: invalid rows"
+    return None
+
+
+def _check_fi(pb: Problem, call) -> Optional[str]:
+    tok = call(pb, pb.tgt, pb.drf)
+    tok = tok[0] if isinstance(tok, (tuple, list)) else tok
+    if tuple(tok.shape) != (pb.bs, pb.n + 1):
+        return f"flashinfer: output shape {tuple(tok.shape)}"
+    if bool(((tok < -1) | (tok >= pb.V)).any()) or bool((tok[:, 0] < 0).any()):
+        return "flashinfer: tokens out of range"
+    tok2 = call(pb, pb.tgt, pb.tgt_as_draft, pb.ids_same.view(pb.bs, pb.n).to(torch.int32))
+    tok2 = tok2[0] if isinstance(tok2, (tuple, list)) else tok2
+    if bool((tok2[:, :pb.n] != pb.ids_same.view(pb.bs, pb.n)).any()):
+        return "flashinfer: q == p does not accept every draft"
+    return None
+
+
+def _grid(args):
+    def lst(s, conv):
+        return [conv(x) for x in s.split(",")] if s else None
+    bs = lst(getattr(args, "batch", None), int) or BATCH
+    V = lst(getattr(args, "vocab", None), int) or VOCAB
+    dts = lst(getattr(args, "dtype", None), str) or list(DTYPES)
+    modes = list(MODES)
+    for e in getattr(args, "extra", None) or []:
+        if e.startswith("--modes="):
+            modes = e.split("=", 1)[1].split(",")
+    return bs, V, dts, modes
+
+
+def run_verify_filters_bench(args) -> int:
+    if not torch.cuda.is_available():
+        log("[verify-filters] needs a CUDA GPU")
+        return 2
+    t0 = time.monotonic()
+    deadline = getattr(args, "deadline", None) or (t0 + float(getattr(args, "budget_s", None)
+                                                              or 230.0))
+    device = torch.device("cuda", torch.cuda.current_device())
+    env = report.env_info(device)
+    hbm = timing.hbm_read_gbps(device)
+    log(f"[verify-filters] {env['gpu']}: HBM read {hbm:.0f} GB/s; budget {deadline - t0:.0f}s")
+    from .. import _library
+    avail: Dict[str, Optional[str]] = {}
+    why_ext = None if _library.extension_available() else \
+        f"extension not loaded ({_library.extension_error()})"
+    avail["ours-cuda"] = avail["ours-cuda-bisect"] = why_ext
+    fs = None
+    try:
+        import flashinfer.sampling as fs  # noqa: F811
+        for f in ("chain_speculative_sampling", "top_k_renorm_probs", "top_p_renorm_probs"):
+            if not hasattr(fs, f):
+                raise ImportError(f"no {f}")
+        avail["flashinfer"] = None
+    except Exception as e:
+        avail["flashinfer"] = f"not available ({type(e).__name__}: {str(e).splitlines()[0]})"
+    bss, Vs, dts, modes = _grid(args)
+    rows: List[Dict] = []
+    stop = False
+    for dt in dts:
+        for V in Vs:
+            for bs in bss:
+                if time.monotonic() > deadline:
+                    stop = True
+                    break
+                n = NDRAFT
+                pb = Problem(bs, n, V, DTYPES[dt], device)
+                if avail["flashinfer"] is None:
+                    from ..ops import sampling as S
+                    pb.T_rows_t = torch.full((bs * (n + 1),), TEMP, device=device)
+                    pb.T_rows_d = torch.full((bs * n,), TEMP, device=device)
+                    pb.ids_fi = pb.ids.view(bs, n).to(torch.int32)
+                    pb.tgt_as_draft = pb.tgt.view(bs, n + 1, V)[:, :n].reshape(
+                        bs * n, V).contiguous()
+                    r = torch.arange(bs * n, device=device)
+                    pb.ids_same = S.sample(pb.tgt_as_draft, r + 7, torch.zeros_like(r),
+                                           temperature=torch.full((bs * n,), TEMP,
+                                                                  device=device),
+                                           validate=False).tokens
+                floor_us = pb.bytes / (hbm * 1e3)
+                for mode in modes:
+                    pb.filt = _filters(pb, mode)
+                    calls = {"ours-cuda": _ours(mode, False),
+                             "ours-cuda-bisect": _ours(mode, True),
+                             "flashinfer": _fi(fs, mode) if fs is not None else None}
+                    shape_rows = []
+                    for prov in PROVIDERS:
+                        row = dict(env, provider=prov, mode=mode, dtype=dt, V=V, bs=bs, n=n,
+                                   floor_us=floor_us)
+                        why = avail[prov]
+                        if prov == "ours-cuda-bisect" and mode == "temp":
+                            why = "same kernels as ours-cuda (no thresholds)"
+                        if why is None:
+                            try:
+                                why = (_check_fi(pb, calls[prov]) if prov == "flashinfer"
+                                       else _check_ours(pb, calls[prov], prov))
+                            except Exception as e:  # noqa: BLE001
+                                why = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                                torch.cuda.synchronize()
+                        if why is not None:
+                            row["status"] = why
+                            rows.append(row)
+                            shape_rows.append(row)
+                            continue
+                        try:
+                            t = _time(calls[prov], pb, args, device)
+                        except Exception as e:  # noqa: BLE001
+                            row["status"] = f"FAILED: {type(e).__name__}: {str(e)[:120]}"
+                            rows.append(row)
+                            continue
+                        best = t.best_us
+                        row.update(status="ok", graph_us=t.graph_us, graph_p20=t.graph_p20,
+                                   graph_p80=t.graph_p80, eager_us=t.eager_us,
+                                   eager_p20=t.eager_p20, eager_p80=t.eager_p80,
+                                   host_us=t.host_us, calls=t.calls, samples=t.samples,
+                                   pct_floor=100.0 * floor_us / best if best else None)
+                        rows.append(row)
+                        shape_rows.append(row)
+                    by = {r["provider"]: r for r in shape_rows if r.get("status") == "ok"}
+                    c = by.get("ours-cuda")
+                    if c:
+                        mine = c.get("graph_us") or c.get("eager_us")
+                        for key, prov in (("ratio_vs_bisect", "ours-cuda-bisect"),
+                                          ("ratio_vs_flashinfer", "flashinfer")):
+                            o = by.get(prov)
+                            ou = o and (o.get("graph_us") or o.get("eager_us"))
+                            c[key] = mine / ou if (mine and ou) else None
+                    log(f"[verify-filters] {dt} V={V} n={n} bs={bs} {mode}: "
+                        + ", ".join(f"{r['provider']} "
+                                    + (f"{(r.get('graph_us') or r.get('eager_us')):.1f}us"
+                                       if r.get("status") == "ok" else r["status"][:40])
+                                    for r in shape_rows))
+                del pb
+                torch.cuda.empty_cache()
+            if stop:
+                break
+        if stop:
+            break
+    if stop:
+        log("[verify-filters] budget reached: remaining shapes skipped")
+    _write(rows, env, hbm, args, avail)
+    log(f"[verify-filters] done in {time.monotonic() - t0:.0f}s")
+    return 0 if all(r["status"] == "ok" or not r["provider"].startswith("ours")
+                    or r["status"].startswith("same kernels") for r in rows) else 1
+
+
+def _cell(r) -> str:
+    if r is None or r.get("status") != "ok":
+        return "–"
+    g, e = r.get("graph_us"), r.get("eager_us")
+    return f"{report.fmt(g)} ({report.fmt(e)})" if g is not None else f"({report.fmt(e)})"
+
+
+def _markdown(rows, env, hbm, avail) -> str:
+    lines = ["# Verify with top-k / top-p", "", report.env_header(env), "",
+             f"HBM read bandwidth measured in this run: **{hbm:.0f} GB/s**; floor = one read of "
+             "the target and draft logits. Probabilistic chain verify, n = 3, temperature 0.8, "
+             "the problems of `bench verify`. CUDA-graph replay, cold L2, median µs per call "
+             "(eager in parentheses). ours-cuda-bisect = the thresholds' bisection kernel (the "
+             "path before the radix select; now the tests' oracle), same run. FlashInfer = "
+             "softmax + top_k_renorm_probs / top_p_renorm_probs of target and draft + "
+             "chain_speculative_sampling (its own float top-p rule).", ""]
+    for k, v in avail.items():
+        if v:
+            lines.append(f"- {k}: {v}")
+    lines.append("")
+    groups = list(dict.fromkeys((r["dtype"], r["V"]) for r in rows))
+    for dt, V in groups:
+        lines += [f"## {dt}, V = {V}, n = {NDRAFT}", ""]
+        body = []
+        for mode in dict.fromkeys(r["mode"] for r in rows):
+            for bs in dict.fromkeys(r["bs"] for r in rows):
+                by = {r["provider"]: r for r in rows
+                      if (r["dtype"], r["V"], r["mode"], r["bs"]) == (dt, V, mode, bs)}
+                if not by:
+                    continue
+                c = by.get("ours-cuda") or {}
+                body.append([mode, bs, report.fmt(next(iter(by.values()))["floor_us"], 2)]
+                            + [_cell(by.get(p)) for p in PROVIDERS]
+                            + [report.fmt(c.get("pct_floor")),
+                               report._ratio(c.get("ratio_vs_bisect")),
+                               report._ratio(c.get("ratio_vs_flashinfer"))])
+        lines.append(report.md_table(["filters", "bs", "floor µs"] + PROVIDERS
+                                     + ["CUDA % of floor", "CUDA / bisect", "CUDA / FI"], body))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _plot(rows, d) -> Optional[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    groups = list(dict.fromkeys((r["dtype"], r["V"]) for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    if not groups:
+        return None
+    fig, axes = plt.subplots(len(groups), len(modes), figsize=(4 * len(modes),
+                                                               3.2 * len(groups)), squeeze=False)
+    for gi, (dt, V) in enumerate(groups):
+        for mi, mode in enumerate(modes):
+            ax = axes[gi][mi]
+            for p in PROVIDERS + ["floor"]:
+                pts = []
+                for r in rows:
+                    if (r["dtype"], r["V"], r["mode"]) != (dt, V, mode):
+                        continue
+                    if p == "floor" and r["provider"] == "ours-cuda":
+                        pts.append((r["bs"], r["floor_us"]))
+                    elif r["provider"] == p and r.get("status") == "ok":
+                        pts.append((r["bs"], r.get("graph_us") or r.get("eager_us")))
+                if pts:
+                    pts.sort()
+                    ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
+                            linestyle="--" if p == "floor" else "-")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{dt} V={V} {mode}", fontsize=9)
+            ax.set_xlabel("batch")
+            ax.set_ylabel("µs")
+            ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path = d / "verify_filters.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def _write(rows, env, hbm, args, avail) -> None:
+    d = report.results_dir(getattr(args, "out", None), env["gpu_short"])
+    report.write_csv(d / "verify_filters.csv", rows, CSV_COLUMNS)
+    (d / "verify_filters.md").write_text(_markdown(rows, env, hbm, avail) + "\n")
+    png = None if getattr(args, "no_plot", False) else _plot(rows, d)
+    log(f"[verify-filters] wrote {d / 'verify_filters.csv'}, verify_filters.md"
+        + (f", {png}" if png else ""))
+    body = [[r["dtype"], r["mode"], r["bs"], r["provider"],
+             report.fmt(r.get("graph_us")) if r.get("status") == "ok" else r["status"][:40],
+             report.fmt(r.get("pct_floor"))] for r in rows]
+    print("\nverify-filters: graph-replay us per call, cold L2")
+    report.print_table(["dtype", "filters", "bs", "provider", "us", "% floor"], body)
