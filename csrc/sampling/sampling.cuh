@@ -593,6 +593,9 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
       float x = fmul(z[j], rp.inv_t);
       unsigned long long k = key56(key32(x), uint32_t(i0 + j));
       const bool act = (i0 + j < end) && k >= lower && (k & pmask) == prefix;
+      // after level 0 (and in phase 1 after a top-k) few elements match the prefix: warps with
+      // none skip the match and the atomics (the loop is uniform over the block)
+      if (!__any_sync(0xffffffffu, act)) continue;
       const unsigned d = unsigned((k >> shift) & uint64_t(nb - 1));
       const unsigned grp = __match_any_sync(0xffffffffu, act ? d : 0x10000u + (threadIdx.x & 31));
       if (act && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));

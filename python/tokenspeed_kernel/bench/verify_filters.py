@@ -1,8 +1,8 @@
 """Verify with top-k / top-p: ``python -m tokenspeed_kernel.bench verify-filters``.
 
-Probabilistic chain verify from logits as in ``bench verify`` (same problems: target N(0, 3^2),
-draft = target + N(0, 1), drafts sampled from the draft distribution, temperature 0.8), with
-the filters engines use applied to target and draft rows alike:
+Probabilistic chain verify from logits as in ``bench verify`` (same logits: target N(0, 3^2),
+draft = target + N(0, 1), temperature 0.8), with the filters engines use applied to target and
+draft rows alike, and the drafts sampled from the filtered draft distribution:
 
 * ``temp``         temperature only (the reference point: no thresholds);
 * ``top_p``        top-p 0.9;
@@ -195,6 +195,17 @@ def run_verify_filters_bench(args) -> int:
                 floor_us = pb.bytes / (hbm * 1e3)
                 for mode in modes:
                     pb.filt = _filters(pb, mode)
+                    # drafts from the filtered draft distribution (what a drafter with the same
+                    # parameters proposes; q == p check: the same for the target rows)
+                    from ..ops import sampling as S
+                    r = torch.arange(bs * n, device=device)
+                    rowf = {a: t.repeat_interleave(n) for a, t in pb.filt.items()}
+                    pb.ids = S.sample(pb.drf, r + 99991, torch.zeros_like(r), validate=False,
+                                      **rowf).tokens
+                    if avail["flashinfer"] is None:
+                        pb.ids_fi = pb.ids.view(bs, n).to(torch.int32)
+                        pb.ids_same = S.sample(pb.tgt_as_draft, r + 7, torch.zeros_like(r),
+                                               validate=False, **rowf).tokens
                     calls = {"ours-cuda": _ours(mode, False),
                              "ours-cuda-bisect": _ours(mode, True),
                              "flashinfer": _fi(fs, mode) if fs is not None else None}
