@@ -788,6 +788,68 @@ def test_bench_read_once_and_markdown(tmp_path):
     assert "ratio_vs_read_once" in (tmp_path / "v.csv").read_text().splitlines()[0]
 
 
+def test_bench_verify_filters_harness(tmp_path):
+    """bench verify-filters without a GPU: the shared check-then-time step (a provider whose
+    check fails is never timed), the filtered reference check catching a wrong token, and the
+    table / CSV / plot writer."""
+    from tokenspeed_kernel.bench import timing as bt, verify as bv, verify_filters as vf
+    calls = []
+
+    def timer():
+        calls.append(1)
+        return bt.Timing(graph_us=10.0, eager_us=12.0, calls=1, samples=3)
+    row = {"floor_us": 2.0}
+    assert bv.check_and_time(row, None, lambda: None, timer, 4000)
+    assert row["status"] == "ok" and row["pct_floor"] == 20.0 and row["gbps"] == 0.4
+    row = {"floor_us": 2.0}
+    assert not bv.check_and_time(row, None, lambda: "tokens differ", timer, 4000)
+    assert row["status"] == "tokens differ" and len(calls) == 1
+    row = {"floor_us": 2.0}
+    assert not bv.check_and_time(row, "no extension", lambda: 1 / 0, timer, 4000)
+    assert row["status"] == "no extension" and len(calls) == 1
+
+    def boom():
+        raise RuntimeError("graph capture")
+    row = {"floor_us": 2.0}
+    assert not bv.check_and_time(row, None, lambda: None, boom, 4000)
+    assert row["status"].startswith("FAILED: RuntimeError")
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Problem() samples its drafts with Triton: needs a GPU or TRITON_INTERPRET=1")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    pb = bv.Problem(2, 2, 300, torch.float32, dev)
+    pb.filt = vf._filters(pb, "top_k_top_p")
+    assert pb.filt["top_k"].dtype == torch.int32 and int(pb.filt["top_k"][0]) == 50
+
+    def ref_call(p, t, d):
+        return ops.verify(t, p.ids, p.seed, p.offset, cu_num_draft=p.cu, draft_logits=d,
+                          max_num_draft=p.n, backend="reference", **p.filt)
+    assert bv._check_ours(pb, ref_call, "x") is None
+
+    def wrong(p, t, d):
+        o = ref_call(p, t, d)
+        return o._replace(tokens=torch.where(o.tokens >= 0, (o.tokens + 1) % p.V, o.tokens))
+    assert bv._check_ours(pb, wrong, "x") is not None
+
+    env = {"gpu": "NVIDIA Test", "gpu_short": "test", "torch": "x", "cuda": "x", "triton": "x",
+           "flashinfer": "x", "git_sha": "abc", "date": "d"}
+    rows = []
+    for mode in ("temp", "top_p"):
+        for prov, t in (("ours-cuda", 30.0), ("ours-cuda-bisect", 300.0), ("flashinfer", 60.0)):
+            r = dict(env, provider=prov, mode=mode, dtype="fp32", V=151936, bs=16, n=3,
+                     floor_us=3.0, status="ok", graph_us=t, eager_us=t + 5)
+            if mode == "temp" and prov == "ours-cuda-bisect":
+                r = dict(r, status="same kernels as ours-cuda (no thresholds)", graph_us=None)
+            rows.append(r)
+    rows[3]["ratio_vs_bisect"], rows[3]["ratio_vs_flashinfer"] = 0.1, 0.5
+    args = type("A", (), {"out": str(tmp_path), "no_plot": False})()
+    vf._write(rows, env, 3000.0, args, {})
+    md = (tmp_path / "test" / "verify_filters.md").read_text()
+    line = next(ln for ln in md.splitlines() if ln.startswith("| top_p | 16 |"))
+    assert "| 30.0 (35.0) | 300.0 (305.0) | 60.0 (65.0) |" in line and "| 0.10 |" in line, line
+    assert "ratio_vs_bisect" in (tmp_path / "test" / "verify_filters.csv").read_text()
+
+
 # ---------------------------------------------------------------------------------------------
 # tools/verify_tokens.py (the pruning check against a -DTS_FINAL_NOPRUNE build): the script itself,
 # on small problems with the reference backend (CPU) -- dump is deterministic, cmp finds a change

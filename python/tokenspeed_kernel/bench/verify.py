@@ -150,13 +150,16 @@ def _check_read_once(pb: Problem, call) -> Optional[str]:
 
 def _check_ours(pb: Problem, call, name) -> Optional[str]:
     """Tokens of the first requests identical to the reference (batch invariance makes a small
-    reference call enough)."""
+    reference call enough). The sampling parameters: ``pb.filt`` if set (bench verify-filters),
+    else the temperature."""
     from .. import ops
     out = call(pb, pb.tgt, pb.drf)
     k = min(pb.bs, 2)
+    filt = getattr(pb, "filt", None) or {"temperature": pb.T}
     ref = ops.verify(pb.tgt[:k * (pb.n + 1)], pb.ids[:k * pb.n], pb.seed[:k], pb.offset[:k],
                      cu_num_draft=pb.cu[:k + 1], draft_logits=pb.drf[:k * pb.n],
-                     temperature=pb.T[:k], max_num_draft=pb.n, backend="reference")
+                     max_num_draft=pb.n, backend="reference",
+                     **{a: t[:k] for a, t in filt.items()})
     if not torch.equal(out.tokens[:k], ref.tokens) or not torch.equal(out.num_accepted[:k],
                                                                       ref.num_accepted):
         return f"{name}: tokens differ from the reference"
@@ -192,6 +195,36 @@ def _time(call, pb: Problem, args, device) -> timing.Timing:
                           graph=not getattr(args, "eager_only", False), device=device)
 
 
+def check_and_time(row: Dict, why: Optional[str], check, timer, nbytes: int) -> bool:
+    """One provider at one shape: unless ``why`` (a reason not to run it) is set, ``check()``
+    (None, or why the provider's output is wrong: it is then not timed), then ``timer()`` (a
+    ``timing.Timing``); fills ``row`` (status, times, % of ``row["floor_us"]``, GB/s). True if
+    timed. Timing errors give status ``FAILED: ...``."""
+    if why is None:
+        try:
+            why = check()
+        except Exception as e:  # noqa: BLE001
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            torch.cuda.synchronize()
+    if why is not None:
+        row["status"] = why
+        return False
+    try:
+        t = timer()
+    except Exception as e:  # noqa: BLE001
+        row["status"] = f"FAILED: {type(e).__name__}: {str(e)[:120]}"
+        return False
+    best = t.best_us
+    row.update(status="ok", graph_us=t.graph_us, graph_p20=t.graph_p20, graph_p80=t.graph_p80,
+               eager_us=t.eager_us, eager_p20=t.eager_p20, eager_p80=t.eager_p80,
+               host_us=t.host_us, calls=t.calls, samples=t.samples,
+               pct_floor=100.0 * row["floor_us"] / best if best else None,
+               gbps=nbytes / (best * 1e3) if best else None)
+    if t.graph_error:
+        row["impl"] = f"graph failed: {t.graph_error[:80]}"
+    return True
+
+
 def _grid(args):
     def lst(s, conv):
         return [conv(x) for x in s.split(",")] if s else None
@@ -207,17 +240,26 @@ def _grid(args):
     return bs, ns, V, dts
 
 
-def run_verify_bench(args) -> int:
+def bench_start(args, tag: str):
+    """(t0, deadline, device, env, hbm GB/s) of a GPU bench run, or None without a GPU."""
     if not torch.cuda.is_available():
-        log("[verify] needs a CUDA GPU")
-        return 2
+        log(f"[{tag}] needs a CUDA GPU")
+        return None
     t0 = time.monotonic()
     deadline = getattr(args, "deadline", None) or (t0 + float(getattr(args, "budget_s", None)
                                                               or 230.0))
     device = torch.device("cuda", torch.cuda.current_device())
     env = report.env_info(device)
     hbm = timing.hbm_read_gbps(device)
-    log(f"[verify] {env['gpu']}: HBM read {hbm:.0f} GB/s; budget {deadline - t0:.0f}s")
+    log(f"[{tag}] {env['gpu']}: HBM read {hbm:.0f} GB/s; budget {deadline - t0:.0f}s")
+    return t0, deadline, device, env, hbm
+
+
+def run_verify_bench(args) -> int:
+    start = bench_start(args, "verify")
+    if start is None:
+        return 2
+    t0, deadline, device, env, hbm = start
     avail: Dict[str, Optional[str]] = {}
     from .. import _library
     avail["ours-cuda"] = None if _library.extension_available() else \
@@ -280,47 +322,25 @@ def run_verify_bench(args) -> int:
                         why = avail[prov]
                         if prov == "reference" and bs > 1:
                             why = "skipped (sorts every row; bs = 1 only)"
-                        if why is None:
-                            try:
-                                if prov == "flashinfer":
-                                    why = _check_fi(pb, calls[prov])
-                                elif prov == "read-once":
-                                    why = _check_read_once(pb, calls[prov])
-                                else:
-                                    why = _check_ours(pb, calls[prov], prov)
-                            except Exception as e:  # noqa: BLE001
-                                why = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-                                torch.cuda.synchronize()
-                        if why is not None:
-                            row["status"] = why
-                            rows.append(row)
-                            shape_rows.append(row)
-                            continue
-                        try:
-                            if prov == "reference":
-                                ms = timing.cpu_time_ms(
-                                    functools.partial(calls[prov], pb, pb.tgt, pb.drf), n=2)
-                                t = timing.Timing(eager_us=ms * 1e3, calls=1, samples=2)
-                            else:
-                                t = _time(calls[prov], pb, args, device)
-                        except Exception as e:  # noqa: BLE001
-                            row["status"] = f"FAILED: {type(e).__name__}: {str(e)[:120]}"
-                            rows.append(row)
-                            continue
-                        best = t.best_us
-                        row.update(status="ok", graph_us=t.graph_us, graph_p20=t.graph_p20,
-                                   graph_p80=t.graph_p80, eager_us=t.eager_us,
-                                   eager_p20=t.eager_p20, eager_p80=t.eager_p80,
-                                   host_us=t.host_us, calls=t.calls, samples=t.samples,
-                                   pct_floor=100.0 * floor_us / best if best else None,
-                                   gbps=pb.bytes / (best * 1e3) if best else None)
-                        if t.graph_error:
-                            row["impl"] = f"graph failed: {t.graph_error[:80]}"
-                        if prov == "ours-cuda":
-                            o = calls[prov](pb, pb.tgt, pb.drf)
+                        c = calls[prov]
+                        check = {"flashinfer": lambda: _check_fi(pb, c),
+                                 "read-once": lambda: _check_read_once(pb, c)}.get(
+                                     prov, lambda: _check_ours(pb, c, prov))
+                        if prov == "reference":
+                            def timer():
+                                ms = timing.cpu_time_ms(functools.partial(c, pb, pb.tgt, pb.drf),
+                                                        n=2)
+                                return timing.Timing(eager_us=ms * 1e3, calls=1, samples=2)
+                        else:
+                            def timer():
+                                return _time(c, pb, args, device)
+                        if check_and_time(row, why, check, timer, pb.bytes) and \
+                                prov == "ours-cuda":
+                            o = c(pb, pb.tgt, pb.drf)
                             row["accept_rate"] = float(o.num_accepted.float().mean()) / n
                         rows.append(row)
-                        shape_rows.append(row)
+                        if not row["status"].startswith("FAILED"):
+                            shape_rows.append(row)
                     fi = next((r for r in shape_rows if r["provider"] == "flashinfer"
                                and r.get("status") == "ok"), None)
                     ro_row = next((r for r in shape_rows if r["provider"] == "read-once"
@@ -343,7 +363,7 @@ def run_verify_bench(args) -> int:
                                        if r.get("status") == "ok" else r["status"][:40])
                                     for r in shape_rows)
                         + (f" (floor {floor_us:.1f}us)" if c else ""))
-                    del pb
+                    pb = None   # frees the logits before empty_cache
                     torch.cuda.empty_cache()
                 if stop:
                     break
@@ -409,26 +429,30 @@ def _markdown(rows, env, hbm, avail) -> str:
     return "\n".join(lines)
 
 
-def _plot(rows, d) -> Optional[str]:
+def _plot(rows, d, panel: str = "n", providers=None, fname: str = "verify.png") -> Optional[str]:
+    """Time vs batch, one panel per (dtype, V) row and value of ``panel`` (column)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception:
         return None
+    providers = providers or PROVIDERS
     groups = list(dict.fromkeys((r["dtype"], r["V"]) for r in rows))
     if not groups:
         return None
-    ns = sorted({r["n"] for r in rows})
+    ns = list(dict.fromkeys(r[panel] for r in rows))
+    if panel == "n":
+        ns.sort()
     fig, axes = plt.subplots(len(groups), len(ns), figsize=(4 * len(ns), 3.2 * len(groups)),
                              squeeze=False)
     for gi, (dt, V) in enumerate(groups):
         for ni, n in enumerate(ns):
             ax = axes[gi][ni]
-            for p in PROVIDERS + ["floor"]:
+            for ci, p in enumerate(providers + ["floor"]):
                 pts = []
                 for r in rows:
-                    if (r["dtype"], r["V"], r["n"]) != (dt, V, n):
+                    if (r["dtype"], r["V"], r[panel]) != (dt, V, n):
                         continue
                     if p == "floor" and r["provider"] == "ours-cuda":
                         pts.append((r["bs"], r["floor_us"]))
@@ -438,16 +462,20 @@ def _plot(rows, d) -> Optional[str]:
                     pts.sort()
                     style = {"floor": "--", "read-once": ":"}.get(p, "-")
                     ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
-                            linestyle=style)
+                            linestyle=style, color=f"C{ci}")   # one color per provider
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_title(f"{dt} V={V} n={n}", fontsize=9)
+            ax.set_title(f"{dt} V={V} {panel}={n}", fontsize=9)
             ax.set_xlabel("batch")
             ax.set_ylabel("µs")
             ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    handles = {}
+    for ax in axes.flat:   # every provider that appears in some panel
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    axes[0][0].legend(list(handles.values()), list(handles), fontsize=7)
     fig.tight_layout()
-    path = d / "verify.png"
+    path = d / fname
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path.name

@@ -35,8 +35,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import report, timing
-from .verify import DTYPES, TEMP, Problem, _time, log
+from . import report
+from .verify import (DTYPES, TEMP, Problem, _check_fi, _check_ours, _plot, _time,
+                     bench_start, check_and_time, log)
 
 MODES = {"temp": {}, "top_p": {"top_p": 0.9}, "top_k_top_p": {"top_k": 50, "top_p": 0.9}}
 BATCH = [1, 16, 64]
@@ -101,36 +102,6 @@ def _fi(fs, mode: str):
     return call
 
 
-def _check_ours(pb: Problem, call, name) -> Optional[str]:
-    from .. import ops
-    out = call(pb, pb.tgt, pb.drf)
-    k = min(pb.bs, 2)
-    ref = ops.verify(pb.tgt[:k * (pb.n + 1)], pb.ids[:k * pb.n], pb.seed[:k], pb.offset[:k],
-                     cu_num_draft=pb.cu[:k + 1], draft_logits=pb.drf[:k * pb.n],
-                     max_num_draft=pb.n, backend="reference",
-                     **{a: t[:k] for a, t in pb.filt.items()})
-    if not torch.equal(out.tokens[:k], ref.tokens) or not torch.equal(out.num_accepted[:k],
-                                                                      ref.num_accepted):
-        return f"{name}: tokens differ from the reference"
-    if not bool(out.valid.all()):
-        return f"{name}: invalid rows"
-    return None
-
-
-def _check_fi(pb: Problem, call) -> Optional[str]:
-    tok = call(pb, pb.tgt, pb.drf)
-    tok = tok[0] if isinstance(tok, (tuple, list)) else tok
-    if tuple(tok.shape) != (pb.bs, pb.n + 1):
-        return f"flashinfer: output shape {tuple(tok.shape)}"
-    if bool(((tok < -1) | (tok >= pb.V)).any()) or bool((tok[:, 0] < 0).any()):
-        return "flashinfer: tokens out of range"
-    tok2 = call(pb, pb.tgt, pb.tgt_as_draft, pb.ids_same.view(pb.bs, pb.n).to(torch.int32))
-    tok2 = tok2[0] if isinstance(tok2, (tuple, list)) else tok2
-    if bool((tok2[:, :pb.n] != pb.ids_same.view(pb.bs, pb.n)).any()):
-        return "flashinfer: q == p does not accept every draft"
-    return None
-
-
 def _grid(args):
     def lst(s, conv):
         return [conv(x) for x in s.split(",")] if s else None
@@ -145,16 +116,11 @@ def _grid(args):
 
 
 def run_verify_filters_bench(args) -> int:
-    if not torch.cuda.is_available():
-        log("[verify-filters] needs a CUDA GPU")
+    from ..ops import sampling as S
+    start = bench_start(args, "verify-filters")
+    if start is None:
         return 2
-    t0 = time.monotonic()
-    deadline = getattr(args, "deadline", None) or (t0 + float(getattr(args, "budget_s", None)
-                                                              or 230.0))
-    device = torch.device("cuda", torch.cuda.current_device())
-    env = report.env_info(device)
-    hbm = timing.hbm_read_gbps(device)
-    log(f"[verify-filters] {env['gpu']}: HBM read {hbm:.0f} GB/s; budget {deadline - t0:.0f}s")
+    t0, deadline, device, env, hbm = start
     from .. import _library
     avail: Dict[str, Optional[str]] = {}
     why_ext = None if _library.extension_available() else \
@@ -181,23 +147,16 @@ def run_verify_filters_bench(args) -> int:
                 n = NDRAFT
                 pb = Problem(bs, n, V, DTYPES[dt], device)
                 if avail["flashinfer"] is None:
-                    from ..ops import sampling as S
                     pb.T_rows_t = torch.full((bs * (n + 1),), TEMP, device=device)
                     pb.T_rows_d = torch.full((bs * n,), TEMP, device=device)
-                    pb.ids_fi = pb.ids.view(bs, n).to(torch.int32)
+                    # contiguous: FlashInfer rejects the strided view
                     pb.tgt_as_draft = pb.tgt.view(bs, n + 1, V)[:, :n].reshape(
                         bs * n, V).contiguous()
-                    r = torch.arange(bs * n, device=device)
-                    pb.ids_same = S.sample(pb.tgt_as_draft, r + 7, torch.zeros_like(r),
-                                           temperature=torch.full((bs * n,), TEMP,
-                                                                  device=device),
-                                           validate=False).tokens
                 floor_us = pb.bytes / (hbm * 1e3)
                 for mode in modes:
                     pb.filt = _filters(pb, mode)
                     # drafts from the filtered draft distribution (what a drafter with the same
                     # parameters proposes; q == p check: the same for the target rows)
-                    from ..ops import sampling as S
                     r = torch.arange(bs * n, device=device)
                     rowf = {a: t.repeat_interleave(n) for a, t in pb.filt.items()}
                     pb.ids = S.sample(pb.drf, r + 99991, torch.zeros_like(r), validate=False,
@@ -216,30 +175,12 @@ def run_verify_filters_bench(args) -> int:
                         why = avail[prov]
                         if prov == "ours-cuda-bisect" and mode == "temp":
                             why = "same kernels as ours-cuda (no thresholds)"
-                        if why is None:
-                            try:
-                                why = (_check_fi(pb, calls[prov]) if prov == "flashinfer"
-                                       else _check_ours(pb, calls[prov], prov))
-                            except Exception as e:  # noqa: BLE001
-                                why = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-                                torch.cuda.synchronize()
-                        if why is not None:
-                            row["status"] = why
-                            rows.append(row)
-                            shape_rows.append(row)
-                            continue
-                        try:
-                            t = _time(calls[prov], pb, args, device)
-                        except Exception as e:  # noqa: BLE001
-                            row["status"] = f"FAILED: {type(e).__name__}: {str(e)[:120]}"
-                            rows.append(row)
-                            continue
-                        best = t.best_us
-                        row.update(status="ok", graph_us=t.graph_us, graph_p20=t.graph_p20,
-                                   graph_p80=t.graph_p80, eager_us=t.eager_us,
-                                   eager_p20=t.eager_p20, eager_p80=t.eager_p80,
-                                   host_us=t.host_us, calls=t.calls, samples=t.samples,
-                                   pct_floor=100.0 * floor_us / best if best else None)
+                        c = calls[prov]
+                        check_and_time(
+                            row, why,
+                            (lambda: _check_fi(pb, c)) if prov == "flashinfer" else
+                            (lambda: _check_ours(pb, c, prov)),
+                            lambda: _time(c, pb, args, device), pb.bytes)
                         rows.append(row)
                         shape_rows.append(row)
                     by = {r["provider"]: r for r in shape_rows if r.get("status") == "ok"}
@@ -256,7 +197,7 @@ def run_verify_filters_bench(args) -> int:
                                     + (f"{(r.get('graph_us') or r.get('eager_us')):.1f}us"
                                        if r.get("status") == "ok" else r["status"][:40])
                                     for r in shape_rows))
-                del pb
+                pb = None   # frees the logits before empty_cache
                 torch.cuda.empty_cache()
             if stop:
                 break
@@ -312,54 +253,12 @@ def _markdown(rows, env, hbm, avail) -> str:
     return "\n".join(lines)
 
 
-def _plot(rows, d) -> Optional[str]:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
-        return None
-    groups = list(dict.fromkeys((r["dtype"], r["V"]) for r in rows))
-    modes = list(dict.fromkeys(r["mode"] for r in rows))
-    if not groups:
-        return None
-    fig, axes = plt.subplots(len(groups), len(modes), figsize=(4 * len(modes),
-                                                               3.2 * len(groups)), squeeze=False)
-    for gi, (dt, V) in enumerate(groups):
-        for mi, mode in enumerate(modes):
-            ax = axes[gi][mi]
-            for p in PROVIDERS + ["floor"]:
-                pts = []
-                for r in rows:
-                    if (r["dtype"], r["V"], r["mode"]) != (dt, V, mode):
-                        continue
-                    if p == "floor" and r["provider"] == "ours-cuda":
-                        pts.append((r["bs"], r["floor_us"]))
-                    elif r["provider"] == p and r.get("status") == "ok":
-                        pts.append((r["bs"], r.get("graph_us") or r.get("eager_us")))
-                if pts:
-                    pts.sort()
-                    ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
-                            linestyle="--" if p == "floor" else "-")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_title(f"{dt} V={V} {mode}", fontsize=9)
-            ax.set_xlabel("batch")
-            ax.set_ylabel("µs")
-            ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    path = d / "verify_filters.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path.name
-
-
 def _write(rows, env, hbm, args, avail) -> None:
     d = report.results_dir(getattr(args, "out", None), env["gpu_short"])
     report.write_csv(d / "verify_filters.csv", rows, CSV_COLUMNS)
     (d / "verify_filters.md").write_text(_markdown(rows, env, hbm, avail) + "\n")
-    png = None if getattr(args, "no_plot", False) else _plot(rows, d)
+    png = None if getattr(args, "no_plot", False) else _plot(
+        rows, d, panel="mode", providers=PROVIDERS, fname="verify_filters.png")
     log(f"[verify-filters] wrote {d / 'verify_filters.csv'}, verify_filters.md"
         + (f", {png}" if png else ""))
     body = [[r["dtype"], r["mode"], r["bs"], r["provider"],
