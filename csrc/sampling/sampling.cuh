@@ -32,7 +32,7 @@ constexpr int kMergeCap = 16384;                              // finalize merge 
 constexpr int kHistBins = 4096;
 
 enum RowMode : int { kGreedy = 0, kPlain = 1, kTopK = 2, kGeneric = 3 };
-// F_THRESHOLDS: the kept-set thresholds only (launch_thresholds, used by the verify family):
+// F_THRESHOLDS: the kept-set thresholds only (launch_levels as called by the verify family):
 // every row with top-k or top-p takes the radix path (no top-k candidate fast path), min-p is
 // left to the caller.
 enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
@@ -51,7 +51,7 @@ struct Params {
   int flags;
   int splits, chunk;      // chunk: elements per split (multiple of 8)
   int row0;               // first row of this launch (grid.y <= 65535 rows per launch)
-  // launch_thresholds only (null / 0 for sampling):
+  // F_THRESHOLDS callers only (the verify family; null / 0 for sampling):
   const int32_t* row_req; // request of each row (instead of row / tpr); < 0: no thresholds
   const void* logits2;    // rows >= rows1 are rows (row - rows1) of logits2 (stride row_stride2)
   int64_t row_stride2;
@@ -100,7 +100,7 @@ __device__ __forceinline__ RowParams row_params(const Params& p, int row) {
   int q = row / p.tpr;
   if (p.row_req != nullptr) {
     q = p.row_req[row];
-    if (q < 0) {   // a row without thresholds (launch_thresholds)
+    if (q < 0) {   // a row without thresholds (F_THRESHOLDS callers)
       r.inv_t = 1.0f; r.top_p = 1.0f; r.min_p = 0.0f; r.k = 0;
       r.greedy = false; r.k_on = false; r.p_on = false; r.mp_on = false;
       r.seed = 0; r.offset = 0; r.mode = kPlain;
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(Params p, Workspace w
 __device__ __forceinline__ int level_shift(int level) { return level == 0 ? 44 : 44 - 11 * level; }
 __device__ __forceinline__ int level_bits(int level) { return level == 0 ? 12 : 11; }
 
-// Rows of a launch_thresholds call may come from a second tensor (Params::logits2).
+// Rows of an F_THRESHOLDS call may come from a second tensor (Params::logits2).
 template <typename T>
 __device__ __forceinline__ const T* row_logits(const Params& p, int row) {
   if (p.logits2 != nullptr && row >= p.rows1)
