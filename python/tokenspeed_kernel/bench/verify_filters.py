@@ -84,7 +84,7 @@ def _fi(fs, mode: str):
     kw = ({"seed": 12345, "offset": 0}
           if "seed" in inspect.signature(fs.chain_speculative_sampling).parameters else {})
 
-    def probs(pb: Problem, logits, T):
+    def probs(logits, T):
         p = fs.softmax(logits, temperature=T)
         if kk is not None:
             p = fs.top_k_renorm_probs(p, torch.full((p.shape[0],), kk, device=p.device,
@@ -94,8 +94,8 @@ def _fi(fs, mode: str):
         return p
 
     def call(pb: Problem, tgt, drf, ids=None):
-        tp = probs(pb, tgt, pb.T_rows_t)
-        dp = probs(pb, drf, pb.T_rows_d)
+        tp = probs(tgt, pb.T_rows_t)
+        dp = probs(drf, pb.T_rows_d)
         return fs.chain_speculative_sampling(dp.view(pb.bs, pb.n, pb.V),
                                              pb.ids_fi if ids is None else ids,
                                              tp.view(pb.bs, pb.n + 1, pb.V), **kw)
