@@ -507,6 +507,43 @@ def test_sample_top_p_stops_in_top_k_bucket(backend):
     assert torch.equal(got, _ref(z, seed, offset, **kw)[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_level_list_equals_full_scans(dtype):
+    """The CUDA radix levels' compaction (a level with <= list_cap active keys lists them and its
+    last CTA finishes the phase over the list) gives the tokens and processed logprobs of the
+    levels that re-read every row (_NO_LEVEL_LIST_FOR_TESTING) and of the reference. Rows that
+    reach the list at different levels: flat randn rows (boundary bucket small after level 0 or
+    1), integer-valued rows (tied values: buckets stay large until the id bits), top-k <= 4096
+    (the top-p phase lists its k keys at level 0) and > 4096 (it cannot), min-p and greedy rows;
+    V = 151936 over few rows (several CTAs per row: global histograms) and V = 3000 over 700
+    rows (one CTA per row; V <= 4096: level 0 itself lists)."""
+    skip_unless_backend("cuda")
+    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
+    gen = _gen(41)
+    for R, V, kind in ((12, 151936, "randn"), (12, 151936, "int"), (700, 3000, "randn"),
+                       (700, 3000, "int")):
+        z = _logits(R, V, gen, dtype=dtype, kind=kind)
+        seed, offset = _seeds(R, gen)
+        rep = (R + 11) // 12
+        kw = dict(
+            temperature=torch.tensor([0.8, 1.0, 0.0, 1.3, 0.7, 1.0] * 2 * rep)[:R],
+            top_k=torch.tensor([0, 50, 0, 3000, 5000, 0, 300, 0, 4096, 0, 1, 20000] * rep,
+                               dtype=torch.int32)[:R],
+            top_p=torch.tensor([0.9, 0.9, 0.5, 0.95, 0.99, 0.3, 1.0, 0.8, 0.9, 0.999, 0.9,
+                                0.6] * rep)[:R],
+            min_p=torch.tensor([0.0] * 7 + [0.05] + [0.0] * 4 * 1)[:12].repeat(rep)[:R])
+        kw = {n: t.to(DEVICE) for n, t in kw.items()}
+        a = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+        osm._NO_LEVEL_LIST_FOR_TESTING = True
+        try:
+            b = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+        finally:
+            osm._NO_LEVEL_LIST_FOR_TESTING = False
+        assert torch.equal(a.tokens, b.tokens)
+        assert torch.equal(a.processed_logprobs, b.processed_logprobs)
+        assert torch.equal(a.tokens, _ref(z, seed, offset, **kw)[0])
+
+
 def test_sample_int32_out(backend):
     gen = _gen(31)
     z = _logits(5, 100, gen)

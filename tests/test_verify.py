@@ -652,23 +652,30 @@ def test_gpu_top_k_top_p_radix_thresholds(dtype):
     logprobs are log(e / S) over the kept set, so a threshold one key off changes them (with
     tied masses by a factor like k / (k + 1)). Two shapes: 30 rows at V = 40000 (rows split over
     ~18 CTAs: the global histograms), and 560 rows at V = 4099 (one CTA per row on an H100 /
-    H200: the shared-memory-only path)."""
+    H200: the shared-memory-only path). A third shape (V = 151936, N(0, 3^2) logits, top-k
+    around the levels' list capacity of 4096) and the levels without their compaction
+    (_NO_LEVEL_LIST_FOR_TESTING: every level re-reads the rows) must agree too."""
     if "cuda" not in _backends():
         pytest.skip("needs the CUDA extension")
-    shapes = [([3, 2, 4, 1, 0, 2], 40000), ([3] * 80, 4099)]
-    for si, (n_list, V) in enumerate(shapes):
+    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
+    shapes = [([3, 2, 4, 1, 0, 2], 40000, True, [3, 0, 17, 1, 3000, 5]),
+              ([3] * 80, 4099, True, [3, 0, 17, 1, 3000, 5]),
+              ([2, 3, 1, 0, 2, 3], 151936, False, [0, 50, 4000, 5000, 4096, 300])]
+    for si, (n_list, V, tied, ks) in enumerate(shapes):
         bs = len(n_list)
-        prob = _tied_problem(n_list, V, dtype, seed=700 + si)
+        prob = (_tied_problem(n_list, V, dtype, seed=700 + si) if tied
+                else make_problem(n_list, V, dtype, seed=700 + si, agree=0.5))
         rep = (bs + 5) // 6
         extra = {
             "temperature": torch.tensor([1.0, 0.7, 1.3, 1.0, 0.9, 1.0] * rep)[:bs],
-            "top_k": torch.tensor([3, 0, 17, 1, 3000, 5] * rep, dtype=torch.int32)[:bs],
-            "top_p": torch.tensor([1.0, 0.3, 0.9, 0.9, 0.6, 0.5] * rep)[:bs],
+            "top_k": torch.tensor(ks * rep, dtype=torch.int32)[:bs],
+            "top_p": torch.tensor([1.0, 0.3, 0.9, 0.9, 0.6, 0.5] * rep)[:bs] if tied else
+            torch.tensor([0.9, 0.9, 0.95, 0.99, 0.999, 1.0] * rep)[:bs],
             "min_p": torch.tensor([0.0, 0.0, 0.05, 0.0, 0.0, 0.0] * rep)[:bs],
         }
         extra = {k: v.to(DEV) for k, v in extra.items()}
         for mode in ("probabilistic", "ngram"):
-            for s in range(3):
+            for s in range(3 if tied else 2):
                 prob["seed"] = prob["seed"] + 1
                 ref = run("reference", mode, prob, extra)
                 radix = run("cuda", mode, prob, extra)
@@ -678,9 +685,15 @@ def test_gpu_top_k_top_p_radix_thresholds(dtype):
                     bis = run("cuda", mode, prob, extra)
                 finally:
                     ov._BISECT_THRESHOLDS_FOR_TESTING = False
-                assert torch.equal(radix.tokens, bis.tokens)
-                assert torch.equal(radix.processed_logprobs.nan_to_num(7.0),
-                                   bis.processed_logprobs.nan_to_num(7.0))
+                osm._NO_LEVEL_LIST_FOR_TESTING = True
+                try:
+                    full = run("cuda", mode, prob, extra)
+                finally:
+                    osm._NO_LEVEL_LIST_FOR_TESTING = False
+                for other in (bis, full):
+                    assert torch.equal(radix.tokens, other.tokens)
+                    assert torch.equal(radix.processed_logprobs.nan_to_num(7.0),
+                                       other.processed_logprobs.nan_to_num(7.0))
                 assert_same(ref, run("cuda", mode, prob, extra, logprobs=False))
 
 

@@ -7,7 +7,9 @@
 //   [generic rows: top-p without top-k, min-p without top-k, k > kTopKCap]
 //   generic_init     grid rows: m, phase, zeroed histograms
 //   level x 10       grid (splits, rows): radix select (12+11+11+11+11 bits of the 56-bit key)
-//                    by count (top-k) then by fixed-point mass (top-p); last CTA decides.
+//                    by count (top-k) then by fixed-point mass (top-p); last CTA decides. A level
+//                    with few active keys also lists them; its last CTA then finishes the phase
+//                    over the list (later launches of the phase return at once).
 //   partial<pass 1>  Gumbel winner over {key >= thr} and min-p, kept exp-sum for logprobs
 //   finalize         grid rows: merge partials; TOPK rows: exact top-k of the candidates, top-p
 //                    on their fixed-point mass, min-p, Gumbel; write token / valid / logprobs.
@@ -17,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "common/philox.cuh"
 #include "common/softmath.cuh"
@@ -35,8 +38,9 @@ enum RowMode : int { kGreedy = 0, kPlain = 1, kTopK = 2, kGeneric = 3 };
 // F_THRESHOLDS: the kept-set thresholds only (launch_levels as called by the verify family):
 // every row with top-k or top-p takes the radix path (no top-k candidate fast path), min-p is
 // left to the caller.
+// F_NO_LIST (tests): the radix levels never compact (Workspace::list unused).
 enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
-                   F_GENERIC = 32, F_THRESHOLDS = 64 };
+                   F_GENERIC = 32, F_THRESHOLDS = 64, F_NO_LIST = 128 };
 
 struct Params {
   const void* logits;
@@ -70,8 +74,9 @@ struct Partial {
 
 struct RowState {
   unsigned long long prefix, lower, target, thr;
-  int phase, level, mode, pad;
-  unsigned int arrive, pad2;
+  int phase, level, mode;
+  unsigned int nact;             // keys active at this level (prefix and >= lower), if known
+  unsigned int arrive, ncand;    // arrival counter; keys appended to the row's list
   float m, L;
 };
 
@@ -82,6 +87,8 @@ struct Workspace {
   RowState* state;               // [rows]
   unsigned int* hcnt;            // [rows][kHistBins]
   unsigned long long* hmass;     // [rows][kHistBins]
+  unsigned long long* list;      // [rows][list_cap] a level's active keys (null: no compaction)
+  int list_cap;
 };
 
 // ------------------------------------------------------------------------------------------
@@ -543,7 +550,7 @@ __global__ void generic_init_kernel(Params p, Workspace ws) {
     st.m = key56_value(mx);
     st.L = rp.mp_on ? soft_ln(rp.min_p) : -INFINITY;
     st.prefix = 0; st.lower = 0; st.thr = 0; st.level = 0; st.arrive = 0; st.mode = kGeneric;
-    st.pad = 0; st.pad2 = 0;
+    st.nact = unsigned(p.vocab); st.ncand = 0;   // level 0: every key is active
     if (inv || !(st.m > -INFINITY)) { st.phase = 2; st.target = 0; }
     else if (rp.k_on) { st.phase = 0; st.target = uint64_t(rp.k); }
     else if (rp.p_on) { st.phase = 1; st.target = 0; }
@@ -556,83 +563,36 @@ __global__ void generic_init_kernel(Params p, Workspace ws) {
 struct LevelSmem {
   unsigned int cnt[kHistBins];
   unsigned long long mass[kHistBins];
-  unsigned int last;
+  unsigned int last, ncand;
   unsigned long long sh[4];
   unsigned long long wsum[kThreads / 32];
   unsigned int wcnt[kThreads / 32];
+  RowState st;
 };
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  LevelSmem& sm = *reinterpret_cast<LevelSmem*>(smem_raw);
-  const int row = p.row0 + int(blockIdx.y), split = blockIdx.x;
-  RowState* stp = ws.state + row;
-  const RowParams rp = row_params(p, row);
-  if (rp.mode != kGeneric) return;
-  const int phase = stp->phase;
-  if (phase == 2) return;
-  const int level = stp->level;
-  const unsigned long long prefix = stp->prefix, lower = stp->lower;
-  const int shift = level_shift(level), bits = level_bits(level);
-  const unsigned long long pmask = level == 0 ? 0ull : (~0ull << (shift + bits)) & ((1ull << 56) - 1);
-  const float m = stp->m;
-  const int nb = 1 << bits;
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) { sm.cnt[i] = 0; sm.mass[i] = 0; }
-  __syncthreads();
+// Exact 64-bit add to shared memory from two native 32-bit atomics (a 64-bit shared atomicAdd is
+// a compare-and-swap loop on sm_90: ATOMS.CAST.SPIN.64). The low word's wrap-arounds are carried
+// into the high word by the adder that caused them, so after a barrier the pair holds the exact
+// sum (mod 2^64). Every access to *a between barriers must go through this function.
+__device__ __forceinline__ void smem_add_u64(unsigned long long* a, unsigned long long v) {
+  unsigned int* w = reinterpret_cast<unsigned int*>(a);   // little-endian: w[0] low, w[1] high
+  const unsigned int lo = unsigned(v), hi = unsigned(v >> 32);
+  const unsigned int old = atomicAdd(w, lo);
+  const unsigned int h = hi + (old + lo < old ? 1u : 0u);
+  if (h) atomicAdd(w + 1, h);
+}
 
-  const int begin = split * p.chunk, end = min(begin + p.chunk, p.vocab);
-  const T* rowp = row_logits<T>(p, row);
-  const bool aligned = (reinterpret_cast<uintptr_t>(rowp) % (4 * sizeof(T))) == 0;
-  for (int b0 = begin; b0 < end; b0 += kThreads * 4) {
-    const int i0 = b0 + threadIdx.x * 4;
-    float z[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    if (i0 < end) load4<T>(rowp, i0, end, aligned, z);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float x = fmul(z[j], rp.inv_t);
-      unsigned long long k = key56(key32(x), uint32_t(i0 + j));
-      const bool act = (i0 + j < end) && k >= lower && (k & pmask) == prefix;
-      // after level 0 (and in phase 1 after a top-k) few elements match the prefix: warps with
-      // none skip the match and the atomics (the loop is uniform over the block)
-      if (!__any_sync(0xffffffffu, act)) continue;
-      const unsigned d = unsigned((k >> shift) & uint64_t(nb - 1));
-      const unsigned grp = __match_any_sync(0xffffffffu, act ? d : 0x10000u + (threadIdx.x & 31));
-      if (act && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
-      if (act && phase == 1) {
-        int64_t e = mass_fixed(fsub(x, m));
-        if (e) atomicAdd(&sm.mass[d], (unsigned long long)e);
-      }
-    }
-  }
-  __syncthreads();
-  if (p.splits > 1) {
-    unsigned int* gcnt = ws.hcnt + int64_t(row) * kHistBins;
-    unsigned long long* gmass = ws.hmass + int64_t(row) * kHistBins;
-    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
-      if (sm.cnt[i]) atomicAdd(&gcnt[i], sm.cnt[i]);
-      if (sm.mass[i]) atomicAdd(&gmass[i], sm.mass[i]);
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) sm.last = (atomicAdd(&stp->arrive, 1u) == unsigned(p.splits - 1));
-    __syncthreads();
-    if (!sm.last) return;
-    __threadfence();
-    // ---- last CTA of the row: decide the boundary bucket ----
-    // load global histogram into shared (volatile-free: after the fence, use atomics-free loads)
-#pragma unroll 8
-    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
-      sm.cnt[i] = __ldcg(&gcnt[i]);
-      sm.mass[i] = __ldcg(&gmass[i]);
-    }
-    for (int i = threadIdx.x; i < nb; i += blockDim.x) { gcnt[i] = 0; gmass[i] = 0; }
-  }   // one split: the CTA's own histogram is the row's
+// One radix level's decision over the row's histogram (sm.cnt / sm.mass, nb bins) and state
+// sm.st: the boundary bucket, then the next state (written to sm.st by thread 0). Block-wide.
+__device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb) {
+  const int level = sm.st.level, phase = sm.st.phase;
+  const int shift = level_shift(level);
+  const unsigned long long prefix = sm.st.prefix, lower = sm.st.lower;
+  unsigned long long target = sm.st.target;
   // the boundary search below always finds a bucket (valid rows: target <= the total count or
   // mass); zeroed anyway, so that a bucket index is never read uninitialized
   if (threadIdx.x == 0) { sm.sh[0] = 0; sm.sh[1] = 0; }
   __syncthreads();
-  unsigned long long target = stp->target;
   if (phase == 1 && level == 0) {
     // S = total mass of the eligible set (the top-k set, or the row): P' = max(1, trunc(p*S))
     unsigned long long s = 0;
@@ -683,17 +643,183 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
     unsigned long long np = prefix | (uint64_t(d) << shift);
     unsigned long long remaining = target - above;
     bool done = (level == 4) || (phase == 0 ? sm.cnt[d] == remaining : sm.cnt[d] == 1);
-    RowState st = *stp;
+    RowState st = sm.st;
     st.arrive = 0;
+    st.ncand = 0;
     if (!done) {
-      st.prefix = np; st.level = level + 1; st.target = remaining;
+      // the next level's active keys are exactly this bucket's (counted: key >= lower)
+      st.prefix = np; st.level = level + 1; st.target = remaining; st.nact = sm.cnt[d];
     } else {
       // phase 1 counts only keys >= lower (the top-k threshold): a bucket it stops at early may
       // also hold keys below lower, so the kept set is key >= max(np, lower) (phase 0: lower 0)
       st.thr = np > lower ? np : lower;
-      if (phase == 0 && rp.p_on) { st.phase = 1; st.lower = np; st.prefix = 0; st.level = 0; st.target = 0; }
-      else st.phase = 2;
+      if (phase == 0 && rp.p_on) {
+        // exactly k keys are >= np (unique keys): phase 1's level 0 has k active keys
+        st.phase = 1; st.lower = np; st.prefix = 0; st.level = 0; st.target = 0;
+        st.nact = unsigned(rp.k);
+      } else {
+        st.phase = 2;
+      }
     }
+    sm.st = st;
+  }
+  __syncthreads();
+}
+
+// One radix level of every generic row: grid (splits, rows). Each CTA histograms its split's
+// active keys (key >= lower, matching the prefix) by the level's digit, with counts (top-k
+// phase 0) and fixed-point masses (top-p phase 1); the last CTA of the row merges (global
+// histograms, splits > 1) and decides the boundary bucket (level_decide).
+// Compaction: when the state says the level has at most list_cap active keys (nact: the bucket
+// count of the previous level; k at the start of a top-p phase after top-k; V at level 0), the
+// CTAs also append them to the row's list, and the last CTA, once the list holds every active
+// key (ncand == nact), runs the phase's remaining levels itself over the list (same histograms,
+// same decisions: the same thresholds), so the later launches find the row finished and return.
+// Without it a top-p row reads the row 5 times, top-k + top-p up to 10.
+template <typename T, int U>
+__global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  LevelSmem& sm = *reinterpret_cast<LevelSmem*>(smem_raw);
+  const int row = p.row0 + int(blockIdx.y), split = blockIdx.x;
+  RowState* stp = ws.state + row;
+  const RowParams rp = row_params(p, row);
+  if (rp.mode != kGeneric) return;
+  const int phase = stp->phase;
+  if (phase == 2) return;
+  const int level = stp->level;
+  const unsigned long long prefix = stp->prefix, lower = stp->lower;
+  const unsigned int nact = stp->nact;
+  const int shift = level_shift(level), bits = level_bits(level);
+  const unsigned long long pmask = level == 0 ? 0ull : (~0ull << (shift + bits)) & ((1ull << 56) - 1);
+  const float m = stp->m;
+  const int nb = 1 << bits;
+  unsigned long long* list = (ws.list != nullptr && !(p.flags & F_NO_LIST))
+                                 ? ws.list + int64_t(row) * ws.list_cap : nullptr;
+  const bool compact = list != nullptr && nact <= unsigned(ws.list_cap);
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) { sm.cnt[i] = 0; sm.mass[i] = 0; }
+  __syncthreads();
+
+  const int begin = split * p.chunk, end = min(begin + p.chunk, p.vocab);
+  const T* rowp = row_logits<T>(p, row);
+  const bool aligned = (reinterpret_cast<uintptr_t>(rowp) % (4 * sizeof(T))) == 0;
+  const int lane = threadIdx.x & 31;
+  // Float pretest of "active": key >= lower and key & pmask == prefix put key32(x) in
+  // [lo56 >> 24, hi56 >> 24], and key32 is monotone (-0 as +0), so x lies in [xlo, xhi] (bounds
+  // that are NaN patterns widen to -inf / +inf; rows with NaN never reach the levels). A superset
+  // of the active keys; only elements that pass it build their 64-bit key and take the exact test.
+  const unsigned long long lo56 = prefix > lower ? prefix : lower;
+  const unsigned long long hi56 = prefix | (~pmask & ((1ull << 56) - 1));
+  float xlo = key32_to_float(uint32_t(lo56 >> 24)), xhi = key32_to_float(uint32_t(hi56 >> 24));
+  if (xlo != xlo) xlo = -INFINITY;
+  if (xhi != xhi) xhi = INFINITY;
+  // U vectors of 4 per thread and iteration, all loaded before any is used (loads in flight)
+  for (int b0 = begin; b0 < end; b0 += kThreads * 4 * U) {
+    float z[U][4];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
+      z[u][0] = z[u][1] = z[u][2] = z[u][3] = -INFINITY;
+      if (i0 < end) load4<T>(rowp, i0, end, aligned, z[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
+      float x[4];
+      bool pre = false;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        x[j] = fmul(z[u][j], rp.inv_t);
+        pre |= x[j] >= xlo && x[j] <= xhi;
+      }
+      // after level 0 (and in phase 1 after a top-k) few elements match the prefix: warps with
+      // none skip the keys, the match and the atomics (the loop is uniform over the block)
+      if (!__any_sync(0xffffffffu, pre)) continue;
+      unsigned long long k[4];
+      bool act[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        k[j] = key56(key32(x[j]), uint32_t(i0 + j));
+        act[j] = (i0 + j < end) && k[j] >= lower && (k[j] & pmask) == prefix;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (!__any_sync(0xffffffffu, act[j])) continue;
+        const unsigned d = unsigned((k[j] >> shift) & uint64_t(nb - 1));
+        const unsigned grp = __match_any_sync(0xffffffffu, act[j] ? d : 0x10000u + lane);
+        if (act[j] && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
+        if (act[j] && phase == 1) {
+          int64_t e = mass_fixed(fsub(x[j], m));
+          if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
+        }
+        if (compact) {   // warp-aggregated append (positions past list_cap: counted, not written)
+          const unsigned am = __ballot_sync(0xffffffffu, act[j]);
+          const int leader = __ffs(am) - 1;
+          unsigned pos = 0;
+          if (lane == leader) pos = atomicAdd(&stp->ncand, unsigned(__popc(am)));
+          pos = __shfl_sync(0xffffffffu, pos, leader) + __popc(am & ((1u << lane) - 1u));
+          if (act[j] && pos < unsigned(ws.list_cap)) list[pos] = k[j];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (p.splits > 1) {
+    unsigned int* gcnt = ws.hcnt + int64_t(row) * kHistBins;
+    unsigned long long* gmass = ws.hmass + int64_t(row) * kHistBins;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+      if (sm.cnt[i]) atomicAdd(&gcnt[i], sm.cnt[i]);
+      if (sm.mass[i]) atomicAdd(&gmass[i], sm.mass[i]);
+    }
+    __threadfence();   // also publishes this CTA's list entries
+    __syncthreads();
+    if (threadIdx.x == 0) sm.last = (atomicAdd(&stp->arrive, 1u) == unsigned(p.splits - 1));
+    __syncthreads();
+    if (!sm.last) return;
+    __threadfence();
+    // ---- last CTA of the row: decide the boundary bucket ----
+    // load global histogram into shared (volatile-free: after the fence, use atomics-free loads)
+#pragma unroll 8
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+      sm.cnt[i] = __ldcg(&gcnt[i]);
+      sm.mass[i] = __ldcg(&gmass[i]);
+    }
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) { gcnt[i] = 0; gmass[i] = 0; }
+  }   // one split: the CTA's own histogram is the row's
+  if (threadIdx.x == 0) {
+    sm.st = *stp;   // fields other than arrive / ncand are not written during a launch
+    sm.ncand = __ldcg(&stp->ncand);
+  }
+  __syncthreads();
+  level_decide(sm, rp, nb);
+  // the row's list holds every active key of this level: the phase's later levels run here
+  if (compact && sm.ncand == nact) {
+    const int n = int(nact);
+    int lv = level;
+    while (sm.st.phase == phase && sm.st.level == lv + 1) {
+      lv = sm.st.level;
+      const int sh2 = level_shift(lv), nb2 = 1 << level_bits(lv);
+      const unsigned long long pre2 = sm.st.prefix, low2 = sm.st.lower;
+      const unsigned long long pm2 = (~0ull << (sh2 + level_bits(lv))) & ((1ull << 56) - 1);
+      for (int i = threadIdx.x; i < nb2; i += blockDim.x) { sm.cnt[i] = 0; sm.mass[i] = 0; }
+      __syncthreads();
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const unsigned long long k = __ldcg(list + i);
+        if (k < low2 || (k & pm2) != pre2) continue;
+        const unsigned d = unsigned((k >> sh2) & uint64_t(nb2 - 1));
+        atomicAdd(&sm.cnt[d], 1u);
+        if (phase == 1) {   // key56_value gives back x (-0 as +0: the same x - m)
+          const int64_t e = mass_fixed(fsub(key56_value(k), m));
+          if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
+        }
+      }
+      __syncthreads();
+      level_decide(sm, rp, nb2);
+    }
+  }
+  if (threadIdx.x == 0) {
+    RowState st = sm.st;
+    st.arrive = 0;
+    st.ncand = 0;
     *stp = st;
     if (st.phase == 2 && p.thr_out != nullptr) p.thr_out[row] = int64_t(st.thr);
     __threadfence();
@@ -941,26 +1067,69 @@ inline void for_row_blocks(const Params& p, F&& launch) {
 }
 
 // generic_init + the 10 radix levels (needs pass 0's Partial::max56 / invalid in ws.part).
+// Vectors of 4 per thread per iteration of the level scan: 4; tuning hook (environment
+// TOKENSPEED_VERIFY_TUNING set): TS_LEVEL_U=1 for the one-vector scan (A/B).
+inline int level_unroll() {
+  static const int u = [] {
+    const char* t = getenv("TOKENSPEED_VERIFY_TUNING");
+    const char* v = getenv("TS_LEVEL_U");
+    return (t != nullptr && v != nullptr && v[0] == '1') ? 1 : 4;
+  }();
+  return u;
+}
+
 template <typename T>
 cudaError_t launch_levels(const Params& p, const Workspace& ws, cudaStream_t stream) {
   static bool attr_set = false;   // per template instance (process-wide; attribute is per function)
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        level_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(level_smem()));
+    cudaError_t e = cudaFuncSetAttribute(
+        level_kernel<T, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(level_smem()));
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(level_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(level_smem()));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
   generic_init_kernel<<<p.rows, 256, 0, stream>>>(p, ws);
+  const bool u4 = level_unroll() == 4;
   for (int l = 0; l < 10; ++l)
     for_row_blocks(p, [&](const Params& q, dim3 grid) {
-      level_kernel<T><<<grid, kThreads, level_smem(), stream>>>(q, ws);
+      if (u4) level_kernel<T, 4><<<grid, kThreads, level_smem(), stream>>>(q, ws);
+      else level_kernel<T, 1><<<grid, kThreads, level_smem(), stream>>>(q, ws);
     });
   return cudaGetLastError();
 }
 
-// Workspace bytes of the radix levels (state, and the split-merging histograms when splits > 1).
-inline int64_t level_hist_bytes(int64_t rows, int splits) {
-  return splits > 1 ? rows * kHistBins * int64_t(4 + 8) : 0;
+// Workspace of the radix levels, shared by the sampler and the verify family: the row states,
+// the split-merging histograms (splits > 1) and the compaction lists (level_kernel).
+// List capacity: up to 4096 keys (32 KiB) per row, at most 64 MiB for the call; 0 (no
+// compaction) where that leaves fewer than 256 keys per row (more than 32768 rows).
+inline int level_list_cap(int64_t rows) {
+  int64_t cap = 4096;
+  while (cap >= 256 && rows * cap * 8 > (int64_t(64) << 20)) cap >>= 1;
+  return cap >= 256 ? int(cap) : 0;
+}
+inline int64_t ws_align(int64_t b) { return (b + 255) / 256 * 256; }
+inline int64_t level_ws_bytes(int64_t rows, int splits) {
+  const int64_t hist = splits > 1 ? ws_align(rows * kHistBins * 4) + ws_align(rows * kHistBins * 8)
+                                  : 0;
+  return ws_align(rows * int64_t(sizeof(RowState))) + hist +
+         ws_align(rows * int64_t(level_list_cap(rows)) * 8);
+}
+// Carves level_ws_bytes(rows, splits) bytes at base (256-byte aligned) into ws.
+inline void level_ws_carve(uint8_t* base, int64_t rows, int splits, Workspace& ws) {
+  ws.state = reinterpret_cast<RowState*>(base);
+  base += ws_align(rows * int64_t(sizeof(RowState)));
+  ws.hcnt = nullptr;
+  ws.hmass = nullptr;
+  if (splits > 1) {
+    ws.hcnt = reinterpret_cast<unsigned int*>(base);
+    base += ws_align(rows * kHistBins * 4);
+    ws.hmass = reinterpret_cast<unsigned long long*>(base);
+    base += ws_align(rows * kHistBins * 8);
+  }
+  ws.list_cap = level_list_cap(rows);
+  ws.list = ws.list_cap > 0 ? reinterpret_cast<unsigned long long*>(base) : nullptr;
 }
 
 template <typename T, typename TokT>

@@ -90,22 +90,16 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   const int64_t np = rows * p.splits;
   const int64_t part_bytes = np * int64_t(sizeof(Partial));
   const int64_t cand_bytes = (p.top_k ? np * kTopKCap * 8 : 0);
-  const int64_t state_bytes = generic ? rows * int64_t(sizeof(RowState)) : 0;
-  const int64_t hist_bytes = generic ? level_hist_bytes(rows, p.splits) : 0;
-  auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
-  const int64_t total = align(part_bytes) * (generic ? 2 : 1) + align(cand_bytes) +
-                        align(state_bytes) + align(hist_bytes);
+  const int64_t level_bytes = generic ? level_ws_bytes(rows, p.splits) : 0;
+  const int64_t total = ws_align(part_bytes) * (generic ? 2 : 1) + ws_align(cand_bytes) +
+                        level_bytes;
   at::Tensor wsbuf = at::empty({total}, logits.options().dtype(at::kByte));
   uint8_t* base = wsbuf.data_ptr<uint8_t>();
   Workspace ws{};
-  ws.part = reinterpret_cast<Partial*>(base); base += align(part_bytes);
-  if (generic) { ws.part1 = reinterpret_cast<Partial*>(base); base += align(part_bytes); }
-  ws.cand = reinterpret_cast<unsigned long long*>(base); base += align(cand_bytes);
-  ws.state = reinterpret_cast<RowState*>(base); base += align(state_bytes);
-  if (hist_bytes) {   // splits > 1 (level_hist_bytes)
-    ws.hcnt = reinterpret_cast<unsigned int*>(base);
-    ws.hmass = reinterpret_cast<unsigned long long*>(base + align(rows * kHistBins * 4));
-  }
+  ws.part = reinterpret_cast<Partial*>(base); base += ws_align(part_bytes);
+  if (generic) { ws.part1 = reinterpret_cast<Partial*>(base); base += ws_align(part_bytes); }
+  ws.cand = reinterpret_cast<unsigned long long*>(base); base += ws_align(cand_bytes);
+  if (generic) level_ws_carve(base, rows, p.splits, ws);   // state, histograms, lists
 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(logits.get_device());
   cudaError_t err = cudaSuccess;

@@ -49,9 +49,11 @@ namespace tokenspeed_kernel::verify {
 // instead of the radix select.
 // kListStats (tuning hook only, tools/verify_listed.py): count why requests are listed for the
 // exact path in g_verify_list_stats.
+// kNoLevelList (testing / A-B): the radix thresholds without the levels' compaction
+// (sampling::F_NO_LIST).
 enum : uint32_t {
   kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16,
-  kBisectThresholds = 32, kListStats = 64
+  kBisectThresholds = 32, kListStats = 64, kNoLevelList = 128
 };
 // [0] kUnsure coin at the deciding position, [1] bounds too wide (or a testing flag),
 // [2] score intervals that did not decide, [3] positions whose exact sums the resolve kernel (or
@@ -2288,7 +2290,7 @@ inline int verify_final_splits(int64_t bs, int64_t V, int sms, bool vec_ok) {
 // Workspace of the radix thresholds (p.thr set, kBisectThresholds clear): sized by
 // verify_thr_ws_bytes, carved by verify_thr_ws.
 struct ThrWs {
-  sampling::Workspace ws;   // part [rows * splits], state [rows], hcnt / hmass if splits > 1
+  sampling::Workspace ws;   // part [rows * splits], then the levels' (sampling::level_ws_carve)
   int32_t* row_req;         // [rows]
   int32_t splits, chunk;
 };
@@ -2298,29 +2300,21 @@ inline void verify_thr_split(int64_t rows, int V, int sms, int32_t& splits, int3
   chunk = int32_t(c);
   splits = int32_t((V + c - 1) / c);
 }
-inline int64_t thr_align(int64_t b) { return (b + 255) / 256 * 256; }
 inline int64_t verify_thr_ws_bytes(int64_t rows, int splits) {
-  const int64_t hist = splits > 1 ? thr_align(rows * sampling::kHistBins * 4) +
-                                        thr_align(rows * sampling::kHistBins * 8)
-                                  : 0;   // sampling::level_hist_bytes, aligned
-  return thr_align(rows * splits * int64_t(sizeof(sampling::Partial))) +
-         thr_align(rows * int64_t(sizeof(sampling::RowState))) + thr_align(rows * 4) + hist;
+  using sampling::ws_align;
+  return ws_align(rows * splits * int64_t(sizeof(sampling::Partial))) + ws_align(rows * 4) +
+         sampling::level_ws_bytes(rows, splits);
 }
 inline ThrWs verify_thr_ws(uint8_t* base, int64_t rows, int32_t splits, int32_t chunk) {
+  using sampling::ws_align;
   ThrWs t{};
   t.splits = splits;
   t.chunk = chunk;
   t.ws.part = reinterpret_cast<sampling::Partial*>(base);
-  base += thr_align(rows * splits * int64_t(sizeof(sampling::Partial)));
-  t.ws.state = reinterpret_cast<sampling::RowState*>(base);
-  base += thr_align(rows * int64_t(sizeof(sampling::RowState)));
+  base += ws_align(rows * splits * int64_t(sizeof(sampling::Partial)));
   t.row_req = reinterpret_cast<int32_t*>(base);
-  base += thr_align(rows * 4);
-  if (splits > 1) {
-    t.ws.hcnt = reinterpret_cast<unsigned int*>(base);
-    base += thr_align(rows * sampling::kHistBins * 4);
-    t.ws.hmass = reinterpret_cast<unsigned long long*>(base);
-  }
+  base += ws_align(rows * 4);
+  sampling::level_ws_carve(base, rows, splits, t.ws);   // state, histograms, lists
   return t;
 }
 
@@ -2354,7 +2348,8 @@ inline cudaError_t launch_verify_thresholds(const VerifyParams& p, const ThrWs& 
   sp.top_k = p.top_k;
   sp.top_p = p.top_p;
   sp.flags = sampling::F_THRESHOLDS | (p.temperature ? sampling::F_TEMP : 0) |
-             (p.top_k ? sampling::F_TOPK : 0) | (p.top_p ? sampling::F_TOPP : 0);
+             (p.top_k ? sampling::F_TOPK : 0) | (p.top_p ? sampling::F_TOPP : 0) |
+             ((p.flags & kNoLevelList) ? sampling::F_NO_LIST : 0);
   sp.splits = tw.splits;
   sp.chunk = tw.chunk;
   sp.row_req = tw.row_req;

@@ -13,6 +13,11 @@ from . import _common as C
 
 # flag bits shared with csrc/sampling/sampling_ops.cu
 F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS, F_GENERIC = 1, 2, 4, 8, 16, 32
+F_NO_LIST = 128
+# Testing / A-B only: the CUDA radix levels (sampler top-p / top-k > 256 / min-p rows, and the
+# verify family's top-k / top-p thresholds) never compact a level's active keys into the row's
+# list: every level reads the whole row again (the tokens must not change).
+_NO_LEVEL_LIST_FOR_TESTING = False
 FAST_TOP_K_MAX = 256   # csrc/sampling/sampling.cuh kTopKCap: top-k fast path bound
 
 
@@ -58,7 +63,7 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
             generic = top_p is not None or min_p is not None or top_k is not None
     flags = ((F_TEMP if temperature is not None else 0) | (F_TOPK if top_k is not None else 0)
              | (F_TOPP if top_p is not None else 0) | (F_MINP if min_p is not None else 0)
-             | (F_GENERIC if generic else 0))
+             | (F_GENERIC if generic else 0) | (F_NO_LIST if _NO_LEVEL_LIST_FOR_TESTING else 0))
     return seed, offset, temperature, top_k, top_p, min_p, backend, flags
 
 
