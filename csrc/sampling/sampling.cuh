@@ -594,9 +594,19 @@ __device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb) 
   if (threadIdx.x == 0) { sm.sh[0] = 0; sm.sh[1] = 0; }
   __syncthreads();
   if (phase == 1 && level == 0) {
-    // S = total mass of the eligible set (the top-k set, or the row), summed by the scan (the
-    // histogram may leave out low buckets): P' = max(1, trunc(p*S))
-    target = (unsigned long long)top_p_limit(rp.top_p, int64_t(target));
+    // S = total mass of the eligible set (the top-k set, or the row): P' = max(1, trunc(p*S))
+    unsigned long long s = 0;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) s += sm.mass[i];
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) sm.wsum[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long tot = 0;
+      for (int w = 0; w < kThreads / 32; ++w) tot += sm.wsum[w];
+      sm.sh[3] = (unsigned long long)top_p_limit(rp.top_p, int64_t(tot));
+    }
+    __syncthreads();
+    target = sm.sh[3];
   }
   // parallel search from the top digit: the first bucket whose inclusive sum reaches target
   if (phase == 0)
@@ -702,19 +712,6 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
   float xlo = key32_to_float(uint32_t(lo56 >> 24)), xhi = key32_to_float(uint32_t(hi56 >> 24));
   if (xlo != xlo) xlo = -INFINITY;
   if (xhi != xhi) xhi = INFINITY;
-  // Top-p level 0: every eligible key adds its mass to S (a register sum, merged per row in
-  // RowState::target), but only keys >= hist_lo enter the histogram. The boundary key b has
-  // x_b >= t = m + ln(1 - p) - ln V (- 0.05 for the float rounding): else every key with x >= t
-  // would lie above b, mass < P' <= p S, so the keys below t would hold more than (1 - p) S >=
-  // (1 - p) 2^38 (the max key's mass is 2^38), yet they hold at most V 2^38 e^(t - m). hist_lo
-  // is t's level-0 bucket floor, so every bucket is histogrammed whole or not at all, and the
-  // search from the top reaches b's bucket before any skipped one.
-  const bool top_p_l0 = phase == 1 && level == 0;
-  unsigned long long hist_lo = 0, ssum = 0;
-  if (top_p_l0) {
-    const float t = m + logf(1.0f - rp.top_p) - logf(float(p.vocab)) - 0.05f;
-    if (t > -INFINITY && t < m) hist_lo = uint64_t(key32(t) & 0xFFF00000u) << 24;
-  }
   // U vectors of 4 per thread and iteration, all loaded before any is used (loads in flight)
   for (int b0 = begin; b0 < end; b0 += kThreads * 4 * U) {
     float z[U][4];
@@ -747,15 +744,12 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (!__any_sync(0xffffffffu, act[j])) continue;
-        int64_t e = 0;
-        if (act[j] && phase == 1) e = mass_fixed(fsub(x[j], m));
-        if (top_p_l0) ssum += (unsigned long long)e;
-        const bool h = act[j] && k[j] >= hist_lo;   // histogrammed (hist_lo 0: every active key)
-        if (__any_sync(0xffffffffu, h)) {
-          const unsigned d = unsigned((k[j] >> shift) & uint64_t(nb - 1));
-          const unsigned grp = __match_any_sync(0xffffffffu, h ? d : 0x10000u + lane);
-          if (h && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
-          if (h && e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
+        const unsigned d = unsigned((k[j] >> shift) & uint64_t(nb - 1));
+        const unsigned grp = __match_any_sync(0xffffffffu, act[j] ? d : 0x10000u + lane);
+        if (act[j] && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
+        if (act[j] && phase == 1) {
+          int64_t e = mass_fixed(fsub(x[j], m));
+          if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
         }
         if (compact) {   // warp-aggregated append (positions past list_cap: counted, not written)
           const unsigned am = __ballot_sync(0xffffffffu, act[j]);
@@ -768,16 +762,7 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
       }
     }
   }
-  if (top_p_l0) {   // S: this CTA's part into the row's total (RowState::target, 0 before)
-    for (int o = 16; o; o >>= 1) ssum += __shfl_xor_sync(0xffffffffu, ssum, o);
-    if (lane == 0) sm.wsum[threadIdx.x >> 5] = ssum;
-  }
   __syncthreads();
-  if (top_p_l0 && threadIdx.x == 0) {
-    unsigned long long c = 0;
-    for (int w = 0; w < kThreads / 32; ++w) c += sm.wsum[w];
-    atomicAdd(&stp->target, c);
-  }
   if (p.splits > 1) {
     unsigned int* gcnt = ws.hcnt + int64_t(row) * kHistBins;
     unsigned long long* gmass = ws.hmass + int64_t(row) * kHistBins;
@@ -801,9 +786,8 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
     for (int i = threadIdx.x; i < nb; i += blockDim.x) { gcnt[i] = 0; gmass[i] = 0; }
   }   // one split: the CTA's own histogram is the row's
   if (threadIdx.x == 0) {
-    sm.st = *stp;   // fields other than arrive / ncand / target are not written during a launch
+    sm.st = *stp;   // fields other than arrive / ncand are not written during a launch
     sm.ncand = __ldcg(&stp->ncand);
-    sm.st.target = __ldcg(&stp->target);   // top-p level 0: S (the same thread added last)
   }
   __syncthreads();
   level_decide(sm, rp, nb);
