@@ -321,10 +321,12 @@ def test_comm_error_reporting():
 
 
 # ---------------------------------------------------------------------------------------------
-# two CPU processes over gloo: the NCCL-style fallback + reference, bit-exact
+# two to four CPU processes over gloo: the NCCL-style fallback + reference, bit-exact (world
+# sizes 3 and 4 exercise the world-size-generic logic the GPU suite runs at 4 and 8, issue 5)
 # ---------------------------------------------------------------------------------------------
-def test_gloo_two_processes_fallback_bit_exact():
-    H.run_workers("gloo_fallback_worker", 2, "gloo", timeout_s=600)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_gloo_processes_fallback_bit_exact(world):
+    H.run_workers("gloo_fallback_worker", world, "gloo", timeout_s=600)
 
 
 # ---------------------------------------------------------------------------------------------
