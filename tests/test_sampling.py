@@ -544,6 +544,32 @@ def test_gpu_level_list_equals_full_scans(dtype):
         assert torch.equal(a.tokens, _ref(z, seed, offset, **kw)[0])
 
 
+def test_gpu_level_list_reduced_capacity():
+    """Past 2048 rows the levels' list capacity halves (64 MiB per call: 2048 keys per row at
+    4000 rows, sampling::level_list_cap): boundary buckets between the two capacities are not
+    listed, smaller ones are; tokens and processed logprobs equal the full scans' and the
+    reference's. (Added in session 19 after the device budget was spent: not yet run on a GPU.)"""
+    skip_unless_backend("cuda")
+    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
+    gen = _gen(43)
+    R, V = 4000, 5000
+    z = _logits(R, V, gen, dtype=torch.bfloat16)
+    seed, offset = _seeds(R, gen)
+    kw = dict(temperature=torch.full((R,), 0.9),
+              top_k=torch.tensor([0, 3000, 2048, 1000] * (R // 4), dtype=torch.int32),
+              top_p=torch.tensor([0.9, 0.99, 0.5, 0.95] * (R // 4)))
+    kw = {n: t.to(DEVICE) for n, t in kw.items()}
+    a = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+    osm._NO_LEVEL_LIST_FOR_TESTING = True
+    try:
+        b = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+    finally:
+        osm._NO_LEVEL_LIST_FOR_TESTING = False
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.equal(a.processed_logprobs, b.processed_logprobs)
+    assert torch.equal(a.tokens, _ref(z, seed, offset, **kw)[0])
+
+
 def test_sample_int32_out(backend):
     gen = _gen(31)
     z = _logits(5, 100, gen)
