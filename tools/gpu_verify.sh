@@ -6,6 +6,12 @@
 #   tests     pytest tests/test_verify.py tests/test_verify_stats.py tests/test_sampling.py
 #   prof      tools/prof_verify.py per-kernel times of a few shapes
 #   bench     python -m tokenspeed_kernel.bench verify (FlashInfer from .bench-deps if carried)
+#   sanitize  compute-sanitizer memcheck (all filter sets) and racecheck (case 0) of
+#             tools/sanitize_verify.py --filters-only: the threshold path (radix levels)
+#   filters   tools/prof_filters.py (per-launch times of the threshold path), then
+#             python -m tokenspeed_kernel.bench verify-filters (FlashInfer as for bench)
+# The three test files took more than 330 s on an H100 (session 19: test_sampling.py and
+# test_verify.py + test_verify_stats.py fit in separate 600 s calls with the build).
 # Logs go to $OUT (if set) else ./gpu_verify_logs/. STEPS picks a subset (default: all but bench).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +40,13 @@ for s in $STEPS; do
     bench)
       if [ -f .bench-deps/flashinfer.tgz ]; then mkdir -p /tmp/ts-fi && tar xzf .bench-deps/flashinfer.tgz -C /tmp/ts-fi; export PYTHONPATH=$PYTHONPATH:/tmp/ts-fi; fi
       step bench ${BENCH_TIMEOUT:-400} $PY -m tokenspeed_kernel.bench verify ${BENCH_ARGS:-} ;;
+    sanitize)
+      step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 3 $PY tools/sanitize_verify.py --filters-only
+      step racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 3 $PY tools/sanitize_verify.py 0 --filters-only ;;
+    filters)
+      step prof_filters 150 $PY tools/prof_filters.py
+      if [ -f .bench-deps/flashinfer.tgz ]; then mkdir -p /tmp/ts-fi && tar xzf .bench-deps/flashinfer.tgz -C /tmp/ts-fi; export PYTHONPATH=$PYTHONPATH:/tmp/ts-fi; fi
+      step bench_filters ${BENCH_TIMEOUT:-400} $PY -m tokenspeed_kernel.bench verify-filters ${BENCH_ARGS:-} ;;
   esac
 done
 printf '%s\n' "${summary[@]}"
