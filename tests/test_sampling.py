@@ -507,6 +507,21 @@ def test_sample_top_p_stops_in_top_k_bucket(backend):
     assert torch.equal(got, _ref(z, seed, offset, **kw)[0])
 
 
+def _check_list_equals_full_scans(z, seed, offset, kw):
+    """CUDA sampler with the levels' lists == without them (_NO_LEVEL_LIST_FOR_TESTING) ==
+    the reference: tokens, and processed logprobs bit for bit."""
+    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
+    a = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+    osm._NO_LEVEL_LIST_FOR_TESTING = True
+    try:
+        b = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+    finally:
+        osm._NO_LEVEL_LIST_FOR_TESTING = False
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.equal(a.processed_logprobs, b.processed_logprobs)
+    assert torch.equal(a.tokens, _ref(z, seed, offset, **kw)[0])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_level_list_equals_full_scans(dtype):
     """The CUDA radix levels' compaction (a level with <= list_cap active keys lists them and its
@@ -518,7 +533,6 @@ def test_gpu_level_list_equals_full_scans(dtype):
     V = 151936 over few rows (several CTAs per row: global histograms) and V = 3000 over 700
     rows (one CTA per row; V <= 4096: level 0 itself lists)."""
     skip_unless_backend("cuda")
-    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
     gen = _gen(41)
     for R, V, kind in ((12, 151936, "randn"), (12, 151936, "int"), (700, 3000, "randn"),
                        (700, 3000, "int")):
@@ -531,17 +545,9 @@ def test_gpu_level_list_equals_full_scans(dtype):
                                dtype=torch.int32)[:R],
             top_p=torch.tensor([0.9, 0.9, 0.5, 0.95, 0.99, 0.3, 1.0, 0.8, 0.9, 0.999, 0.9,
                                 0.6] * rep)[:R],
-            min_p=torch.tensor([0.0] * 7 + [0.05] + [0.0] * 4 * 1)[:12].repeat(rep)[:R])
+            min_p=torch.tensor([0.0] * 7 + [0.05] + [0.0] * 4).repeat(rep)[:R])
         kw = {n: t.to(DEVICE) for n, t in kw.items()}
-        a = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-        osm._NO_LEVEL_LIST_FOR_TESTING = True
-        try:
-            b = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-        finally:
-            osm._NO_LEVEL_LIST_FOR_TESTING = False
-        assert torch.equal(a.tokens, b.tokens)
-        assert torch.equal(a.processed_logprobs, b.processed_logprobs)
-        assert torch.equal(a.tokens, _ref(z, seed, offset, **kw)[0])
+        _check_list_equals_full_scans(z, seed, offset, kw)
 
 
 def test_gpu_level_list_reduced_capacity():
@@ -550,7 +556,6 @@ def test_gpu_level_list_reduced_capacity():
     listed, smaller ones are; tokens and processed logprobs equal the full scans' and the
     reference's. (Added in session 19 after the device budget was spent: not yet run on a GPU.)"""
     skip_unless_backend("cuda")
-    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
     gen = _gen(43)
     R, V = 4000, 5000
     z = _logits(R, V, gen, dtype=torch.bfloat16)
@@ -559,15 +564,7 @@ def test_gpu_level_list_reduced_capacity():
               top_k=torch.tensor([0, 3000, 2048, 1000] * (R // 4), dtype=torch.int32),
               top_p=torch.tensor([0.9, 0.99, 0.5, 0.95] * (R // 4)))
     kw = {n: t.to(DEVICE) for n, t in kw.items()}
-    a = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-    osm._NO_LEVEL_LIST_FOR_TESTING = True
-    try:
-        b = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-    finally:
-        osm._NO_LEVEL_LIST_FOR_TESTING = False
-    assert torch.equal(a.tokens, b.tokens)
-    assert torch.equal(a.processed_logprobs, b.processed_logprobs)
-    assert torch.equal(a.tokens, _ref(z, seed, offset, **kw)[0])
+    _check_list_equals_full_scans(z, seed, offset, kw)
 
 
 def test_sample_int32_out(backend):
