@@ -827,6 +827,16 @@ def test_bench_verify_filters_harness(tmp_path):
     assert not bv.check_and_time(row, None, lambda: None, boom, 4000)
     assert row["status"].startswith("FAILED: RuntimeError")
 
+    # the per-shape ratios and progress line both benches use
+    ours = {"provider": "ours-cuda", "status": "ok", "graph_us": 30.0, "eager_us": 40.0}
+    eager = {"provider": "flashinfer", "status": "ok", "graph_us": None, "eager_us": 60.0}
+    bad = {"provider": "x", "status": "FAILED: RuntimeError: boom"}
+    bv.set_ratio(ours, "ratio_vs_flashinfer", eager)
+    bv.set_ratio(ours, "ratio_vs_bisect", None)
+    assert ours["ratio_vs_flashinfer"] == 0.5 and ours["ratio_vs_bisect"] is None
+    assert bv.shape_summary([ours, eager, bad]) == \
+        "ours-cuda 30.0us, flashinfer 60.0us, x FAILED: RuntimeError: boom"
+
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Problem() samples its drafts with Triton: needs a GPU or TRITON_INTERPRET=1")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

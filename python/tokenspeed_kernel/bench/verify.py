@@ -79,6 +79,23 @@ class Problem:
         return (self.tgt, self.drf)
 
 
+def row_us(r: Dict) -> Optional[float]:
+    """A result row's time: graph replay, else eager (None if neither was measured)."""
+    return r.get("graph_us") or r.get("eager_us")
+
+
+def set_ratio(r: Dict, key: str, other: Optional[Dict]) -> None:
+    """r[key] = r's time / other's time (None when either is missing)."""
+    mine, theirs = row_us(r), other and row_us(other)
+    r[key] = mine / theirs if (mine and theirs) else None
+
+
+def shape_summary(rows: List[Dict]) -> str:
+    """One progress line's worth: each provider's time, or the start of its status."""
+    return ", ".join(f"{r['provider']} " + (f"{row_us(r):.1f}us" if r.get("status") == "ok"
+                                            else r["status"][:40]) for r in rows)
+
+
 def _ours(backend: str):
     from .. import ops
 
@@ -349,19 +366,12 @@ def run_verify_bench(args) -> int:
                         if r.get("status") != "ok" or r["provider"] in ("flashinfer",
                                                                         "read-once"):
                             continue
-                        mine = r.get("graph_us") or r.get("eager_us")
                         if fi:
-                            fiu = fi.get("graph_us") or fi.get("eager_us")
-                            r["ratio_vs_flashinfer"] = mine / fiu if (mine and fiu) else None
+                            set_ratio(r, "ratio_vs_flashinfer", fi)
                         if ro_row:
-                            rou = ro_row.get("graph_us") or ro_row.get("eager_us")
-                            r["ratio_vs_read_once"] = mine / rou if (mine and rou) else None
+                            set_ratio(r, "ratio_vs_read_once", ro_row)
                     c = next((r for r in shape_rows if r["provider"] == "ours-cuda"), {})
-                    log(f"[verify] {dt} V={V} n={n} bs={bs}: "
-                        + ", ".join(f"{r['provider']} "
-                                    + (f"{(r.get('graph_us') or r.get('eager_us')):.1f}us"
-                                       if r.get("status") == "ok" else r["status"][:40])
-                                    for r in shape_rows)
+                    log(f"[verify] {dt} V={V} n={n} bs={bs}: " + shape_summary(shape_rows)
                         + (f" (floor {floor_us:.1f}us)" if c else ""))
                     pb = None   # frees the logits before empty_cache
                     torch.cuda.empty_cache()
@@ -457,7 +467,7 @@ def _plot(rows, d, panel: str = "n", providers=None, fname: str = "verify.png") 
                     if p == "floor" and r["provider"] == "ours-cuda":
                         pts.append((r["bs"], r["floor_us"]))
                     elif r["provider"] == p and r.get("status") == "ok":
-                        pts.append((r["bs"], r.get("graph_us") or r.get("eager_us")))
+                        pts.append((r["bs"], row_us(r)))
                 if pts:
                     pts.sort()
                     style = {"floor": "--", "read-once": ":"}.get(p, "-")

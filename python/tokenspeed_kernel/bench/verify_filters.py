@@ -37,7 +37,7 @@ import torch
 
 from . import report
 from .verify import (DTYPES, TEMP, Problem, _check_fi, _check_ours, _plot, _time,
-                     bench_start, check_and_time, log)
+                     bench_start, check_and_time, log, set_ratio, shape_summary)
 
 MODES = {"temp": {}, "top_p": {"top_p": 0.9}, "top_k_top_p": {"top_k": 50, "top_p": 0.9}}
 BATCH = [1, 16, 64]
@@ -186,17 +186,10 @@ def run_verify_filters_bench(args) -> int:
                     by = {r["provider"]: r for r in shape_rows if r.get("status") == "ok"}
                     c = by.get("ours-cuda")
                     if c:
-                        mine = c.get("graph_us") or c.get("eager_us")
-                        for key, prov in (("ratio_vs_bisect", "ours-cuda-bisect"),
-                                          ("ratio_vs_flashinfer", "flashinfer")):
-                            o = by.get(prov)
-                            ou = o and (o.get("graph_us") or o.get("eager_us"))
-                            c[key] = mine / ou if (mine and ou) else None
+                        set_ratio(c, "ratio_vs_bisect", by.get("ours-cuda-bisect"))
+                        set_ratio(c, "ratio_vs_flashinfer", by.get("flashinfer"))
                     log(f"[verify-filters] {dt} V={V} n={n} bs={bs} {mode}: "
-                        + ", ".join(f"{r['provider']} "
-                                    + (f"{(r.get('graph_us') or r.get('eager_us')):.1f}us"
-                                       if r.get("status") == "ok" else r["status"][:40])
-                                    for r in shape_rows))
+                        + shape_summary(shape_rows))
                 pb = None   # frees the logits before empty_cache
                 torch.cuda.empty_cache()
             if stop:
