@@ -19,7 +19,6 @@
 #include <cuda_bf16.h>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 
 #include "common/philox.cuh"
 #include "common/softmath.cuh"
@@ -1067,35 +1066,23 @@ inline void for_row_blocks(const Params& p, F&& launch) {
 }
 
 // generic_init + the 10 radix levels (needs pass 0's Partial::max56 / invalid in ws.part).
-// Vectors of 4 per thread per iteration of the level scan: 4; tuning hook (environment
-// TOKENSPEED_VERIFY_TUNING set): TS_LEVEL_U=1 for the one-vector scan (A/B).
-inline int level_unroll() {
-  static const int u = [] {
-    const char* t = getenv("TOKENSPEED_VERIFY_TUNING");
-    const char* v = getenv("TS_LEVEL_U");
-    return (t != nullptr && v != nullptr && v[0] == '1') ? 1 : 4;
-  }();
-  return u;
-}
+// Vectors of 4 per thread per iteration of the level scan (one vector took 1.02-1.11x the
+// levels' time in an A/B on an H100, docs/VERIFY.md).
+constexpr int kLevelU = 4;
 
 template <typename T>
 cudaError_t launch_levels(const Params& p, const Workspace& ws, cudaStream_t stream) {
   static bool attr_set = false;   // per template instance (process-wide; attribute is per function)
   if (!attr_set) {
-    cudaError_t e = cudaFuncSetAttribute(
-        level_kernel<T, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(level_smem()));
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(level_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(level_smem()));
+    const cudaError_t e = cudaFuncSetAttribute(
+        level_kernel<T, kLevelU>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(level_smem()));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
   generic_init_kernel<<<p.rows, 256, 0, stream>>>(p, ws);
-  const bool u4 = level_unroll() == 4;
   for (int l = 0; l < 10; ++l)
     for_row_blocks(p, [&](const Params& q, dim3 grid) {
-      if (u4) level_kernel<T, 4><<<grid, kThreads, level_smem(), stream>>>(q, ws);
-      else level_kernel<T, 1><<<grid, kThreads, level_smem(), stream>>>(q, ws);
+      level_kernel<T, kLevelU><<<grid, kThreads, level_smem(), stream>>>(q, ws);
     });
   return cudaGetLastError();
 }
