@@ -164,13 +164,20 @@ def gloo_fallback_worker(rank: int, world: int) -> None:
 # ---------------------------------------------------------------------------------------------
 # GPU (NCCL) workers
 # ---------------------------------------------------------------------------------------------
-CUDA_VARIANTS = ["cuda:ll", "cuda:flag"]   # the CUDA backend with each protocol forced
+# the CUDA backend with each protocol forced, launched plainly and with PDL
+CUDA_VARIANTS = ["cuda:ll", "cuda:flag", "cuda:ll+pdl", "cuda:flag+pdl"]
 
 
 def bp(b: str) -> dict:
-    """'cuda:ll' -> backend='cuda', protocol='ll'; 'triton' -> backend='triton' (auto)."""
+    """'cuda:ll' -> backend='cuda', protocol='ll'; 'cuda:flag+pdl' -> ... enable_pdl=True;
+    'triton' -> backend='triton' (auto)."""
+    b, plus, pdl = b.partition("+")
     name, _, proto = b.partition(":")
-    return {"backend": name, "protocol": proto or "auto"}
+    kw = {"backend": name, "protocol": proto or "auto"}
+    if plus:
+        assert pdl == "pdl", b
+        kw["enable_pdl"] = True
+    return kw
 
 
 def _gpu_backends(comm) -> list:
@@ -232,7 +239,7 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
             for rows in (1, 7, 64):
                 slices = [make_slice(SEED + 1, s, rows, ws[s], dtype, dev) for s in range(world)]
                 want = ref.all_gather_hidden(slices)
-                for backend in (["cuda:flag", "cuda:flag-nopipe"]
+                for backend in (["cuda:flag", "cuda:flag-nopipe", "cuda:flag+pdl"]
                                 if comm.extension else []) + ["triton"]:
                     name, _, knob = backend.partition("-")
                     oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = knob == "nopipe"
@@ -287,6 +294,15 @@ def gpu_graph_worker(rank: int, world: int, replays: int = 10000) -> None:
         idx = {s: torch.arange(rows * ws[s], device=dev, dtype=torch.int64).view(rows, ws[s])
                for s in range(world)}
 
+        # even widths: a chain of two PDL calls, the second gathering what the first received
+        # (its x = the next rank's columns of the first output). The second kernel is scheduled
+        # while the first runs; griddepcontrol.wait must hold its loads until the first ended.
+        chain = comm.extension and len(set(ws)) == 1
+        if chain:
+            y1 = torch.zeros((rows, H), dtype=dtype, device=dev)
+            y2 = torch.zeros((rows, H), dtype=dtype, device=dev)
+            nxt = (rank + 1) % world
+
         def step():
             x.view(it).copy_(_gen_bits(idx[rank], counter, rank, it))
             for b in backends:
@@ -297,6 +313,15 @@ def gpu_graph_worker(rank: int, world: int, replays: int = 10000) -> None:
                 for s in range(world):
                     mism.add_((o[:, offs[s]:offs[s + 1]] != _gen_bits(idx[s], counter, s, it)).sum())
                 mism.add_((red != float(world)).sum())
+            if chain:
+                for proto in ("ll", "flag"):
+                    ops.all_gather_hidden_out(comm, x, y1, protocol=proto, enable_pdl=True)
+                    ops.all_gather_hidden_out(comm, y1[:, offs[nxt]:offs[nxt + 1]], y2,
+                                              protocol=proto, enable_pdl=True)
+                    o = y2.view(it)
+                    for s in range(world):
+                        want = _gen_bits(idx[(s + 1) % world], counter, (s + 1) % world, it)
+                        mism.add_((o[:, offs[s]:offs[s + 1]] != want).sum())
             counter.add_(1)
 
         s = torch.cuda.Stream()
@@ -317,7 +342,8 @@ def gpu_graph_worker(rank: int, world: int, replays: int = 10000) -> None:
         comm.check()
         assert int(mism.item()) == 0, f"{dtype}: {int(mism.item())} mismatching elements"
         assert int(counter.item()) == 3 + replays
-        assert comm.calls == calls0 + replays * len(backends), (comm.calls, calls0)
+        assert comm.calls == calls0 + replays * (len(backends) + (4 if chain else 0)), \
+            (comm.calls, calls0)
         # host check of the last replay
         last = counter - 1
         for b in backends:

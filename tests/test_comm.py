@@ -83,6 +83,7 @@ def test_constants_match_cuda_header():
     assert int(const("kAgFlagTrap")) == oc.F_TRAP
     assert int(const("kAgFlagLL")) == oc.F_LL
     assert int(const("kAgFlagNoPipe")) == oc.F_NOPIPE
+    assert int(const("kAgFlagPDL")) == oc.F_PDL
     assert const("kAgReadyOffset") == "int64_t(kAgMaxBlocks) * kAgMaxRanks"
     assert const("kAgTritonOffset") == "2 * kAgReadyOffset"
     assert const("kAgFlagBytes") == "3 * kAgReadyOffset * 8"
@@ -283,6 +284,9 @@ def test_validation_errors_name_the_argument(gloo1):
     bad("backend", ag, c, x, backend="cuda")                               # no P2P here
     bad("backend", ag, c, x, backend="triton")
     bad("backend", ag, c, x, backend="multimem")
+    bad("enable_pdl", ag, c, x, enable_pdl=1)
+    bad("enable_pdl", ag, c, x, enable_pdl=True)                           # CPU: no sm_90
+    bad("enable_pdl", ago, c, x, torch.empty(4, 16, dtype=torch.bfloat16), enable_pdl="yes")
     bad("out", ago, c, x, None)
     bad("out", ago, c, x, torch.zeros(4, 32, dtype=torch.bfloat16))        # shape
     bad("out", ago, c, x, torch.zeros(4, 16, dtype=torch.float16))         # dtype
@@ -300,6 +304,8 @@ def test_create_comm_argument_errors(gloo1):
                      ("timeout_ms", dict(timeout_ms=-1)), ("block_bytes", dict(block_bytes=8)),
                      ("max_blocks", dict(max_blocks=0)), ("max_blocks", dict(max_blocks=10**6)),
                      ("p2p_max_bytes", dict(p2p_max_bytes=-5)),
+                     ("enable_pdl", dict(enable_pdl=True)),         # CPU: no sm_90
+                     ("enable_pdl", dict(enable_pdl=1)),
                      ("device", dict(device="meta"))]:
         with pytest.raises(ValueError, match=f"^{arg}:"):
             mk(**{**base, **upd})
@@ -459,6 +465,7 @@ def test_bench_comm_options_and_writers(tmp_path):
     md = bc._markdown(rows, env, 2, ["bf16/H=7168/T=512"])
     assert "NVIDIA Test" in md and "| 8 |" in md and "failed verification" in md
     assert "auto picks" in md and "NCCL ÷ auto" in md and "| ll |" in md
+    assert "NCCL ÷ PDL" in md and "p2p-cuda-pdl µs" in md
     assert "Skipped (time budget): bf16/H=7168/T=512" in md
     png = bc._plot(rows, tmp_path / "c.png", 2)
     assert png is None or (tmp_path / "c.png").stat().st_size > 0
@@ -519,6 +526,16 @@ def test_cuda_op_arguments_match_the_schema(gloo1):
     assert a[13] == 0 and a[14] == 0                      # flag protocol: no LL region
     v = oc._cuda_args(c, x, None, [0, 16], oc.F_VIEW, 3, [16])
     assert v[1] is None and v[11] == oc.F_VIEW | oc.F_TRAP
+    # PDL: off by default; per call or from the communicator's default, sm_90+ only
+    assert oc._pdl_flag(c, None) == 0 and oc._pdl_flag(c, False) == 0
+    with pytest.raises(ValueError, match="^enable_pdl:"):
+        oc._pdl_flag(c, True)                              # a CPU communicator: capability (0, 0)
+    c.capability = (9, 0)
+    assert oc._pdl_flag(c, True) == oc.F_PDL
+    c.enable_pdl = True
+    assert oc._pdl_flag(c, None) == oc.F_PDL and oc._pdl_flag(c, False) == 0
+    pd = oc._cuda_args(c, x, out, [0, 16], oc.F_LL | oc.F_PDL, 3, [16])
+    assert pd[11] == oc.F_LL | oc.F_PDL | oc.F_TRAP
     ll = oc._cuda_args(c, x, out, [0, 16], oc.F_LL, 3, [16])
     assert ll[11] == oc.F_LL | oc.F_TRAP and ll[13] == 3 * c.buf_bytes
     assert ll[14] == c.ll_bytes >= 2 * 3 * 16 * 2
@@ -527,6 +544,7 @@ def test_cuda_op_arguments_match_the_schema(gloo1):
         assert op(*a) is None
         assert op(*v) is None
         assert op(*ll) is None
+        assert op(*pd) is None
     # the view the wrapper returns sits in buffer 2 (no launch: T = 0)
     view = ops.all_gather_hidden_view(c, torch.zeros(0, 16, dtype=torch.bfloat16))
     assert view.untyped_storage().data_ptr() == c.symm.untyped_storage().data_ptr()

@@ -4,7 +4,8 @@ Times, with the bench's method (bench/comm.py: graph replay of N back-to-back ca
 aligned by an NCCL all-reduce, max over ranks, every output checked bit-exact first), a list of
 providers -- ``ll``, ``flag`` (what the library launches: the pipelined kernel above two rounds
 per CTA), ``flag-nopipe`` (the testing knob: the unpipelined kernel), ``view``
-(``all_gather_hidden_view``: no copy-out, so the push's own cost) -- for a list of
+(``all_gather_hidden_view``: no copy-out, so the push's own cost), and any of them with a
+``-pdl`` suffix (launched with ``enable_pdl=True``) -- for a list of
 ``block_bytes`` values (grid = ceil(slice bytes / block_bytes), capped by the SM count),
 plus ``nccl`` (NCCL + permute, at the first block size) and a launch floor (N back-to-back
 1-element kernels in one graph). Writes ``<out>/comm_sweep.csv`` and prints one line per shape.
@@ -72,7 +73,7 @@ def _run(rank, world, opts):
                     ["nccl"] if bb == opts["block_bytes"][0] else [])
                 line = []
                 for prov in provs:
-                    if prov == "ll" and T * H * x.element_size() > 8 << 20:
+                    if prov.split("-")[0] == "ll" and T * H * x.element_size() > 8 << 20:
                         continue
                     backend = "nccl" if prov == "nccl" else "cuda"
                     proto, _, knob = prov.partition("-")
@@ -82,11 +83,12 @@ def _run(rank, world, opts):
                         oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = kn == "nopipe"
                         try:
                             if pr == "view":  # no copy-out (copied here only for the check)
-                                v = oc.all_gather_hidden_view(comm, x)
+                                v = oc.all_gather_hidden_view(comm, x, enable_pdl=kn == "pdl")
                                 if o is check_out:
                                     o.copy_(v)
                             else:
-                                oc.all_gather_hidden_out(comm, x, o, backend=be, protocol=pr)
+                                oc.all_gather_hidden_out(comm, x, o, backend=be, protocol=pr,
+                                                         enable_pdl=kn == "pdl")
                         finally:
                             oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
                     o = check_out = torch.empty((T, H), dtype=dtype, device=dev)

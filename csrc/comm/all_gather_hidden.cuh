@@ -76,6 +76,7 @@ constexpr int kAgFlagView = 2;      // no copy-out; result stays in buffer 2 (en
 constexpr int kAgFlagTrap = 4;      // __trap() after recording a timeout (default: flag only)
 constexpr int kAgFlagLL = 8;        // low-latency protocol: flag-carrying packets, no barrier
 constexpr int kAgFlagNoPipe = 16;   // testing / A-B only: copy-out through the unpipelined kernel
+constexpr int kAgFlagPDL = 32;      // launch with programmatic dependent launch (sm_90+, opt-in)
 
 struct AllGatherHiddenParams {
   const uint8_t* x;  // [rows, my width] (byte row stride ldx)
@@ -107,6 +108,21 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// Programmatic dependent launch (PDL, sm_90+). Every kernel of this file starts with pdl_enter():
+// griddepcontrol.wait returns once the previous kernel in the stream has completed and its
+// memory is visible (at once when this launch did not allow PDL), so nothing below it -- the
+// loads of x, the call counter -- can see a half-written input. launch_dependents then lets the
+// next kernel of the stream (if launched with PDL) get scheduled while this one runs; that
+// kernel's own griddepcontrol.wait still waits for this grid's completion. The trigger requires
+// every CTA of this grid to be resident already, so early dependents cannot starve the CTAs
+// that wait for peers.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ void st_release_sys(uint64_t* addr, uint64_t v) {
@@ -240,6 +256,21 @@ __device__ __forceinline__ void advance_seq(const AllGatherHiddenParams& p, uint
   }
 }
 
+// Loads this thread's batch of the own slice: vectors base + u * kAgThreads (u < kAgUnroll)
+// below hi, vector i being (row i / wv, column i % wv) of x.
+__device__ __forceinline__ void load_x_batch(const AllGatherHiddenParams& p, uint32_t base,
+                                             uint32_t hi, uint32_t wv, uint4 (&v)[kAgUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kAgUnroll; ++u) {
+    const uint32_t i = base + u * kAgThreads;
+    if (i < hi) {
+      const uint32_t t = i / wv;
+      const uint32_t c = i - t * wv;
+      v[u] = ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
+    }
+  }
+}
+
 // Copies chunk b of source s's columns from the local gather buffer to the caller's output.
 __device__ __forceinline__ void copy_out_chunk(const AllGatherHiddenParams& p, int s,
                                                int64_t buf_off) {
@@ -328,6 +359,16 @@ __global__ void __launch_bounds__(kAgThreads)
   __shared__ int s_fail;
   const int tid = threadIdx.x;
   const int b = blockIdx.x;
+  // My chunk b, and its first batch of vectors loaded before the call counter is known (the two
+  // loads overlap; at small T the first batch is all there is).
+  const uint32_t wv = static_cast<uint32_t>(p.col_vec[p.rank + 1] - p.col_vec[p.rank]);
+  const uint32_t my_col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
+  const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
+  const uint32_t lo = wv ? detail::chunk_begin(n, b, p.num_blocks) : 0;
+  const uint32_t hi = wv ? detail::chunk_begin(n, b + 1, p.num_blocks) : 0;
+  uint4 v[kAgUnroll];
+  detail::pdl_enter();
+  detail::load_x_batch(p, lo + tid, hi, wv, v);
   if (tid == 0) {
     detail::read_call(p, s_abort, s_epoch);
     s_fail = 0;
@@ -350,15 +391,10 @@ __global__ void __launch_bounds__(kAgThreads)
 
   if (!s_fail) {
     // ---- push: chunk b of my slice, 16-byte vectors, to the same place in every buffer ----
-    const uint32_t wv = static_cast<uint32_t>(p.col_vec[p.rank + 1] - p.col_vec[p.rank]);
-    const uint32_t my_col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
-    const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
-    const uint32_t lo = wv ? detail::chunk_begin(n, b, p.num_blocks) : 0;
-    const uint32_t hi = wv ? detail::chunk_begin(n, b + 1, p.num_blocks) : 0;
     // unicast copy-out mode: my own slice goes straight to my output (not through my buffer)
     const bool direct = !kMultimem && !view;
     for (uint32_t base = lo + tid; base < hi; base += kAgThreads * kAgUnroll) {
-      uint4 v[kAgUnroll];
+      if (base != lo + tid) detail::load_x_batch(p, base, hi, wv, v);
       int64_t dst[kAgUnroll];
       uint8_t* own[kAgUnroll];
 #pragma unroll
@@ -367,7 +403,6 @@ __global__ void __launch_bounds__(kAgThreads)
         if (i < hi) {
           const uint32_t t = i / wv;
           const uint32_t c = i - t * wv;
-          v[u] = detail::ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
           dst[u] = buf_off + (static_cast<int64_t>(t) * p.row_vec + my_col0 + c) * 16;
           own[u] = p.out + static_cast<int64_t>(t) * p.ldo + static_cast<int64_t>(my_col0 + c) * 16;
         }
@@ -440,6 +475,7 @@ __global__ void __launch_bounds__(kAgThreads, 1)
   constexpr uint32_t kRoundVec = kAgDataThreads * kU;  // 16-byte vectors per round per CTA
   const int tid = threadIdx.x;
   const int b = blockIdx.x;
+  detail::pdl_enter();
   if (tid == 0) {
     detail::read_call(p, s_abort, s_epoch);
     s_fail = 0;
@@ -608,18 +644,8 @@ __global__ void __launch_bounds__(kAgThreads)
   const uint32_t my_lo = my_wv ? detail::chunk_begin(my_n, b, p.num_blocks) : 0;
   const uint32_t my_hi = my_wv ? detail::chunk_begin(my_n, b + 1, p.num_blocks) : 0;
   uint4 v[kAgUnroll];
-  auto load_batch = [&](uint32_t base) {
-#pragma unroll
-    for (int u = 0; u < kAgUnroll; ++u) {
-      const uint32_t i = base + u * kAgThreads;
-      if (i < my_hi) {
-        const uint32_t t = i / my_wv;
-        const uint32_t c = i - t * my_wv;
-        v[u] = detail::ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
-      }
-    }
-  };
-  load_batch(my_lo + tid);
+  detail::pdl_enter();
+  detail::load_x_batch(p, my_lo + tid, my_hi, my_wv, v);
   if (tid == 0) {
     detail::read_call(p, s_abort, s_epoch);
   }
@@ -634,7 +660,7 @@ __global__ void __launch_bounds__(kAgThreads)
   {
     const int64_t area = par + 2 * rows * my_col0 * 16;
     for (uint32_t base = my_lo + tid; base < my_hi; base += kAgThreads * kAgUnroll) {
-      if (base != my_lo + tid) load_batch(base);
+      if (base != my_lo + tid) detail::load_x_batch(p, base, my_hi, my_wv, v);
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {
         const uint32_t i = base + u * kAgThreads;
@@ -702,6 +728,27 @@ __global__ void __launch_bounds__(kAgThreads)
   }
 }
 
+namespace detail {
+
+// <<<grid, block, 0, stream>>>, plus the PDL launch attribute when `pdl` (flag kAgFlagPDL).
+template <typename Kernel>
+inline void launch(Kernel kernel, dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                   const AllGatherHiddenParams& p) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  (void)cudaLaunchKernelEx(&cfg, kernel, p);  // the caller reads cudaGetLastError()
+}
+
+}  // namespace detail
+
 // Host launcher. The caller guarantees (and comm_ops.cu checks) the 16-byte alignment of every
 // pointer, stride and column offset, that the buffers hold rows * row_vec vectors, and that every
 // rank launches the same call (same rows, widths, num_blocks, flags) in the same order.
@@ -715,18 +762,19 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
   if ((!view && p.out == nullptr && p.rows > 0) || (mm && p.mc_data == nullptr))
     return cudaErrorInvalidValue;
   const dim3 grid(p.num_blocks), block(kAgThreads);
+  const bool pdl = (p.flags & kAgFlagPDL) != 0;
   if (ll) {
     if (view || mm || p.ll_bytes < 2 * int64_t(p.rows) * p.row_vec * 16 || p.ll_off < 0 ||
         p.ll_off % 16 != 0)
       return cudaErrorInvalidValue;
     if (p.world <= 2)
-      all_gather_hidden_ll_kernel<2><<<grid, block, 0, stream>>>(p);
+      detail::launch(all_gather_hidden_ll_kernel<2>, grid, block, stream, pdl, p);
     else if (p.world <= 4)
-      all_gather_hidden_ll_kernel<4><<<grid, block, 0, stream>>>(p);
+      detail::launch(all_gather_hidden_ll_kernel<4>, grid, block, stream, pdl, p);
     else if (p.world <= 8)
-      all_gather_hidden_ll_kernel<8><<<grid, block, 0, stream>>>(p);
+      detail::launch(all_gather_hidden_ll_kernel<8>, grid, block, stream, pdl, p);
     else
-      all_gather_hidden_ll_kernel<16><<<grid, block, 0, stream>>>(p);
+      detail::launch(all_gather_hidden_ll_kernel<16>, grid, block, stream, pdl, p);
     return cudaGetLastError();
   }
   // Copy-out calls whose CTA chunks span more than two rounds go through the pipelined kernel.
@@ -741,14 +789,14 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
   const bool pipe = !mm && !view && !(p.flags & kAgFlagNoPipe) && max_chunk > 2 * kAgRoundVec;
   if (pipe && max_chunk / kAgRoundVec >= (int64_t(1) << kAgRoundBits) - 2)
     return cudaErrorInvalidValue;  // round numbers would overflow the flag's round field
-#define TS_AG_LAUNCH(W)                                                      \
-  do {                                                                       \
-    if (pipe)                                                                \
-      all_gather_hidden_pipe_kernel<W, kAgUnroll><<<grid, block, 0, stream>>>(p); \
-    else if (mm)                                                             \
-      all_gather_hidden_kernel<W, true><<<grid, block, 0, stream>>>(p);      \
-    else                                                                     \
-      all_gather_hidden_kernel<W, false><<<grid, block, 0, stream>>>(p);     \
+#define TS_AG_LAUNCH(W)                                                                   \
+  do {                                                                                    \
+    if (pipe)                                                                             \
+      detail::launch(all_gather_hidden_pipe_kernel<W, kAgUnroll>, grid, block, stream, pdl, p); \
+    else if (mm)                                                                          \
+      detail::launch(all_gather_hidden_kernel<W, true>, grid, block, stream, pdl, p);      \
+    else                                                                                  \
+      detail::launch(all_gather_hidden_kernel<W, false>, grid, block, stream, pdl, p);     \
   } while (0)
   if (p.world <= 1)
     TS_AG_LAUNCH(1);

@@ -74,7 +74,7 @@ void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out
   const bool mm = (flags & kAgFlagMultimem) != 0;
   const bool ll = (flags & kAgFlagLL) != 0;
   TORCH_CHECK((flags & ~(kAgFlagMultimem | kAgFlagView | kAgFlagTrap | kAgFlagLL |
-                          kAgFlagNoPipe)) == 0,
+                          kAgFlagNoPipe | kAgFlagPDL)) == 0,
               "all_gather_hidden: unknown flag bits ", flags);
   if (ll) {
     TORCH_CHECK(!view && !mm, "all_gather_hidden: the LL protocol is copy-out and P2P only");
@@ -116,6 +116,11 @@ void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out
   }
 
   const c10::cuda::CUDAGuard guard(x.device());
+  if (flags & kAgFlagPDL) {
+    const auto* prop = at::cuda::getCurrentDeviceProperties();
+    TORCH_CHECK(prop->major >= 9, "all_gather_hidden: enable_pdl needs sm_90+, got sm_",
+                prop->major, prop->minor);
+  }
   if (mm) {
     TORCH_CHECK(mc_data != 0 && mc_data % 16 == 0,
                 "all_gather_hidden: multimem requested without a multicast address");

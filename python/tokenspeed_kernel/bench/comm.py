@@ -1,10 +1,13 @@
 """Benchmark of the TP all-gather along the hidden / vocab dimension (``ops.all_gather_hidden``).
 
 Providers: ``p2p-cuda-ll`` and ``p2p-cuda-flag`` (the CUDA push kernel with its LL and flag
-protocols forced, see ``ops.comm.cuda_protocol``), ``p2p-triton`` (the Triton push kernel),
+protocols forced, see ``ops.comm.cuda_protocol``), ``p2p-cuda-pdl`` (``protocol="auto"`` launched
+with ``enable_pdl=True``: programmatic dependent launch; in the timed graph its N calls follow
+each other, so each call's launch overlaps the previous call -- the case of an engine whose
+preceding kernel also triggers early), ``p2p-triton`` (the Triton push kernel),
 ``nccl+permute`` (``all_gather_into_tensor`` + permute, what the auto policy falls back to). The
 markdown also shows what ``protocol="auto"`` picks at the default crossover
-(``DEFAULT_LL_MAX_BYTES``) and NCCL's time divided by that pick's.
+(``DEFAULT_LL_MAX_BYTES``) and NCCL's time divided by that pick's, and by ``p2p-cuda-pdl``'s.
 Grid: T in {1, 8, 32, 128, 512}; H in {7168 (hidden), 151936 (vocab)} bf16, and fp32 for the
 vocab (logits). Even widths (H / W per rank).
 
@@ -49,9 +52,11 @@ from . import report
 NVLINK_GBPS = 450.0           # per direction per GPU (H100 / H200 NV18)
 T_GRID = [1, 8, 32, 128, 512]
 SHAPES = [("bf16", 7168), ("bf16", 151936), ("fp32", 151936)]
-PROVIDERS = ["p2p-cuda-ll", "p2p-cuda-flag", "p2p-triton", "nccl+permute"]
-BACKEND_OF = {"p2p-cuda-ll": ("cuda", "ll"), "p2p-cuda-flag": ("cuda", "flag"),
-              "p2p-triton": ("triton", "auto"), "nccl+permute": ("nccl", "auto")}
+PROVIDERS = ["p2p-cuda-ll", "p2p-cuda-flag", "p2p-cuda-pdl", "p2p-triton", "nccl+permute"]
+# provider -> (backend, protocol, enable_pdl)
+BACKEND_OF = {"p2p-cuda-ll": ("cuda", "ll", False), "p2p-cuda-flag": ("cuda", "flag", False),
+              "p2p-cuda-pdl": ("cuda", "auto", True),
+              "p2p-triton": ("triton", "auto", False), "nccl+permute": ("nccl", "auto", False)}
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STEM = "comm_all_gather_hidden"
 COLUMNS = ["gpu", "world", "dtype", "T", "H", "provider", "graph_us", "graph_p20", "graph_p80",
@@ -85,15 +90,20 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
              "against torch.distributed.all_gather before timing. Eager medians in the CSV. "
              "`auto picks`: the CUDA protocol `protocol=\"auto\"` chooses at the library's "
              f"default crossover (LL up to {_default_ll_max(world) // 1024} KiB of output); "
-             "`NCCL ÷ auto`: NCCL + permute time / that protocol's time.", ""]
+             "`NCCL ÷ auto`: NCCL + permute time / that protocol's time; `NCCL ÷ PDL`: the same "
+             "over `p2p-cuda-pdl` (auto protocol launched with programmatic dependent launch: "
+             "the graph's back-to-back calls overlap each other's launch).", ""]
     for dt, H in sorted({(r["dtype"], r["H"]) for r in rows}, key=lambda k: (k[1], k[0])):
         sub = [r for r in rows if r["dtype"] == dt and r["H"] == H]
         provs = [p for p in PROVIDERS if any(r["provider"] == p for r in sub)]
         auto_col = "p2p-cuda-ll" in provs and "p2p-cuda-flag" in provs and "nccl+permute" in provs
+        pdl_col = "p2p-cuda-pdl" in provs and "nccl+permute" in provs
         lines += [f"## {dt}, H = {H} ({H // world} per rank)", "",
                   "| T | floor µs | " + " | ".join(f"{p} µs (%floor)" for p in provs)
-                  + (" | auto picks | NCCL ÷ auto |" if auto_col else " |"),
-                  "|---|---|" + "---|" * len(provs) + ("---|---|" if auto_col else "")]
+                  + (" | auto picks | NCCL ÷ auto" if auto_col else "")
+                  + (" | NCCL ÷ PDL" if pdl_col else "") + " |",
+                  "|---|---|" + "---|" * len(provs) + ("---|---|" if auto_col else "")
+                  + ("---|" if pdl_col else "")]
         for T in sorted({r["T"] for r in sub}):
             cells = []
             floor = None
@@ -118,6 +128,14 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
                 ratio = (rn["graph_us"] / ra["graph_us"]
                          if ra and rn and ra.get("graph_us") and rn.get("graph_us") else None)
                 cells += [pick, "–" if ratio is None else f"{ratio:.2f}×"]
+            if pdl_col:
+                rp = next((r for r in sub if r["T"] == T and r["provider"] == "p2p-cuda-pdl"),
+                          None)
+                rn = next((r for r in sub if r["T"] == T and r["provider"] == "nccl+permute"),
+                          None)
+                ratio = (rn["graph_us"] / rp["graph_us"]
+                         if rp and rn and rp.get("graph_us") and rn.get("graph_us") else None)
+                cells.append("–" if ratio is None else f"{ratio:.2f}×")
             lines.append(f"| {T} | {_f(floor, 2)} | " + " | ".join(cells) + " |")
         lines.append("")
     if skipped:
@@ -302,7 +320,7 @@ def _bench_rank(opts: Dict) -> int:
                 floor_us = bytes_in / (NVLINK_GBPS * 1e3)
                 line = []
                 for prov in providers:
-                    backend, proto = BACKEND_OF[prov]
+                    backend, proto, pdl = BACKEND_OF[prov]
                     row = {"gpu": env["gpu"], "world": world, "dtype": dtname, "T": T, "H": H,
                            "provider": prov, "floor_us": floor_us, "torch": env["torch"],
                            "triton": env.get("triton", ""), "cuda": env.get("cuda", ""),
@@ -312,6 +330,8 @@ def _bench_rank(opts: Dict) -> int:
                     # availability is agreed at creation, so every rank takes the same branch
                     try:
                         oc.select_backend(comm, T, H, backend)
+                        if pdl:
+                            oc._pdl_flag(comm, True)   # sm_90+ only
                     except Exception as e:
                         row["note"] = f"unavailable: {str(e)[:80]}"
                         row["verified"] = "n/a"
@@ -323,7 +343,8 @@ def _bench_rank(opts: Dict) -> int:
                     ok = True
                     try:
                         for o in outs:
-                            oc.all_gather_hidden_out(comm, x, o, backend=backend, protocol=proto)
+                            oc.all_gather_hidden_out(comm, x, o, backend=backend, protocol=proto,
+                                                     enable_pdl=pdl)
                         torch.cuda.synchronize(device)
                         if comm.state is not None:
                             comm.check()
@@ -346,8 +367,9 @@ def _bench_rank(opts: Dict) -> int:
                     est = max(1.0, floor_us * 2 + 8.0)
                     n = max(1, min(32, int(200.0 / est)))
                     outs = [torch.empty((T, H), dtype=dtype, device=device) for _ in range(n)]
-                    fns = [(lambda o=o, c=comm, xx=x, be=backend, pr=proto:
-                            oc.all_gather_hidden_out(c, xx, o, backend=be, protocol=pr))
+                    fns = [(lambda o=o, c=comm, xx=x, be=backend, pr=proto, pd=pdl:
+                            oc.all_gather_hidden_out(c, xx, o, backend=be, protocol=pr,
+                                                     enable_pdl=pd))
                            for o in outs]
                     reps = opts["reps"]
                     try:

@@ -40,7 +40,7 @@ FLAG_BYTES = 3 * READY_OFFSET * 8
 STATE_WORDS = 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
-F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE = 1, 2, 4, 8, 16
+F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE, F_PDL = 1, 2, 4, 8, 16, 32
 # Testing / A-B knob (flag protocol, copy-out calls): the unpipelined kernel
 # (all_gather_hidden_kernel) even where a CTA's chunk spans several rounds. Every rank must set
 # it alike. (Pipelined rounds of 60 KiB and 15 KiB were measured slower than 30 KiB -- 70.6 and
@@ -252,7 +252,8 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
                            block_bytes: int = DEFAULT_BLOCK_BYTES,
                            max_blocks: Optional[int] = None,
                            use_symmetric_memory: bool = True,
-                           ll_max_bytes: Optional[int] = None) -> AllGatherComm:
+                           ll_max_bytes: Optional[int] = None,
+                           enable_pdl: bool = False) -> AllGatherComm:
     """Create the all-gather workspace of ``group`` (collective: every rank calls it).
 
     Parameters
@@ -277,6 +278,11 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
         disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (192 KiB for 2 ranks,
         16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)`` bytes
         of symmetric memory. Agreed as the MIN over ranks.
+    enable_pdl : default of the calls' ``enable_pdl`` (CUDA backend, sm_90+): launch the push
+        kernel with programmatic dependent launch, so that it is scheduled while the previous
+        kernel of the stream finishes (its first instruction still waits for that kernel's
+        completion and memory) and lets the next PDL-launched kernel do the same. Per rank (no
+        agreement needed: it changes when a kernel is scheduled, not the protocol).
 
     Host-blocking (symmetric allocation, rendezvous, two small all-reduces); not allowed under
     CUDA-graph capture.
@@ -301,6 +307,7 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
         ll_max_bytes = default_ll_max_bytes(dist.get_world_size(group))
     C.check(isinstance(ll_max_bytes, int) and not isinstance(ll_max_bytes, bool)
             and ll_max_bytes >= 0, "ll_max_bytes", f"must be an int >= 0, got {ll_max_bytes!r}")
+    C.check(isinstance(enable_pdl, bool), "enable_pdl", f"must be a bool, got {enable_pdl!r}")
     C.check(max_blocks is None or (isinstance(max_blocks, int) and 1 <= max_blocks <= MAX_BLOCKS),
             "max_blocks", f"must be None or an int in [1, {MAX_BLOCKS}], got {max_blocks!r}")
     if device is None:
@@ -325,6 +332,12 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     comm.enable_view = bool(enable_view)
     comm.timeout_ms = timeout_ms
     comm.trap_on_timeout = bool(trap_on_timeout)
+    comm.capability = (torch.cuda.get_device_capability(device) if device.type == "cuda"
+                       else (0, 0))
+    C.check(not enable_pdl or comm.capability >= (9, 0), "enable_pdl",
+            f"needs a GPU of compute capability 9.0+ (programmatic dependent launch), got "
+            f"{device} with {comm.capability}")
+    comm.enable_pdl = bool(enable_pdl)
     elt = comm.element_size
     comm.buf_bytes = -(-max_tokens * max_total_width * elt // 256) * 256
     comm.mc_data = 0
@@ -612,8 +625,22 @@ def _launch_triton(comm: AllGatherComm, x, out, offs, rows: int, ws) -> None:
                           _num_blocks(comm, rows, ws), comm.timeout_ms * 1_000_000)
 
 
-def _run(comm, x, out, ws, offs, backend, protocol: str = "auto") -> None:
+def _pdl_flag(comm: AllGatherComm, enable_pdl: Optional[bool]) -> int:
+    """F_PDL if this call launches with programmatic dependent launch (``enable_pdl`` or, when
+    None, the communicator's default)."""
+    if enable_pdl is None:
+        return F_PDL if getattr(comm, "enable_pdl", False) else 0
+    C.check(isinstance(enable_pdl, bool), "enable_pdl",
+            f"must be None or a bool, got {enable_pdl!r}")
+    C.check(not enable_pdl or getattr(comm, "capability", (0, 0)) >= (9, 0), "enable_pdl",
+            f"needs a GPU of compute capability 9.0+, got {comm.device}")
+    return F_PDL if enable_pdl else 0
+
+
+def _run(comm, x, out, ws, offs, backend, protocol: str = "auto",
+         enable_pdl: Optional[bool] = None) -> None:
     C.check(protocol in PROTOCOLS, "protocol", f"must be one of {PROTOCOLS}, got {protocol!r}")
+    pdl = _pdl_flag(comm, enable_pdl)
     if x.shape[0] == 0 or offs[-1] == 0:   # nothing to move: no rank communicates
         return
     if backend == "copy":
@@ -624,9 +651,9 @@ def _run(comm, x, out, ws, offs, backend, protocol: str = "auto") -> None:
         _reference(comm, x, out, ws)
     elif backend == "cuda":
         ll = cuda_protocol(comm, x.shape[0], offs[-1], protocol) == "ll"
-        _launch_cuda(comm, x, out, offs, F_LL if ll else 0, x.shape[0], ws)
+        _launch_cuda(comm, x, out, offs, (F_LL if ll else 0) | pdl, x.shape[0], ws)
     elif backend == "multimem":
-        _launch_cuda(comm, x, out, offs, F_MULTIMEM, x.shape[0], ws)
+        _launch_cuda(comm, x, out, offs, F_MULTIMEM | pdl, x.shape[0], ws)
     elif backend == "triton":
         _launch_triton(comm, x, out, offs, x.shape[0], ws)
     else:  # pragma: no cover
@@ -638,7 +665,8 @@ def _run(comm, x, out, ws, offs, backend, protocol: str = "auto") -> None:
 # ---------------------------------------------------------------------------------------------
 def all_gather_hidden_out(comm: AllGatherComm, x: torch.Tensor, out: torch.Tensor, *,
                           widths: Optional[Sequence[int]] = None,
-                          backend: str = "auto", protocol: str = "auto") -> torch.Tensor:
+                          backend: str = "auto", protocol: str = "auto",
+                          enable_pdl: Optional[bool] = None) -> torch.Tensor:
     """Gather every rank's ``x`` along dim 1 into ``out`` (collective).
 
     Parameters
@@ -654,6 +682,9 @@ def all_gather_hidden_out(comm: AllGatherComm, x: torch.Tensor, out: torch.Tenso
         ``select_backend``). Every rank must use the same one (auto does).
     protocol : "auto" | "ll" | "flag": the CUDA backend's protocol (``cuda_protocol``); ignored
         by the other backends. Every rank must use the same one (auto does).
+    enable_pdl : None (the communicator's ``enable_pdl``) or a bool: launch the CUDA / multimem
+        push kernel with programmatic dependent launch (sm_90+; see ``create_all_gather_comm``).
+        Ignored by the other backends.
 
     Returns ``out``. No randomness. CUDA-graph safe for "cuda" (fixed workspace addresses, the
     call counter lives on the device; capture after one eager call per shape for "triton", and
@@ -675,13 +706,14 @@ def all_gather_hidden_out(comm: AllGatherComm, x: torch.Tensor, out: torch.Tenso
         C.check(out is not None, "out", "is required (use all_gather_hidden to allocate)")
         ws, offs = _validate(comm, x, out, widths)
     b = select_backend(comm, x.shape[0], offs[-1], backend)
-    _run(comm, x, out, ws, offs, b, protocol)
+    _run(comm, x, out, ws, offs, b, protocol, enable_pdl)
     return out
 
 
 def all_gather_hidden(comm: AllGatherComm, x: torch.Tensor, *,
                       widths: Optional[Sequence[int]] = None,
-                      backend: str = "auto", protocol: str = "auto") -> torch.Tensor:
+                      backend: str = "auto", protocol: str = "auto",
+                      enable_pdl: Optional[bool] = None) -> torch.Tensor:
     """``all_gather_hidden_out`` into a new ``[T, H]`` tensor (see there).
 
     Example
@@ -697,12 +729,13 @@ def all_gather_hidden(comm: AllGatherComm, x: torch.Tensor, *,
             offs.append(offs[-1] + w)
     out = torch.empty((x.shape[0], offs[-1]), dtype=x.dtype, device=x.device)
     b = select_backend(comm, x.shape[0], offs[-1], backend)
-    _run(comm, x, out, ws, offs, b, protocol)
+    _run(comm, x, out, ws, offs, b, protocol, enable_pdl)
     return out
 
 
 def all_gather_hidden_view(comm: AllGatherComm, x: torch.Tensor, *,
-                           widths: Optional[Sequence[int]] = None) -> torch.Tensor:
+                           widths: Optional[Sequence[int]] = None,
+                           enable_pdl: Optional[bool] = None) -> torch.Tensor:
     """Gather without the copy-out: returns a ``[T, H]`` view of the communicator's view buffer.
 
     Needs ``create_all_gather_comm(..., enable_view=True)``, the P2P workspace and the
@@ -721,8 +754,9 @@ def all_gather_hidden_view(comm: AllGatherComm, x: torch.Tensor, *,
     esz = comm.element_size
     start = FLAG_BYTES + 2 * comm.buf_bytes
     view = comm.symm[start:start + rows * total * esz].view(comm.dtype).view(rows, total)
+    pdl = _pdl_flag(comm, enable_pdl)
     if rows > 0:
-        _launch_cuda(comm, x, None, offs, F_VIEW, rows, ws)
+        _launch_cuda(comm, x, None, offs, F_VIEW | pdl, rows, ws)
     return view
 
 
