@@ -1,10 +1,11 @@
 """Benchmark of the TP all-gather along the hidden / vocab dimension (``ops.all_gather_hidden``).
 
 Providers: ``p2p-cuda-ll`` and ``p2p-cuda-flag`` (the CUDA push kernel with its LL and flag
-protocols forced, see ``ops.comm.cuda_protocol``), ``p2p-cuda-pdl`` (``protocol="auto"`` launched
-with ``enable_pdl=True``: programmatic dependent launch; in the timed graph its N calls follow
-each other, so each call's launch overlaps the previous call -- the case of an engine whose
-preceding kernel also triggers early), ``p2p-triton`` (the Triton push kernel),
+protocols forced, see ``ops.comm.cuda_protocol``), ``p2p-cuda-pdl`` (the protocol ``auto``
+picks at the library's default crossover, launched with ``enable_pdl=True``: programmatic
+dependent launch; in the timed graph its N calls follow each other, so each call's launch
+overlaps the previous call -- the case of an engine whose preceding kernel also triggers
+early), ``p2p-triton`` (the Triton push kernel),
 ``nccl+permute`` (``all_gather_into_tensor`` + permute, what the auto policy falls back to). The
 markdown also shows what ``protocol="auto"`` picks at the default crossover
 (``DEFAULT_LL_MAX_BYTES``) and NCCL's time divided by that pick's, and by ``p2p-cuda-pdl``'s.
@@ -321,6 +322,11 @@ def _bench_rank(opts: Dict) -> int:
                 line = []
                 for prov in providers:
                     backend, proto, pdl = BACKEND_OF[prov]
+                    if proto == "auto" and backend == "cuda":
+                        # the library default's pick (this communicator's LL region covers
+                        # every shape, so its own auto would always pick LL)
+                        proto = "ll" if T * H * x.element_size() <= _default_ll_max(world) \
+                            else "flag"
                     row = {"gpu": env["gpu"], "world": world, "dtype": dtname, "T": T, "H": H,
                            "provider": prov, "floor_us": floor_us, "torch": env["torch"],
                            "triton": env.get("triton", ""), "cuda": env.get("cuda", ""),
