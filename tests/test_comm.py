@@ -549,3 +549,46 @@ def test_cuda_op_arguments_match_the_schema(gloo1):
     view = ops.all_gather_hidden_view(c, torch.zeros(0, 16, dtype=torch.bfloat16))
     assert view.untyped_storage().data_ptr() == c.symm.untyped_storage().data_ptr()
     assert view.storage_offset() * 2 == oc.FLAG_BYTES + 2 * c.buf_bytes
+
+
+@pytest.mark.skipif(not _library.extension_available(), reason="needs the compiled extension")
+def test_torch_compile_inductor_runs_the_op_on_the_real_workspace(gloo1):
+    """torch.compile (inductor, fullgraph) of a function around the public API: the op must run
+    on the communicator's own workspace, state and output. The schema declares them mutated,
+    so functionalization first turns the call into one on copies; inductor must re-inplace it.
+    A copy of `symm` written back after the call would overwrite what peers pushed into the
+    workspace meanwhile (the kernel addresses it through the peer tables, not the tensor). A
+    CPU kernel stands in for the CUDA one (registered for this test only)."""
+    c = oc.create_all_gather_comm(max_tokens=8, max_total_width=64, dtype=torch.float32,
+                                  device="cpu")
+    _attach_cpu_workspace(c)
+    c.extension = True
+    seen = []
+
+    def cpu_kernel(x, out, state, symm, peer_data, peer_flags, mc_data, col_offsets, rank,
+                   buf_bytes, num_blocks, flags, timeout_ns, ll_off=0, ll_bytes=0):
+        seen.append((out.data_ptr(), state.data_ptr(), symm.data_ptr(), list(peer_data), flags))
+        out.copy_(x)
+        state[oc.STATE_SEQ] += 1                # the kernel advances the counter it is given
+        c.symm[-16 - len(seen)] = 40 + len(seen)  # a peer's push lands in the real workspace
+
+    with torch.library._scoped_library("tokenspeed_kernel", "IMPL") as lib:
+        lib.impl("all_gather_hidden", cpu_kernel, "CPU")
+
+        def f(x, out):
+            ops.all_gather_hidden_out(c, x * 2, out, backend="cuda", protocol="flag")
+            return out + 1
+
+        cf = torch.compile(f, backend="inductor", fullgraph=True)
+        for k in range(3):
+            x = H.make_slice(k, 0, 5, 24, torch.float32, "cpu")
+            out = torch.zeros(5, 24, dtype=torch.float32)
+            r = cf(x, out)
+            H.assert_bits_equal(out, x * 2, f"call {k} out")
+            H.assert_bits_equal(r, x * 2 + 1, f"call {k} result")
+            assert seen[-1][:3] == (out.data_ptr(), c.state.data_ptr(), c.symm.data_ptr()), \
+                "the op ran on a copy (not re-inplaced)"
+            assert seen[-1][3] == c.peer_data and seen[-1][4] == 0
+    assert c.calls == 3
+    assert [int(v) for v in c.symm[-19:-16].flip(0)] == [41, 42, 43], \
+        "a write-back of the workspace overwrote a peer's push"
