@@ -450,6 +450,15 @@ def _widths(comm: AllGatherComm, x: torch.Tensor, widths) -> Tuple[int, ...]:
 
 
 def _check_matrix(t, name: str, comm: AllGatherComm) -> None:
+    # Fast path (every call): the same conditions as below without formatting any message.
+    if (isinstance(t, torch.Tensor) and t.dim() == 2 and t.dtype == comm.dtype
+            and t.device == comm.device):
+        n0, n1 = t.shape
+        s0, s1 = t.stride()
+        if ((n1 <= 1 or s1 == 1) and (n0 <= 1 or (s0 * t.element_size()) % 16 == 0)
+                and (n0 == 0 or n1 == 0 or t.data_ptr() % 16 == 0)):
+            return
+    # Something is off: the first failing check raises with its message.
     C.check(isinstance(t, torch.Tensor), name, f"must be a torch.Tensor, got {type(t)}")
     C.check(t.dim() == 2, name, f"must be 2-D [tokens, width], got shape {tuple(t.shape)}")
     C.check(t.dtype == comm.dtype, name, f"dtype must be {comm.dtype} (the communicator's), "
@@ -477,28 +486,32 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _validate(comm, x, out, widths) -> Tuple[Tuple[int, ...], List[int]]:
-    C.check(isinstance(comm, AllGatherComm), "comm",
-            f"must come from create_all_gather_comm, got {type(comm)}")
+    # (Messages are formatted only when a check fails: this runs on every eager call.)
+    if not isinstance(comm, AllGatherComm):
+        C.check(False, "comm", f"must come from create_all_gather_comm, got {type(comm)}")
     _check_matrix(x, "x", comm)
-    C.check(x.shape[0] <= comm.max_tokens, "x",
-            f"has {x.shape[0]} tokens, more than the communicator's capacity "
-            f"max_tokens={comm.max_tokens}")
+    if x.shape[0] > comm.max_tokens:
+        C.check(False, "x", f"has {x.shape[0]} tokens, more than the communicator's capacity "
+                f"max_tokens={comm.max_tokens}")
     ws = _widths(comm, x, widths)
     esz = x.element_size()
     for i, w in enumerate(ws):
-        C.check((w * esz) % 16 == 0, "widths" if widths is not None else "x",
-                f"width {w} of rank {i} is {w * esz} bytes, not a multiple of 16 bytes "
-                f"({16 // esz} elements of {comm.dtype})")
+        if (w * esz) % 16:
+            C.check(False, "widths" if widths is not None else "x",
+                    f"width {w} of rank {i} is {w * esz} bytes, not a multiple of 16 bytes "
+                    f"({16 // esz} elements of {comm.dtype})")
     offs = [0]
     for w in ws:
         offs.append(offs[-1] + w)
-    C.check(offs[-1] <= comm.max_total_width, "widths" if widths is not None else "x",
-            f"total width {offs[-1]} exceeds the communicator's max_total_width="
-            f"{comm.max_total_width}")
+    if offs[-1] > comm.max_total_width:
+        C.check(False, "widths" if widths is not None else "x",
+                f"total width {offs[-1]} exceeds the communicator's max_total_width="
+                f"{comm.max_total_width}")
     if out is not None:
         _check_matrix(out, "out", comm)
-        C.check(tuple(out.shape) == (x.shape[0], offs[-1]), "out",
-                f"must have shape {(x.shape[0], offs[-1])}, got {tuple(out.shape)}")
+        if out.shape[0] != x.shape[0] or out.shape[1] != offs[-1]:
+            C.check(False, "out",
+                    f"must have shape {(x.shape[0], offs[-1])}, got {tuple(out.shape)}")
         C.check(not _overlap(x, out), "out", "must not overlap x")
     return ws, offs
 
@@ -522,7 +535,8 @@ def select_backend(comm: AllGatherComm, num_tokens: int, total_width: int,
     picks multimem. Explicit backends raise ValueError when unavailable. Depends only on values
     agreed at creation and on the call's shape, so every rank picks the same.
     """
-    C.check(backend in BACKENDS, "backend", f"must be one of {BACKENDS}, got {backend!r}")
+    if backend not in BACKENDS:
+        C.check(False, "backend", f"must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         if comm.world_size == 1:
             return "copy"
@@ -535,8 +549,8 @@ def select_backend(comm: AllGatherComm, num_tokens: int, total_width: int,
         if comm.triton:
             return "triton"
         return "nccl"
-    if backend in ("cuda", "triton", "multimem"):
-        C.check(comm.p2p, "backend", f"{backend!r} needs the symmetric P2P workspace, which this "
+    if backend in ("cuda", "triton", "multimem") and not comm.p2p:
+        C.check(False, "backend", f"{backend!r} needs the symmetric P2P workspace, which this "
                 f"communicator does not have (multi-node group, no peer access, CPU, or "
                 f"symmetric memory unavailable): use 'nccl' or 'auto'")
     if backend == "cuda" and not comm.extension:
@@ -544,8 +558,8 @@ def select_backend(comm: AllGatherComm, num_tokens: int, total_width: int,
         C.check(False, "backend", "'cuda' needs the compiled extension on every rank")
     if backend == "triton":
         C.check(comm.triton, "backend", "'triton' needs triton and CUDA on every rank")
-    if backend == "multimem":
-        C.check(comm.multimem, "backend",
+    if backend == "multimem" and not comm.multimem:
+        C.check(False, "backend",
                 f"'multimem' is not enabled on this communicator: {comm.multimem_reason}")
     return backend
 
@@ -590,7 +604,8 @@ def cuda_protocol(comm: AllGatherComm, num_tokens: int, total_width: int,
     (``T * H * element size``) is at most ``comm.ll_max_bytes`` (crossover measured, see
     docs/COMM.md), else ``flag``. Explicit ``ll`` beyond ``comm.ll_max_bytes`` raises ValueError.
     """
-    C.check(protocol in PROTOCOLS, "protocol", f"must be one of {PROTOCOLS}, got {protocol!r}")
+    if protocol not in PROTOCOLS:
+        C.check(False, "protocol", f"must be one of {PROTOCOLS}, got {protocol!r}")
     nbytes = num_tokens * total_width * comm.element_size
     if protocol == "flag":
         return "flag"
@@ -639,7 +654,8 @@ def _pdl_flag(comm: AllGatherComm, enable_pdl: Optional[bool]) -> int:
 
 def _run(comm, x, out, ws, offs, backend, protocol: str = "auto",
          enable_pdl: Optional[bool] = None) -> None:
-    C.check(protocol in PROTOCOLS, "protocol", f"must be one of {PROTOCOLS}, got {protocol!r}")
+    if protocol not in PROTOCOLS:
+        C.check(False, "protocol", f"must be one of {PROTOCOLS}, got {protocol!r}")
     pdl = _pdl_flag(comm, enable_pdl)
     if x.shape[0] == 0 or offs[-1] == 0:   # nothing to move: no rank communicates
         return
