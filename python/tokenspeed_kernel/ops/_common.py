@@ -62,6 +62,11 @@ def as_param(value, name: str, n: int, dtype: torch.dtype, device: torch.device,
     if value is None:
         check(allow_none, name, "is required")
         return None
+    # Fast path (every eager call): a tensor that already is what we want. The checks below
+    # would all pass for it; skipping them skips formatting their messages.
+    if (isinstance(value, torch.Tensor) and value.dtype == dtype and value.dim() == 1
+            and value.shape[0] == n and value.device == device and value.is_contiguous()):
+        return value
     if isinstance(value, (bool,)):
         raise ValueError(f"{name}: must be a number or a tensor, got bool")
     if isinstance(value, (int, float)):
@@ -80,7 +85,15 @@ def as_param(value, name: str, n: int, dtype: torch.dtype, device: torch.device,
     return value.contiguous()
 
 
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def check_logits(logits, name: str = "logits") -> None:
+    # Fast path: the same conditions as below, no message formatted.
+    if (isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.dtype in _LOGIT_DTYPES
+            and 1 <= logits.shape[1] <= (1 << 24)
+            and (logits.stride(1) == 1 or logits.shape[1] == 1)):
+        return
     check(isinstance(logits, torch.Tensor), name, "must be a torch.Tensor")
     check(logits.dim() == 2, name, f"must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
     check(logits.dtype in (torch.float32, torch.bfloat16, torch.float16), name,

@@ -38,13 +38,15 @@ class SampleLogprobsOutput(NamedTuple):
 def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request,
              out_dtype, backend, validate, top_k_max):
     C.check_logits(logits)
-    C.check(isinstance(tokens_per_request, int) and tokens_per_request >= 1,
-            "tokens_per_request", f"must be an int >= 1, got {tokens_per_request!r}")
+    # (messages are formatted only when a check fails)
+    if not (isinstance(tokens_per_request, int) and tokens_per_request >= 1):
+        C.check(False, "tokens_per_request", f"must be an int >= 1, got {tokens_per_request!r}")
     rows, vocab = logits.shape
-    C.check(rows % tokens_per_request == 0, "tokens_per_request",
-            f"rows ({rows}) must be a multiple of tokens_per_request ({tokens_per_request})")
-    C.check(out_dtype in (torch.int64, torch.int32), "out_dtype",
-            f"must be torch.int64 or torch.int32, got {out_dtype}")
+    if rows % tokens_per_request:
+        C.check(False, "tokens_per_request",
+                f"rows ({rows}) must be a multiple of tokens_per_request ({tokens_per_request})")
+    if out_dtype not in (torch.int64, torch.int32):
+        C.check(False, "out_dtype", f"must be torch.int64 or torch.int32, got {out_dtype}")
     n = rows // tokens_per_request
     dev = logits.device
     seed, offset, temperature, top_k, top_p, min_p = C.sampling_params(
