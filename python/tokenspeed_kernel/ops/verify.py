@@ -85,23 +85,26 @@ def _as_rows(t: torch.Tensor, name: str, rows: int, V: Optional[int]) -> torch.T
             raise ValueError(f"{name}: a 3-D tensor must be viewable as [rows, V] (uniform row "
                              f"stride); got strides {t.stride()}") from None
     C.check_logits(t, name)
-    C.check(t.shape[0] == rows, name, f"must have {rows} rows, got {t.shape[0]}")
+    if t.shape[0] != rows:
+        C.check(False, name, f"must have {rows} rows, got {t.shape[0]}")
     if V is not None:
-        C.check(t.shape[1] == V, name, f"vocab size {t.shape[1]} != target vocab size {V}")
+        if t.shape[1] != V:
+            C.check(False, name, f"vocab size {t.shape[1]} != target vocab size {V}")
     return t
 
 
 def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_draft, draft_logits,
              mode, temperature, top_k, top_p, min_p, max_num_draft, backend, validate) -> _Plan:
-    C.check(mode in MODES, "mode", f"must be one of {MODES}, got {mode!r}")
+    if mode not in MODES:
+        C.check(False, "mode", f"must be one of {MODES}, got {mode!r}")
     C.check(isinstance(target_logits, torch.Tensor), "target_logits", "must be a torch.Tensor")
     C.check(isinstance(draft_token_ids, torch.Tensor), "draft_token_ids",
             "must be a torch.Tensor")
-    C.check(not draft_token_ids.dtype.is_floating_point and draft_token_ids.dtype != torch.bool,
-            "draft_token_ids", f"must be an integer tensor, got {draft_token_ids.dtype}")
+    if draft_token_ids.dtype.is_floating_point or draft_token_ids.dtype == torch.bool:
+        C.check(False, "draft_token_ids", f"must be an integer tensor, got {draft_token_ids.dtype}")
     dev = target_logits.device
-    C.check(draft_token_ids.device == dev, "draft_token_ids",
-            f"must be on {dev}, got {draft_token_ids.device}")
+    if draft_token_ids.device != dev:
+        C.check(False, "draft_token_ids", f"must be on {dev}, got {draft_token_ids.device}")
     tracing = C.is_tracing()
     checks = validate and not tracing
     if draft_token_ids.dim() == 2:                       # padded
@@ -109,8 +112,9 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
                 "must be None with padded [bs, max_n] draft_token_ids (use num_draft)")
         bs, max_n = draft_token_ids.shape
         if max_num_draft is not None:
-            C.check(max_num_draft == max_n, "max_num_draft",
-                    f"must equal draft_token_ids.shape[1] ({max_n}) in the padded form")
+            if max_num_draft != max_n:
+                C.check(False, "max_num_draft",
+                        f"must equal draft_token_ids.shape[1] ({max_n}) in the padded form")
         ids = draft_token_ids.reshape(-1).to(torch.int64)
         if num_draft is None:
             nd = (draft_token_ids >= 0).sum(1)
@@ -122,8 +126,8 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
         else:
             nd = C.as_param(num_draft, "num_draft", bs, torch.int64, dev, allow_none=False)
             if checks and bs:
-                C.check(bool(((nd >= 0) & (nd <= max_n)).all()), "num_draft",
-                        f"values must be in [0, {max_n}]")
+                if not bool(((nd >= 0) & (nd <= max_n)).all()):
+                    C.check(False, "num_draft", f"values must be in [0, {max_n}]")
         cu = torch.zeros(bs + 1, dtype=torch.int64, device=dev)
         if bs:
             cu[1:] = torch.cumsum(nd.to(torch.int64), 0)
@@ -131,29 +135,30 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
         tgt = _as_rows(target_logits, "target_logits", bs * (max_n + 1), None)
         n_draft_rows = bs * max_n
     else:
-        C.check(draft_token_ids.dim() == 1, "draft_token_ids",
-                f"must be 1-D (ragged) or 2-D [bs, max_n] (padded), got "
-                f"{tuple(draft_token_ids.shape)}")
+        if draft_token_ids.dim() != 1:
+            C.check(False, "draft_token_ids", f"must be 1-D (ragged) or 2-D [bs, max_n] "
+                    f"(padded), got {tuple(draft_token_ids.shape)}")
         C.check(num_draft is None, "num_draft", "only for padded [bs, max_n] draft_token_ids")
         C.check(isinstance(cu_num_draft, torch.Tensor), "cu_num_draft",
                 "is required with 1-D (ragged) draft_token_ids")
-        C.check(cu_num_draft.dim() == 1 and cu_num_draft.shape[0] >= 1, "cu_num_draft",
-                f"must have shape [bs + 1], got {tuple(cu_num_draft.shape)}")
-        C.check(cu_num_draft.device == dev, "cu_num_draft",
-                f"must be on {dev}, got {cu_num_draft.device}")
-        C.check(not cu_num_draft.dtype.is_floating_point and cu_num_draft.dtype != torch.bool,
-                "cu_num_draft", f"must be an integer tensor, got {cu_num_draft.dtype}")
+        if not (cu_num_draft.dim() == 1 and cu_num_draft.shape[0] >= 1):
+            C.check(False, "cu_num_draft",
+                    f"must have shape [bs + 1], got {tuple(cu_num_draft.shape)}")
+        if cu_num_draft.device != dev:
+            C.check(False, "cu_num_draft", f"must be on {dev}, got {cu_num_draft.device}")
+        if cu_num_draft.dtype.is_floating_point or cu_num_draft.dtype == torch.bool:
+            C.check(False, "cu_num_draft", f"must be an integer tensor, got {cu_num_draft.dtype}")
         cu = cu_num_draft.to(torch.int64)
         bs = cu.shape[0] - 1
         total = draft_token_ids.shape[0]
         ids = draft_token_ids.to(torch.int64)
         padded = False
-        C.check(target_logits.dim() == 2, "target_logits",
-                f"must be 2-D [sum(n_i + 1), V] with ragged drafts, got "
-                f"{tuple(target_logits.shape)}")
-        C.check(target_logits.shape[0] == total + bs, "target_logits",
-                f"must have sum(n_i + 1) = {total + bs} rows (len(draft_token_ids) + bs), got "
-                f"{target_logits.shape[0]}")
+        if target_logits.dim() != 2:
+            C.check(False, "target_logits", f"must be 2-D [sum(n_i + 1), V] with ragged "
+                    f"drafts, got {tuple(target_logits.shape)}")
+        if target_logits.shape[0] != total + bs:
+            C.check(False, "target_logits", f"must have sum(n_i + 1) = {total + bs} rows "
+                    f"(len(draft_token_ids) + bs), got {target_logits.shape[0]}")
         tgt = _as_rows(target_logits, "target_logits", total + bs, None)
         n_draft_rows = total
         if checks:
@@ -162,14 +167,15 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
                                 (cu[1:] - cu[:-1]).max() if bs else cu[0] * 0]).tolist()
             C.check(not vals[0], "cu_num_draft", "must start at 0")
             C.check(not vals[1], "cu_num_draft", "must be non-decreasing (monotone offsets)")
-            C.check(not vals[2], "cu_num_draft",
-                    f"last value must equal len(draft_token_ids) = {total}")
+            if vals[2]:
+                C.check(False, "cu_num_draft",
+                        f"last value must equal len(draft_token_ids) = {total}")
             if max_num_draft is None:
                 max_num_draft = int(vals[3])
         C.check(max_num_draft is not None, "max_num_draft",
                 "is required with ragged drafts under CUDA-graph capture / torch.compile")
-        C.check(isinstance(max_num_draft, int) and max_num_draft >= 0, "max_num_draft",
-                f"must be an int >= 0, got {max_num_draft!r}")
+        if not (isinstance(max_num_draft, int) and max_num_draft >= 0):
+            C.check(False, "max_num_draft", f"must be an int >= 0, got {max_num_draft!r}")
         max_n = max_num_draft
         if checks and bs:
             C.check(bool((cu[1:] - cu[:-1]).max() <= max_n), "max_num_draft",
@@ -180,11 +186,14 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
                 "is required in mode='probabilistic' (use mode='ngram' for drafts without a "
                 "distribution)")
         drf = _as_rows(draft_logits, "draft_logits", n_draft_rows, V)
-        C.check(drf.device == dev, "draft_logits", f"must be on {dev}, got {drf.device}")
-        C.check(drf.dtype == tgt.dtype, "draft_logits",
-                f"dtype {drf.dtype} must match target_logits dtype {tgt.dtype}")
+        if drf.device != dev:
+            C.check(False, "draft_logits", f"must be on {dev}, got {drf.device}")
+        if drf.dtype != tgt.dtype:
+            C.check(False, "draft_logits",
+                    f"dtype {drf.dtype} must match target_logits dtype {tgt.dtype}")
     else:
-        C.check(draft_logits is None, "draft_logits", f"must be None in mode={mode!r}")
+        if draft_logits is not None:
+            C.check(False, "draft_logits", f"must be None in mode={mode!r}")
         drf = None
     if checks and ids.numel():
         if padded:
@@ -193,7 +202,8 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
             bad = (live & ((ids < 0) | (ids >= V))).any()
         else:
             bad = ((ids < 0) | (ids >= V)).any()
-        C.check(not bool(bad), "draft_token_ids", f"ids must be in [0, {V})")
+        if bool(bad):
+            C.check(False, "draft_token_ids", f"ids must be in [0, {V})")
     seed, offset, temperature, top_k, top_p, min_p = C.sampling_params(
         bs, dev, seed, offset, temperature, top_k, top_p, min_p)
     if checks and bs:
@@ -359,8 +369,8 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, seed, off
     plan = _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_draft,
                     draft_logits, mode, temperature, top_k, top_p, min_p, max_num_draft, backend,
                     validate)
-    C.check(out_dtype in (torch.int64, torch.int32), "out_dtype",
-            f"must be torch.int64 or torch.int32, got {out_dtype}")
+    if out_dtype not in (torch.int64, torch.int32):
+        C.check(False, "out_dtype", f"must be torch.int64 or torch.int32, got {out_dtype}")
     tok, acc, valid, _, _ = _run(plan, out_dtype, validate, False)
     return VerifyOutput(tok, acc, valid)
 
@@ -383,8 +393,8 @@ def verify_with_logprobs(target_logits: torch.Tensor, draft_token_ids: torch.Ten
     plan = _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_draft,
                     draft_logits, mode, temperature, top_k, top_p, min_p, max_num_draft, backend,
                     validate)
-    C.check(out_dtype in (torch.int64, torch.int32), "out_dtype",
-            f"must be torch.int64 or torch.int32, got {out_dtype}")
+    if out_dtype not in (torch.int64, torch.int32):
+        C.check(False, "out_dtype", f"must be torch.int64 or torch.int32, got {out_dtype}")
     tok, acc, valid, lp, plp = _run(plan, out_dtype, validate, True)
     return VerifyLogprobsOutput(tok, acc, valid, lp, plp)
 
