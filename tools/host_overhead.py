@@ -1,0 +1,104 @@
+"""Host (Python + dispatcher) time per eager call of the public ops' CUDA path, measured on
+the CPU: no GPU needed. The CUDA op of each family is replaced, in this process only, by a
+no-op CPU kernel and the backend choice is forced to "cuda", so what is timed is the wrapper
+(argument checks, parameter tensors, output allocation, backend and flag logic) plus one
+custom-op dispatch -- not the C++ adapter's checks nor the kernel launches of a real GPU.
+
+    python tools/host_overhead.py          # needs the compiled extension (the op schemas)
+
+Prints µs per call (median of 5 runs of 2000 calls after a warm-up). Used for the eager-call
+numbers in docs/BENCHMARKS.md ("Host overhead").
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+warnings.filterwarnings("ignore")
+
+
+def _us(f, n=2000, runs=5):
+    for _ in range(200):
+        f()
+    res = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        res.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(res)
+
+
+def main() -> int:
+    from tokenspeed_kernel import _library, ops
+    from tokenspeed_kernel.ops import _common as C
+    from tokenspeed_kernel.ops import comm as oc
+    if not _library.extension_available():
+        print("needs the compiled extension (op schemas):", _library.extension_error())
+        return 2
+    lib = torch.library.Library("tokenspeed_kernel", "IMPL")
+    for name in ("sample", "verify_probabilistic", "all_gather_hidden"):
+        lib.impl(name, lambda *a, **k: None, "CPU")
+    C.pick_backend = lambda backend, dev, op: "cuda"
+    rows = []
+
+    # ---- sample: 64 rows, per-row tensors, validate=False (as the bench calls it) ----
+    n, V = 64, 151936
+    logits = torch.zeros(n, V)
+    seed, off = torch.arange(n), torch.zeros(n, dtype=torch.int64)
+    temp, tk, tp = torch.full((n,), 0.8), torch.full((n,), 50, dtype=torch.int32), torch.full((n,), 0.9)
+    rows.append(("sample, temperature", _us(lambda: ops.sample(
+        logits, seed, off, temperature=temp, validate=False))))
+    rows.append(("sample, temperature + top-k + top-p", _us(lambda: ops.sample(
+        logits, seed, off, temperature=temp, top_k=tk, top_p=tp, validate=False, top_k_max=256))))
+
+    # ---- verify: bs 16, n 3, probabilistic ----
+    bs, nd, V = 16, 3, 1024
+    tgt, drf = torch.zeros(bs * (nd + 1), V), torch.zeros(bs * nd, V)
+    ids, cu = torch.zeros(bs * nd, dtype=torch.int64), torch.arange(0, bs * nd + 1, nd)
+    seed, off, temp = torch.arange(bs), torch.zeros(bs, dtype=torch.int64), torch.full((bs,), 0.8)
+    rows.append(("verify, ragged", _us(lambda: ops.verify(
+        tgt, ids, seed, off, cu_num_draft=cu, draft_logits=drf, temperature=temp,
+        mode="probabilistic", validate=False, max_num_draft=nd))))
+    rows.append(("verify, padded", _us(lambda: ops.verify(
+        tgt, ids.view(bs, nd), seed, off, draft_logits=drf, temperature=temp,
+        mode="probabilistic", validate=False))))
+
+    # ---- all_gather_hidden_out: a one-rank communicator with a process-local workspace ----
+    import torch.distributed as dist
+
+    import comm_helpers as H
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{H.free_port()}", rank=0,
+                            world_size=1)
+    c = oc.create_all_gather_comm(max_tokens=512, max_total_width=8192, dtype=torch.bfloat16,
+                                  device="cpu")
+    c.ll_off = 2 * c.buf_bytes
+    c.symm = torch.zeros(oc.FLAG_BYTES + 2 * c.buf_bytes + 2 * c.ll_bytes, dtype=torch.uint8)
+    c.peer_flags = [c.symm.data_ptr()]
+    c.peer_data = [c.symm.data_ptr() + oc.FLAG_BYTES]
+    c.state = torch.zeros(oc.STATE_WORDS, dtype=torch.int64)
+    c.p2p, c.extension = True, True
+    x = torch.zeros(8, 7168, dtype=torch.bfloat16)
+    out = torch.empty(8, 7168, dtype=torch.bfloat16)
+    rows.append(("all_gather_hidden_out", _us(lambda: ops.all_gather_hidden_out(
+        c, x, out, backend="cuda"))))
+    args = oc._cuda_args(c, x, out, [0, 7168], 0, 8, [7168])
+    rows.append(("(the custom-op dispatch alone)", _us(
+        lambda: torch.ops.tokenspeed_kernel.all_gather_hidden(*args))))
+    dist.destroy_process_group()
+
+    w = max(len(r[0]) for r in rows)
+    for name, us in rows:
+        print(f"{name:<{w}}  {us:7.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
