@@ -5,6 +5,8 @@ no-op CPU kernel and the backend choice is forced to "cuda", so what is timed is
 custom-op dispatch -- not the C++ adapter's checks nor the kernel launches of a real GPU.
 
     python tools/host_overhead.py          # needs the compiled extension (the op schemas)
+    python tools/host_overhead.py --gpu    # on a GPU: the real CUDA ops (sample, verify), host
+                                           # time of 200 eager calls issued without a sync
 
 Prints µs per call (median of 5 runs of 2000 calls after a warm-up). Used for the eager-call
 numbers in docs/BENCHMARKS.md ("Host overhead").
@@ -36,7 +38,60 @@ def _us(f, n=2000, runs=5):
     return statistics.median(res)
 
 
+def _gpu() -> int:
+    """Host time per eager call of the real CUDA ops (no stand-ins): 200 calls issued back to
+    back without a sync (the GPU queue absorbs them), median of 5 such batches."""
+    from tokenspeed_kernel import _library, ops
+    if not (torch.cuda.is_available() and _library.extension_available()):
+        print("--gpu needs a GPU and the compiled extension")
+        return 2
+    dev = torch.device("cuda")
+
+    def us(f, n=200, runs=5):
+        for _ in range(20):
+            f()
+        torch.cuda.synchronize()
+        res = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            res.append((time.perf_counter() - t0) / n * 1e6)
+            torch.cuda.synchronize()
+        return statistics.median(res)
+    n, V = 64, 151936
+    logits = torch.randn(n, V, device=dev)
+    seed, off = torch.arange(n, device=dev), torch.zeros(n, dtype=torch.int64, device=dev)
+    temp = torch.full((n,), 0.8, device=dev)
+    tk = torch.full((n,), 50, dtype=torch.int32, device=dev)
+    tp = torch.full((n,), 0.9, device=dev)
+    rows = [("sample, temperature", us(lambda: ops.sample(
+        logits, seed, off, temperature=temp, validate=False))),
+            ("sample, temperature + top-k + top-p", us(lambda: ops.sample(
+                logits, seed, off, temperature=temp, top_k=tk, top_p=tp, validate=False,
+                top_k_max=256)))]
+    bs, nd = 16, 3
+    tgt = torch.randn(bs * (nd + 1), V, device=dev)
+    drf = torch.randn(bs * nd, V, device=dev)
+    ids = torch.randint(0, V, (bs * nd,), device=dev)
+    cu = torch.arange(0, bs * nd + 1, nd, device=dev)
+    seed, off = torch.arange(bs, device=dev), torch.zeros(bs, dtype=torch.int64, device=dev)
+    temp = torch.full((bs,), 0.8, device=dev)
+    rows.append(("verify, ragged", us(lambda: ops.verify(
+        tgt, ids, seed, off, cu_num_draft=cu, draft_logits=drf, temperature=temp,
+        mode="probabilistic", validate=False, max_num_draft=nd))))
+    rows.append(("verify, padded", us(lambda: ops.verify(
+        tgt, ids.view(bs, nd), seed, off, draft_logits=drf, temperature=temp,
+        mode="probabilistic", validate=False))))
+    w = max(len(r[0]) for r in rows)
+    for name, t in rows:
+        print(f"{name:<{w}}  {t:7.1f} us")
+    return 0
+
+
 def main() -> int:
+    if "--gpu" in sys.argv[1:]:
+        return _gpu()
     from tokenspeed_kernel import _library, ops
     from tokenspeed_kernel.ops import _common as C
     from tokenspeed_kernel.ops import comm as oc
