@@ -26,15 +26,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 warnings.filterwarnings("ignore")
 
 
-def _us(f, n=2000, runs=5):
-    for _ in range(200):
+def _us(f, n=2000, runs=5, warmup=200, sync=lambda: None):
+    """Median over `runs` batches of the host time per call of `n` back-to-back calls of f;
+    `sync` runs after the warm-up and after each batch (outside the timed loop)."""
+    for _ in range(warmup):
         f()
+    sync()
     res = []
     for _ in range(runs):
         t0 = time.perf_counter()
         for _ in range(n):
             f()
         res.append((time.perf_counter() - t0) / n * 1e6)
+        sync()
     return statistics.median(res)
 
 
@@ -47,18 +51,8 @@ def _gpu() -> int:
         return 2
     dev = torch.device("cuda")
 
-    def us(f, n=200, runs=5):
-        for _ in range(20):
-            f()
-        torch.cuda.synchronize()
-        res = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                f()
-            res.append((time.perf_counter() - t0) / n * 1e6)
-            torch.cuda.synchronize()
-        return statistics.median(res)
+    def us(f):
+        return _us(f, n=200, runs=5, warmup=20, sync=torch.cuda.synchronize)
     n, V = 64, 151936
     logits = torch.randn(n, V, device=dev)
     seed, off = torch.arange(n, device=dev), torch.zeros(n, dtype=torch.int64, device=dev)
