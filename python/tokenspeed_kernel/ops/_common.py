@@ -96,7 +96,7 @@ def check_logits(logits, name: str = "logits") -> None:
         return
     check(isinstance(logits, torch.Tensor), name, "must be a torch.Tensor")
     check(logits.dim() == 2, name, f"must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
-    check(logits.dtype in (torch.float32, torch.bfloat16, torch.float16), name,
+    check(logits.dtype in _LOGIT_DTYPES, name,
           f"dtype must be float32, bfloat16 or float16, got {logits.dtype}")
     check(logits.shape[1] >= 1, name, "vocab dimension must be >= 1")
     check(logits.stride(1) == 1 or logits.shape[1] == 1, name,
