@@ -161,6 +161,24 @@ def gloo_fallback_worker(rank: int, world: int) -> None:
         comm.close()
 
 
+def attach_cpu_workspace(comm, enable_view=False):
+    """Give a world-size-1 CPU communicator a (process-local) workspace laid out like the
+    symmetric one, so the P2P code paths can run in the interpreter / under fake tensors
+    (tests/test_comm.py, tools/host_overhead.py)."""
+    from tokenspeed_kernel.ops import comm as oc
+    nbuf = 3 if enable_view else 2
+    comm.ll_off = nbuf * comm.buf_bytes
+    comm.symm = torch.zeros(oc.FLAG_BYTES + nbuf * comm.buf_bytes + 2 * comm.ll_bytes,
+                            dtype=torch.uint8)
+    comm.peer_flags = [comm.symm.data_ptr()]
+    comm.peer_data = [comm.symm.data_ptr() + oc.FLAG_BYTES]
+    comm.peer_data_dev = torch.tensor(comm.peer_data, dtype=torch.int64)
+    comm.peer_flags_dev = torch.tensor(comm.peer_flags, dtype=torch.int64)
+    comm.state = torch.zeros(oc.STATE_WORDS, dtype=torch.int64)
+    comm.p2p, comm.triton, comm.enable_view = True, True, enable_view
+    return comm
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU (NCCL) workers
 # ---------------------------------------------------------------------------------------------

@@ -474,28 +474,12 @@ def test_bench_comm_options_and_writers(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # plumbing of the P2P backends through the public API, without a GPU
 # ---------------------------------------------------------------------------------------------
-def _attach_cpu_workspace(comm, enable_view=False):
-    """Give a world-size-1 CPU communicator a (process-local) workspace laid out like the
-    symmetric one, so the P2P code paths can run in the interpreter / under fake tensors."""
-    nbuf = 3 if enable_view else 2
-    comm.ll_off = nbuf * comm.buf_bytes
-    comm.symm = torch.zeros(oc.FLAG_BYTES + nbuf * comm.buf_bytes + 2 * comm.ll_bytes,
-                            dtype=torch.uint8)
-    comm.peer_flags = [comm.symm.data_ptr()]
-    comm.peer_data = [comm.symm.data_ptr() + oc.FLAG_BYTES]
-    comm.peer_data_dev = torch.tensor(comm.peer_data, dtype=torch.int64)
-    comm.peer_flags_dev = torch.tensor(comm.peer_flags, dtype=torch.int64)
-    comm.state = torch.zeros(oc.STATE_WORDS, dtype=torch.int64)
-    comm.p2p, comm.triton, comm.enable_view = True, True, enable_view
-    return comm
-
-
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="runs the Triton kernel on CPU tensors (interpreter only)")
 def test_public_api_triton_backend_one_rank_interpreted(gloo1):
     c = oc.create_all_gather_comm(max_tokens=8, max_total_width=64, dtype=torch.float32,
                                   device="cpu")
-    _attach_cpu_workspace(c)
+    H.attach_cpu_workspace(c)
     for k in range(3):
         x = H.make_slice(k, 0, 5, 24, torch.float32, "cpu")
         y = ops.all_gather_hidden(c, x, backend="triton")
@@ -513,7 +497,7 @@ def test_cuda_op_arguments_match_the_schema(gloo1):
     from torch._subclasses.fake_tensor import FakeTensorMode
     c = oc.create_all_gather_comm(max_tokens=8, max_total_width=64, dtype=torch.bfloat16,
                                   device="cpu")
-    _attach_cpu_workspace(c, enable_view=True)
+    H.attach_cpu_workspace(c, enable_view=True)
     c.extension, c.timeout_ms, c.trap_on_timeout = True, 250, True
     x = torch.zeros(3, 16, dtype=torch.bfloat16)
     out = torch.empty(3, 16, dtype=torch.bfloat16)
@@ -561,7 +545,7 @@ def test_torch_compile_inductor_runs_the_op_on_the_real_workspace(gloo1):
     CPU kernel stands in for the CUDA one (registered for this test only)."""
     c = oc.create_all_gather_comm(max_tokens=8, max_total_width=64, dtype=torch.float32,
                                   device="cpu")
-    _attach_cpu_workspace(c)
+    H.attach_cpu_workspace(c)
     c.extension = True
     seen = []
 

@@ -42,26 +42,19 @@ def _us(f, n=2000, runs=5, warmup=200, sync=lambda: None):
     return statistics.median(res)
 
 
-def _gpu() -> int:
-    """Host time per eager call of the real CUDA ops (no stand-ins): 200 calls issued back to
-    back without a sync (the GPU queue absorbs them), median of 5 such batches."""
-    from tokenspeed_kernel import _library, ops
-    if not (torch.cuda.is_available() and _library.extension_available()):
-        print("--gpu needs a GPU and the compiled extension")
-        return 2
-    dev = torch.device("cuda")
-
-    def us(f):
-        return _us(f, n=200, runs=5, warmup=20, sync=torch.cuda.synchronize)
+def _sample_verify_rows(ops, dev, timer):
+    """(name, µs) of the sample and verify calls timed by both modes: sample over 64 rows of
+    V = 151936 (per-row tensors, validate=False, as the bench calls it), verify at bs 16,
+    n 3, probabilistic, ragged and padded."""
     n, V = 64, 151936
     logits = torch.randn(n, V, device=dev)
     seed, off = torch.arange(n, device=dev), torch.zeros(n, dtype=torch.int64, device=dev)
     temp = torch.full((n,), 0.8, device=dev)
     tk = torch.full((n,), 50, dtype=torch.int32, device=dev)
     tp = torch.full((n,), 0.9, device=dev)
-    rows = [("sample, temperature", us(lambda: ops.sample(
+    rows = [("sample, temperature", timer(lambda: ops.sample(
         logits, seed, off, temperature=temp, validate=False))),
-            ("sample, temperature + top-k + top-p", us(lambda: ops.sample(
+            ("sample, temperature + top-k + top-p", timer(lambda: ops.sample(
                 logits, seed, off, temperature=temp, top_k=tk, top_p=tp, validate=False,
                 top_k_max=256)))]
     bs, nd = 16, 3
@@ -71,15 +64,30 @@ def _gpu() -> int:
     cu = torch.arange(0, bs * nd + 1, nd, device=dev)
     seed, off = torch.arange(bs, device=dev), torch.zeros(bs, dtype=torch.int64, device=dev)
     temp = torch.full((bs,), 0.8, device=dev)
-    rows.append(("verify, ragged", us(lambda: ops.verify(
+    rows.append(("verify, ragged", timer(lambda: ops.verify(
         tgt, ids, seed, off, cu_num_draft=cu, draft_logits=drf, temperature=temp,
         mode="probabilistic", validate=False, max_num_draft=nd))))
-    rows.append(("verify, padded", us(lambda: ops.verify(
+    rows.append(("verify, padded", timer(lambda: ops.verify(
         tgt, ids.view(bs, nd), seed, off, draft_logits=drf, temperature=temp,
         mode="probabilistic", validate=False))))
+    return rows
+
+
+def _print(rows) -> None:
     w = max(len(r[0]) for r in rows)
     for name, t in rows:
         print(f"{name:<{w}}  {t:7.1f} us")
+
+
+def _gpu() -> int:
+    """Host time per eager call of the real CUDA ops (no stand-ins): 200 calls issued back to
+    back without a sync (the GPU queue absorbs them), median of 5 such batches."""
+    from tokenspeed_kernel import _library, ops
+    if not (torch.cuda.is_available() and _library.extension_available()):
+        print("--gpu needs a GPU and the compiled extension")
+        return 2
+    _print(_sample_verify_rows(ops, torch.device("cuda"), lambda f: _us(
+        f, n=200, runs=5, warmup=20, sync=torch.cuda.synchronize)))
     return 0
 
 
@@ -96,29 +104,8 @@ def main() -> int:
     for name in ("sample", "verify_probabilistic", "all_gather_hidden"):
         lib.impl(name, lambda *a, **k: None, "CPU")
     C.pick_backend = lambda backend, dev, op: "cuda"
-    rows = []
-
-    # ---- sample: 64 rows, per-row tensors, validate=False (as the bench calls it) ----
-    n, V = 64, 151936
-    logits = torch.zeros(n, V)
-    seed, off = torch.arange(n), torch.zeros(n, dtype=torch.int64)
-    temp, tk, tp = torch.full((n,), 0.8), torch.full((n,), 50, dtype=torch.int32), torch.full((n,), 0.9)
-    rows.append(("sample, temperature", _us(lambda: ops.sample(
-        logits, seed, off, temperature=temp, validate=False))))
-    rows.append(("sample, temperature + top-k + top-p", _us(lambda: ops.sample(
-        logits, seed, off, temperature=temp, top_k=tk, top_p=tp, validate=False, top_k_max=256))))
-
-    # ---- verify: bs 16, n 3, probabilistic ----
-    bs, nd, V = 16, 3, 1024
-    tgt, drf = torch.zeros(bs * (nd + 1), V), torch.zeros(bs * nd, V)
-    ids, cu = torch.zeros(bs * nd, dtype=torch.int64), torch.arange(0, bs * nd + 1, nd)
-    seed, off, temp = torch.arange(bs), torch.zeros(bs, dtype=torch.int64), torch.full((bs,), 0.8)
-    rows.append(("verify, ragged", _us(lambda: ops.verify(
-        tgt, ids, seed, off, cu_num_draft=cu, draft_logits=drf, temperature=temp,
-        mode="probabilistic", validate=False, max_num_draft=nd))))
-    rows.append(("verify, padded", _us(lambda: ops.verify(
-        tgt, ids.view(bs, nd), seed, off, draft_logits=drf, temperature=temp,
-        mode="probabilistic", validate=False))))
+    # sample / verify with the stand-ins (same shapes as --gpu; the no-op kernels ignore data)
+    rows = _sample_verify_rows(ops, torch.device("cpu"), _us)
 
     # ---- all_gather_hidden_out: a one-rank communicator with a process-local workspace ----
     import torch.distributed as dist
@@ -128,12 +115,8 @@ def main() -> int:
                             world_size=1)
     c = oc.create_all_gather_comm(max_tokens=512, max_total_width=8192, dtype=torch.bfloat16,
                                   device="cpu")
-    c.ll_off = 2 * c.buf_bytes
-    c.symm = torch.zeros(oc.FLAG_BYTES + 2 * c.buf_bytes + 2 * c.ll_bytes, dtype=torch.uint8)
-    c.peer_flags = [c.symm.data_ptr()]
-    c.peer_data = [c.symm.data_ptr() + oc.FLAG_BYTES]
-    c.state = torch.zeros(oc.STATE_WORDS, dtype=torch.int64)
-    c.p2p, c.extension = True, True
+    H.attach_cpu_workspace(c)
+    c.extension = True
     x = torch.zeros(8, 7168, dtype=torch.bfloat16)
     out = torch.empty(8, 7168, dtype=torch.bfloat16)
     rows.append(("all_gather_hidden_out", _us(lambda: ops.all_gather_hidden_out(
@@ -143,9 +126,7 @@ def main() -> int:
         lambda: torch.ops.tokenspeed_kernel.all_gather_hidden(*args))))
     dist.destroy_process_group()
 
-    w = max(len(r[0]) for r in rows)
-    for name, us in rows:
-        print(f"{name:<{w}}  {us:7.1f} us")
+    _print(rows)
     return 0
 
 
