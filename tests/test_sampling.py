@@ -550,6 +550,51 @@ def test_gpu_level_list_equals_full_scans(dtype):
         _check_list_equals_full_scans(z, seed, offset, kw)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_level0_excluded_bins_equal_full_histogram(dtype):
+    """Level 0 of a CUDA top-p row without top-k only sums the keys of the bins below
+    m + ln(1 - p) - ln(V) - 1 (their mass goes to bin 0) and histograms the rest 32 at a time; a
+    boundary among the excluded bins has the level redone in full. Tokens and processed
+    logprobs (log(e / S) over the kept set: a threshold one key off changes them) must equal
+    those of the full level-0 histogram (_NO_LEVEL_EXCL_FOR_TESTING), of a cut at m - 2 that the
+    boundary often falls below (_LEVEL_EXCL_TEST_FOR_TESTING: the redo path; with and without the
+    lists) and of the reference. Rows: flat and peaked randn, integer ties, p from 0.05 to 0.999
+    (p = 0.999 and the flat rows: the boundary far below the max), with top-k and min-p rows
+    beside them; V = 151936 over few rows (split rows: the global histograms) and V = 5000 over
+    300 rows (one CTA per row, V > the list capacity so level 0 does not compact)."""
+    skip_unless_backend("cuda")
+    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
+    gen = _gen(43)
+    for R, V, kind, scale in ((12, 151936, "randn", 3.0), (12, 151936, "randn", 12.0),
+                              (12, 151936, "randn", 0.3), (12, 151936, "int", 1.0),
+                              (300, 5000, "randn", 3.0), (300, 5000, "int", 1.0)):
+        z = _logits(R, V, gen, dtype=dtype, kind=kind, scale=scale)
+        seed, offset = _seeds(R, gen)
+        rep = (R + 11) // 12
+        kw = dict(
+            temperature=torch.tensor([0.8, 1.0, 1.3, 0.0, 0.7, 1.0] * 2 * rep)[:R],
+            top_k=torch.tensor([0, 0, 0, 0, 0, 0, 0, 50, 0, 5000, 0, 0] * rep,
+                               dtype=torch.int32)[:R],
+            top_p=torch.tensor([0.9, 0.5, 0.999, 0.9, 0.05, 0.95, 0.99, 0.9, 0.3, 0.9, 0.8,
+                                1.0] * rep)[:R],
+            min_p=torch.tensor([0.0] * 10 + [0.05, 0.1]).repeat(rep)[:R])
+        kw = {n: t.to(DEVICE) for n, t in kw.items()}
+        a = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+        assert torch.equal(a.tokens, _ref(z, seed, offset, **kw)[0])
+        for knobs in (("_NO_LEVEL_EXCL_FOR_TESTING",), ("_LEVEL_EXCL_TEST_FOR_TESTING",),
+                      ("_LEVEL_EXCL_TEST_FOR_TESTING", "_NO_LEVEL_LIST_FOR_TESTING")):
+            for k in knobs:
+                setattr(osm, k, True)
+            try:
+                b = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+            finally:
+                for k in knobs:
+                    setattr(osm, k, False)
+            assert torch.equal(a.tokens, b.tokens), (R, V, kind, scale, knobs)
+            assert torch.equal(a.processed_logprobs.nan_to_num(7.0),
+                               b.processed_logprobs.nan_to_num(7.0)), (R, V, kind, scale, knobs)
+
+
 def test_gpu_level_list_reduced_capacity():
     """Past 2048 rows the levels' list capacity halves (64 MiB per call: 2048 keys per row at
     4000 rows, sampling::level_list_cap): boundary buckets between the two capacities are not

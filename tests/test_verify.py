@@ -654,7 +654,9 @@ def test_gpu_top_k_top_p_radix_thresholds(dtype):
     ~18 CTAs: the global histograms), and 560 rows at V = 4099 (one CTA per row on an H100 /
     H200: the shared-memory-only path). A third shape (V = 151936, N(0, 3^2) logits, top-k
     around the levels' list capacity of 4096) and the levels without their compaction
-    (_NO_LEVEL_LIST_FOR_TESTING: every level re-reads the rows) must agree too."""
+    (_NO_LEVEL_LIST_FOR_TESTING: every level re-reads the rows) must agree too, and so must
+    level 0 without its excluded bins (_NO_LEVEL_EXCL_FOR_TESTING) and with a cut that forces
+    its redo (_LEVEL_EXCL_TEST_FOR_TESTING)."""
     if "cuda" not in _backends():
         pytest.skip("needs the CUDA extension")
     osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
@@ -690,7 +692,16 @@ def test_gpu_top_k_top_p_radix_thresholds(dtype):
                     full = run("cuda", mode, prob, extra)
                 finally:
                     osm._NO_LEVEL_LIST_FOR_TESTING = False
-                for other in (bis, full):
+                others = [bis, full]
+                # level 0 of the top-p rows without top-k: every key histogrammed, or a cut at
+                # m - 2 that forces the redo path (sampling's test of the excluded bins)
+                for knob in ("_NO_LEVEL_EXCL_FOR_TESTING", "_LEVEL_EXCL_TEST_FOR_TESTING"):
+                    setattr(osm, knob, True)
+                    try:
+                        others.append(run("cuda", mode, prob, extra))
+                    finally:
+                        setattr(osm, knob, False)
+                for other in others:
                     assert torch.equal(radix.tokens, other.tokens)
                     assert torch.equal(radix.processed_logprobs.nan_to_num(7.0),
                                        other.processed_logprobs.nan_to_num(7.0))

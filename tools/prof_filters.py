@@ -3,7 +3,8 @@
     python tools/prof_filters.py [what,bs,n,V,dtype,mode[,nolist] ...]
         what: verify | sample      mode: top_p | top_k_top_p | temp
         nolist: with _NO_LEVEL_LIST_FOR_TESTING (the radix levels re-read every row: the A/B)
-    e.g. verify,64,3,151936,fp32,top_p  sample,64,0,151936,bf16,top_p,nolist
+        noexcl: with _NO_LEVEL_EXCL_FOR_TESTING (level 0 of top-p rows histograms every key)
+    e.g. verify,64,3,151936,fp32,top_p  sample,64,0,151936,bf16,top_p,nolist,noexcl
 
 Prints, per config, the mean device time of every kernel launched by one call (10 calls),
 grouped by kernel name (the 10 radix level launches of one call add up under level_kernel),
@@ -24,7 +25,9 @@ cfgs = sys.argv[1:] or ["verify,64,3,151936,fp32,top_p", "verify,64,3,151936,bf1
                         "verify,16,3,151936,fp32,top_p", "sample,64,0,151936,fp32,top_p"]
 for c in cfgs:
     what, bs, n, V, dt, mode = c.split(",")[:6]
-    osm._NO_LEVEL_LIST_FOR_TESTING = c.endswith(",nolist")
+    knobs = c.split(",")[6:]
+    osm._NO_LEVEL_LIST_FOR_TESTING = "nolist" in knobs
+    osm._NO_LEVEL_EXCL_FOR_TESTING = "noexcl" in knobs
     bs, n, V = int(bs), int(n), int(V)
     dev = torch.device("cuda")
     if what == "verify":

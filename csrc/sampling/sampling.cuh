@@ -38,8 +38,12 @@ enum RowMode : int { kGreedy = 0, kPlain = 1, kTopK = 2, kGeneric = 3 };
 // every row with top-k or top-p takes the radix path (no top-k candidate fast path), min-p is
 // left to the caller.
 // F_NO_LIST (tests): the radix levels never compact (Workspace::list unused).
+// F_NO_EXCL (tests / A-B): level 0 of a top-p row histograms every key (no excluded bins).
+// F_EXCL_TEST (tests): level 0 excludes the bins below m - 2 instead of the proven bound, so the
+// boundary often falls among them and the redo path runs.
 enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
-                   F_GENERIC = 32, F_THRESHOLDS = 64, F_NO_LIST = 128 };
+                   F_GENERIC = 32, F_THRESHOLDS = 64, F_NO_LIST = 128, F_NO_EXCL = 256,
+                   F_EXCL_TEST = 512 };
 
 struct Params {
   const void* logits;
@@ -77,6 +81,7 @@ struct RowState {
   unsigned int nact;             // keys active at this level (prefix and >= lower), if known
   unsigned int arrive, ncand;    // arrival counter; keys appended to the row's list
   float m, L;
+  int noexcl;                    // level 0 of top-p: redo without excluded bins (level_decide)
 };
 
 struct Workspace {
@@ -550,6 +555,7 @@ __global__ void generic_init_kernel(Params p, Workspace ws) {
     st.L = rp.mp_on ? soft_ln(rp.min_p) : -INFINITY;
     st.prefix = 0; st.lower = 0; st.thr = 0; st.level = 0; st.arrive = 0; st.mode = kGeneric;
     st.nact = unsigned(p.vocab); st.ncand = 0;   // level 0: every key is active
+    st.noexcl = 0;
     if (inv || !(st.m > -INFINITY)) { st.phase = 2; st.target = 0; }
     else if (rp.k_on) { st.phase = 0; st.target = uint64_t(rp.k); }
     else if (rp.p_on) { st.phase = 1; st.target = 0; }
@@ -567,6 +573,7 @@ struct LevelSmem {
   unsigned long long wsum[kThreads / 32];
   unsigned int wcnt[kThreads / 32];
   RowState st;
+  unsigned long long q[kThreads / 32][64];   // level 0 with excluded bins: each warp's queue
 };
 
 // Exact 64-bit add to shared memory from two native 32-bit atomics (a 64-bit shared atomicAdd is
@@ -583,7 +590,11 @@ __device__ __forceinline__ void smem_add_u64(unsigned long long* a, unsigned lon
 
 // One radix level's decision over the row's histogram (sm.cnt / sm.mass, nb bins) and state
 // sm.st: the boundary bucket, then the next state (written to sm.st by thread 0). Block-wide.
-__device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb) {
+// excl_bin > 0 (level 0 of a top-p row, level_kernel): the bins below excl_bin were not
+// histogrammed, their whole mass sits in bin 0; the decision stands only if the boundary bucket
+// is >= excl_bin (the bins from there up are exact), else level 0 runs again in full.
+__device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb,
+                                    unsigned excl_bin = 0) {
   const int level = sm.st.level, phase = sm.st.phase;
   const int shift = level_shift(level);
   const unsigned long long prefix = sm.st.prefix, lower = sm.st.lower;
@@ -645,7 +656,9 @@ __device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb) 
     RowState st = sm.st;
     st.arrive = 0;
     st.ncand = 0;
-    if (!done) {
+    if (unsigned(d) < excl_bin) {
+      st.noexcl = 1;   // the boundary lies among the excluded bins: the same level 0, every key
+    } else if (!done) {
       // the next level's active keys are exactly this bucket's (counted: key >= lower)
       st.prefix = np; st.level = level + 1; st.target = remaining; st.nact = sm.cnt[d];
     } else {
@@ -663,6 +676,41 @@ __device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb) 
     sm.st = st;
   }
   __syncthreads();
+}
+
+// Level 0 of a top-p row without top-k: the keys of bins below excl_bin lie below the top-p
+// boundary, so only their total mass matters (it goes to bin 0, level_decide). The cut is
+// x < m + ln(1 - p) - ln(V) - 1: the excluded keys then hold at most V * e^-1 * (1 - p) / V of
+// the max key's mass 2^38 <= S, i.e. less than S - P' (P' = trunc(p * S)), so the boundary
+// bucket is at or above the cut's bin. level_decide checks that anyway and has level 0 redone
+// in full otherwise (a top-p row without top-k needs at most 5 of the 10 launches). 0 = none.
+__device__ __forceinline__ unsigned level0_excl_bin(float m, float top_p, int vocab, bool test) {
+  const float cut = test ? m - 2.0f : m + logf(1.0f - top_p) - logf(float(vocab)) - 1.0f;
+  if (!(cut > -INFINITY)) return 0u;
+  return key32(cut) >> 20;   // the level-0 digit (top 12 bits of key56 = of key32)
+}
+
+// Histogram cnt keys q[0..cnt) (cnt <= 32, warp-uniform) of one warp's level-0 queue: a warp
+// match per 32 keys instead of one per 4 elements; on a list, append them (warp-aggregated).
+__device__ __forceinline__ void level0_flush(LevelSmem& sm, const unsigned long long* q, int cnt,
+                                             float m, unsigned long long* list, int list_cap,
+                                             unsigned int* ncand) {
+  const int lane = threadIdx.x & 31;
+  const bool v = lane < cnt;
+  const unsigned long long k = v ? q[lane] : 0ull;
+  const unsigned d = unsigned(k >> 44);
+  const unsigned grp = __match_any_sync(0xffffffffu, v ? d : 0x10000u + lane);
+  if (v && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
+  if (v) {   // key56_value gives back x (-0 as +0: the same x - m)
+    const int64_t e = mass_fixed(fsub(key56_value(k), m));
+    if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
+  }
+  if (list != nullptr) {
+    unsigned pos = 0;
+    if (lane == 0) pos = atomicAdd(ncand, unsigned(cnt));
+    pos = __shfl_sync(0xffffffffu, pos, 0) + unsigned(lane);
+    if (v && pos < unsigned(list_cap)) list[pos] = k;
+  }
 }
 
 // One radix level of every generic row: grid (splits, rows). Each CTA histograms its split's
@@ -695,6 +743,16 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
   unsigned long long* list = (ws.list != nullptr && !(p.flags & F_NO_LIST))
                                  ? ws.list + int64_t(row) * ws.list_cap : nullptr;
   const bool compact = list != nullptr && nact <= unsigned(ws.list_cap);
+  // level 0 of a top-p row without top-k: excluded bins (level0_excl_bin); their keys are only
+  // summed (xacc), the others queue per warp (qn, warp-uniform) and are histogrammed 32 at a
+  // time, and listed: if they fit the list, this level's last CTA finishes the phase over it
+  const unsigned excl_bin =
+      (phase == 1 && level == 0 && lower == 0 && !rp.k_on && !compact && !stp->noexcl &&
+       !(p.flags & F_NO_EXCL))
+          ? level0_excl_bin(m, rp.top_p, p.vocab, (p.flags & F_EXCL_TEST) != 0) : 0u;
+  unsigned long long xacc = 0;
+  int qn = 0;
+  unsigned long long* wq = sm.q[threadIdx.x >> 5];
   for (int i = threadIdx.x; i < nb; i += blockDim.x) { sm.cnt[i] = 0; sm.mass[i] = 0; }
   __syncthreads();
 
@@ -740,6 +798,23 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
         k[j] = key56(key32(x[j]), uint32_t(i0 + j));
         act[j] = (i0 + j < end) && k[j] >= lower && (k[j] & pmask) == prefix;
       }
+      if (excl_bin) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const bool cand = act[j] && unsigned(k[j] >> 44) >= excl_bin;
+          if (act[j] && !cand) xacc += (unsigned long long)mass_fixed(fsub(x[j], m));
+          const unsigned bal = __ballot_sync(0xffffffffu, cand);
+          if (cand) wq[qn + __popc(bal & ((1u << lane) - 1u))] = k[j];
+          qn += __popc(bal);
+          if (qn >= 32) {
+            __syncwarp();
+            level0_flush(sm, wq + (qn - 32), 32, m, list, ws.list_cap, &stp->ncand);
+            qn -= 32;
+            __syncwarp();
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (!__any_sync(0xffffffffu, act[j])) continue;
@@ -760,6 +835,12 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
         }
       }
     }
+  }
+  if (excl_bin) {
+    __syncwarp();
+    if (qn) level0_flush(sm, wq, qn, m, list, ws.list_cap, &stp->ncand);
+    for (int o = 16; o; o >>= 1) xacc += __shfl_xor_sync(0xffffffffu, xacc, o);
+    if (lane == 0 && xacc) smem_add_u64(&sm.mass[0], xacc);
   }
   __syncthreads();
   if (p.splits > 1) {
@@ -789,10 +870,13 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
     sm.ncand = __ldcg(&stp->ncand);
   }
   __syncthreads();
-  level_decide(sm, rp, nb);
-  // the row's list holds every active key of this level: the phase's later levels run here
-  if (compact && sm.ncand == nact) {
-    const int n = int(nact);
+  level_decide(sm, rp, nb, excl_bin);
+  // the row's list holds every active key of this level (compact), or every key of the bins
+  // >= excl_bin, among them the boundary bucket's (a redo leaves the level at 0: no loop):
+  // the phase's later levels run here
+  if (compact ? sm.ncand == nact
+              : (excl_bin && list != nullptr && sm.ncand <= unsigned(ws.list_cap))) {
+    const int n = int(sm.ncand);
     int lv = level;
     while (sm.st.phase == phase && sm.st.level == lv + 1) {
       lv = sm.st.level;

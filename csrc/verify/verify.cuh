@@ -51,9 +51,11 @@ namespace tokenspeed_kernel::verify {
 // exact path in g_verify_list_stats.
 // kNoLevelList (testing / A-B): the radix thresholds without the levels' compaction
 // (sampling::F_NO_LIST).
+// kNoLevelExcl / kLevelExclTest (testing / A-B): sampling::F_NO_EXCL / F_EXCL_TEST.
 enum : uint32_t {
   kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16,
-  kBisectThresholds = 32, kListStats = 64, kNoLevelList = 128
+  kBisectThresholds = 32, kListStats = 64, kNoLevelList = 128, kNoLevelExcl = 256,
+  kLevelExclTest = 512
 };
 // [0] kUnsure coin at the deciding position, [1] bounds too wide (or a testing flag),
 // [2] score intervals that did not decide, [3] positions whose exact sums the resolve kernel (or
@@ -2349,7 +2351,9 @@ inline cudaError_t launch_verify_thresholds(const VerifyParams& p, const ThrWs& 
   sp.top_p = p.top_p;
   sp.flags = sampling::F_THRESHOLDS | (p.temperature ? sampling::F_TEMP : 0) |
              (p.top_k ? sampling::F_TOPK : 0) | (p.top_p ? sampling::F_TOPP : 0) |
-             ((p.flags & kNoLevelList) ? sampling::F_NO_LIST : 0);
+             ((p.flags & kNoLevelList) ? sampling::F_NO_LIST : 0) |
+             ((p.flags & kNoLevelExcl) ? sampling::F_NO_EXCL : 0) |
+             ((p.flags & kLevelExclTest) ? sampling::F_EXCL_TEST : 0);
   sp.splits = tw.splits;
   sp.chunk = tw.chunk;
   sp.row_req = tw.row_req;

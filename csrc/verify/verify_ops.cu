@@ -134,7 +134,8 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.bs = int32_t(bs);
   p.max_n = int32_t(max_num_draft);
   p.flags = uint32_t(flags) &
-            (kPadded | kNgram | kExactCoins | kExactResidual | kBisectThresholds | kNoLevelList);
+            (kPadded | kNgram | kExactCoins | kExactResidual | kBisectThresholds | kNoLevelList |
+             kNoLevelExcl | kLevelExclTest);
   const bool list_stats = tuning_enabled() && getenv("TS_VERIFY_LISTSTATS") != nullptr;
   if (list_stats) p.flags |= kListStats;
   if (logprobs.has_value()) p.flags |= kLogprobs;

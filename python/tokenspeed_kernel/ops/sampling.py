@@ -13,11 +13,17 @@ from . import _common as C
 
 # flag bits shared with csrc/sampling/sampling_ops.cu
 F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS, F_GENERIC = 1, 2, 4, 8, 16, 32
-F_NO_LIST = 128
+F_NO_LIST, F_NO_EXCL, F_EXCL_TEST = 128, 256, 512
 # Testing / A-B only: the CUDA radix levels (sampler top-p / top-k > 256 / min-p rows, and the
 # verify family's top-k / top-p thresholds) never compact a level's active keys into the row's
 # list: every level reads the whole row again (the tokens must not change).
 _NO_LEVEL_LIST_FOR_TESTING = False
+# Testing / A-B only: level 0 of a CUDA top-p row (no top-k) histograms every key instead of
+# only summing the keys provably below the top-p boundary (docs/DESIGN.md, "Excluded bins").
+_NO_LEVEL_EXCL_FOR_TESTING = False
+# Testing only: level 0 excludes the bins below m - 2 (not a proven bound), so the boundary
+# often falls among them and the level is redone in full (the tokens must not change).
+_LEVEL_EXCL_TEST_FOR_TESTING = False
 FAST_TOP_K_MAX = 256   # csrc/sampling/sampling.cuh kTopKCap: top-k fast path bound
 
 
@@ -65,8 +71,15 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
             generic = top_p is not None or min_p is not None or top_k is not None
     flags = ((F_TEMP if temperature is not None else 0) | (F_TOPK if top_k is not None else 0)
              | (F_TOPP if top_p is not None else 0) | (F_MINP if min_p is not None else 0)
-             | (F_GENERIC if generic else 0) | (F_NO_LIST if _NO_LEVEL_LIST_FOR_TESTING else 0))
+             | (F_GENERIC if generic else 0) | _level_test_flags())
     return seed, offset, temperature, top_k, top_p, min_p, backend, flags
+
+
+def _level_test_flags() -> int:
+    """The radix levels' testing / A-B flags (shared by the sampler and verify)."""
+    return ((F_NO_LIST if _NO_LEVEL_LIST_FOR_TESTING else 0)
+            | (F_NO_EXCL if _NO_LEVEL_EXCL_FOR_TESTING else 0)
+            | (F_EXCL_TEST if _LEVEL_EXCL_TEST_FOR_TESTING else 0))
 
 
 def _check_values(vocab, temperature, top_k, top_p, min_p) -> bool:

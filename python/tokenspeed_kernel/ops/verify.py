@@ -15,7 +15,7 @@ from . import sampling as _sampling
 MODES = ("strict", "probabilistic", "ngram")
 # flag bits shared with csrc/verify/verify_ops.cu
 F_PADDED, F_NGRAM, F_LOGPROBS, F_EXACT_COINS, F_EXACT_RESIDUAL = 1, 2, 4, 8, 16
-F_BISECT_THRESHOLDS, F_NO_LEVEL_LIST = 32, 128
+F_BISECT_THRESHOLDS = 32   # 128 / 256 / 512: the radix levels' testing flags (sampling.py)
 # Testing only: the CUDA probabilistic kernels decide every accept coin (and every final token)
 # from the exact mass sums instead of from the error-bounded approximate ones first (the tokens
 # must not change).
@@ -272,8 +272,7 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
         flags |= F_EXACT_RESIDUAL
     if _BISECT_THRESHOLDS_FOR_TESTING:
         flags |= F_BISECT_THRESHOLDS
-    if _sampling._NO_LEVEL_LIST_FOR_TESTING:
-        flags |= F_NO_LEVEL_LIST
+    flags |= _sampling._level_test_flags()
     if plan.mode == "strict":
         req, pos = _strict_rows(plan)
 
