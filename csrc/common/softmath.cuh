@@ -101,6 +101,30 @@ __device__ __forceinline__ float key56_value(uint64_t k) { return key32_to_float
 __device__ __forceinline__ int64_t mass_fixed(float y) {
   return (int64_t)fmul(soft_exp_neg(y), 274877906944.0f);
 }
+// mass_fixed(y) for y <= 0, -inf and NaN (bit for bit: tools/check_softmath.cu), without
+// branches: soft_exp_neg's y <= 0 path on max(y, -64), then 0 where y < -64 or NaN. Straight-line
+// code, so a thread's independent elements interleave (the radix levels' scans).
+__device__ __forceinline__ int64_t mass_fixed_nonpos(float y) {
+  const bool zero = !(y >= -64.0f);
+  const float yc = zero ? -64.0f : y;
+  const float t = fadd(fmul(yc, TS_F(0x3FB8AA3B)), 0.5f);
+  const float kr = __fadd_rd(t, 12582912.0f);
+  const float kf = fsub(kr, 12582912.0f);
+  const int ki = __float_as_int(kr) - 0x4B400000;
+  const float hi = fsub(yc, fmul(kf, TS_F(0x3F317200)));
+  const float lo = fmul(kf, TS_F(0x35BFBE8E));
+  const float r = fsub(hi, lo);
+  float p = TS_F(0x39500D01);
+  p = fadd(fmul(p, r), TS_F(0x3AB60B61));
+  p = fadd(fmul(p, r), TS_F(0x3C088889));
+  p = fadd(fmul(p, r), TS_F(0x3D2AAAAB));
+  p = fadd(fmul(p, r), TS_F(0x3E2AAAAB));
+  p = fadd(fmul(p, r), 0.5f);
+  p = fadd(fmul(p, r), 1.0f);
+  p = fadd(fmul(p, r), 1.0f);
+  const float e = fmul(p, __int_as_float((ki + 127) << 23));
+  return zero ? 0 : (int64_t)fmul(e, 274877906944.0f);
+}
 // P' = max(1, trunc(double(p) * double(S)))
 __device__ __forceinline__ int64_t top_p_limit(float p, int64_t s) {
   int64_t lim = (int64_t)__dmul_rn((double)p, (double)s);

@@ -701,8 +701,8 @@ __device__ __forceinline__ void level0_flush(LevelSmem& sm, const unsigned long 
   const unsigned d = unsigned(k >> 44);
   const unsigned grp = __match_any_sync(0xffffffffu, v ? d : 0x10000u + lane);
   if (v && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
-  if (v) {   // key56_value gives back x (-0 as +0: the same x - m)
-    const int64_t e = mass_fixed(fsub(key56_value(k), m));
+  if (v) {   // key56_value gives back x (-0 as +0: the same x - m <= 0)
+    const int64_t e = mass_fixed_nonpos(fsub(key56_value(k), m));
     if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
   }
   if (list != nullptr) {
@@ -724,7 +724,7 @@ __device__ __forceinline__ void level0_flush(LevelSmem& sm, const unsigned long 
 // same decisions: the same thresholds), so the later launches find the row finished and return.
 // Without it a top-p row reads the row 5 times, top-k + top-p up to 10.
 template <typename T, int U>
-__global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws) {
+__global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace ws) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   LevelSmem& sm = *reinterpret_cast<LevelSmem*>(smem_raw);
   const int row = p.row0 + int(blockIdx.y), split = blockIdx.x;
@@ -799,10 +799,14 @@ __global__ void __launch_bounds__(kThreads) level_kernel(Params p, Workspace ws)
         act[j] = (i0 + j < end) && k[j] >= lower && (k[j] & pmask) == prefix;
       }
       if (excl_bin) {
+        // the 4 masses first, branch-free (x <= m: y <= 0), so that their chains interleave
+        unsigned long long es[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) es[j] = (unsigned long long)mass_fixed_nonpos(fsub(x[j], m));
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const bool cand = act[j] && unsigned(k[j] >> 44) >= excl_bin;
-          if (act[j] && !cand) xacc += (unsigned long long)mass_fixed(fsub(x[j], m));
+          if (act[j] && !cand) xacc += es[j];
           const unsigned bal = __ballot_sync(0xffffffffu, cand);
           if (cand) wq[qn + __popc(bal & ((1u << lane) - 1u))] = k[j];
           qn += __popc(bal);
