@@ -680,10 +680,11 @@ __device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb,
 
 // Level 0 of a top-p row without top-k: the keys of bins below excl_bin lie below the top-p
 // boundary, so only their total mass matters (it goes to bin 0, level_decide). The cut is
-// x < m + ln(1 - p) - ln(V) - 1: the excluded keys then hold at most V * e^-1 * (1 - p) / V of
-// the max key's mass 2^38 <= S, i.e. less than S - P' (P' = trunc(p * S)), so the boundary
-// bucket is at or above the cut's bin. level_decide checks that anyway and has level 0 redone
-// in full otherwise (a top-p row without top-k needs at most 5 of the 10 launches). 0 = none.
+// x < m + ln(1 - p) - ln(V) - 1: an excluded key's mass is below 2^38 (1 - p) / (e V), all V of
+// them hold less than (1 - p) 2^38 / e <= (1 - p) S / e < S - P' (the max key alone has mass
+// 2^38 <= S; P' = trunc(p S)), so the boundary bucket is at or above the cut's bin.
+// level_decide checks that anyway and has level 0 redone in full otherwise (a top-p row
+// without top-k needs at most 5 of the 10 launches, 6 with the redo). 0 = no excluded bins.
 __device__ __forceinline__ unsigned level0_excl_bin(float m, float top_p, int vocab, bool test) {
   const float cut = test ? m - 2.0f : m + logf(1.0f - top_p) - logf(float(vocab)) - 1.0f;
   if (!(cut > -INFINITY)) return 0u;
@@ -750,9 +751,6 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
       (phase == 1 && level == 0 && lower == 0 && !rp.k_on && !compact && !stp->noexcl &&
        !(p.flags & F_NO_EXCL))
           ? level0_excl_bin(m, rp.top_p, p.vocab, (p.flags & F_EXCL_TEST) != 0) : 0u;
-  unsigned long long xacc = 0;
-  int qn = 0;
-  unsigned long long* wq = sm.q[threadIdx.x >> 5];
   for (int i = threadIdx.x; i < nb; i += blockDim.x) { sm.cnt[i] = 0; sm.mass[i] = 0; }
   __syncthreads();
 
@@ -769,6 +767,54 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
   float xlo = key32_to_float(uint32_t(lo56 >> 24)), xhi = key32_to_float(uint32_t(hi56 >> 24));
   if (xlo != xlo) xlo = -INFINITY;
   if (xhi != xhi) xhi = INFINITY;
+  if (excl_bin) {
+    // Level 0 with excluded bins (every key is active: lower = 0, no prefix). A loop of its own,
+    // so that the general scan below compiles as before. The 4 masses of a vector first,
+    // branch-free (x <= m: y <= 0), so that their chains interleave.
+    unsigned long long xacc = 0;
+    int qn = 0;   // warp-uniform
+    unsigned long long* wq = sm.q[threadIdx.x >> 5];
+    for (int b0 = begin; b0 < end; b0 += kThreads * 4 * U) {
+      float z[U][4];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
+        z[u][0] = z[u][1] = z[u][2] = z[u][3] = -INFINITY;
+        if (i0 < end) load4<T>(rowp, i0, end, aligned, z[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
+        float x[4];
+        unsigned long long es[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          x[j] = fmul(z[u][j], rp.inv_t);
+          es[j] = (unsigned long long)mass_fixed_nonpos(fsub(x[j], m));
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const bool in = i0 + j < end;
+          const uint32_t k32 = key32(x[j]);
+          const bool cand = in && (k32 >> 20) >= excl_bin;
+          if (in && !cand) xacc += es[j];
+          const unsigned bal = __ballot_sync(0xffffffffu, cand);
+          if (cand) wq[qn + __popc(bal & ((1u << lane) - 1u))] = key56(k32, uint32_t(i0 + j));
+          qn += __popc(bal);
+          if (qn >= 32) {
+            __syncwarp();
+            level0_flush(sm, wq + (qn - 32), 32, m, list, ws.list_cap, &stp->ncand);
+            qn -= 32;
+            __syncwarp();
+          }
+        }
+      }
+    }
+    __syncwarp();
+    if (qn) level0_flush(sm, wq, qn, m, list, ws.list_cap, &stp->ncand);
+    for (int o = 16; o; o >>= 1) xacc += __shfl_xor_sync(0xffffffffu, xacc, o);
+    if (lane == 0 && xacc) smem_add_u64(&sm.mass[0], xacc);
+  } else {
   // U vectors of 4 per thread and iteration, all loaded before any is used (loads in flight)
   for (int b0 = begin; b0 < end; b0 += kThreads * 4 * U) {
     float z[U][4];
@@ -798,27 +844,6 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
         k[j] = key56(key32(x[j]), uint32_t(i0 + j));
         act[j] = (i0 + j < end) && k[j] >= lower && (k[j] & pmask) == prefix;
       }
-      if (excl_bin) {
-        // the 4 masses first, branch-free (x <= m: y <= 0), so that their chains interleave
-        unsigned long long es[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) es[j] = (unsigned long long)mass_fixed_nonpos(fsub(x[j], m));
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const bool cand = act[j] && unsigned(k[j] >> 44) >= excl_bin;
-          if (act[j] && !cand) xacc += es[j];
-          const unsigned bal = __ballot_sync(0xffffffffu, cand);
-          if (cand) wq[qn + __popc(bal & ((1u << lane) - 1u))] = k[j];
-          qn += __popc(bal);
-          if (qn >= 32) {
-            __syncwarp();
-            level0_flush(sm, wq + (qn - 32), 32, m, list, ws.list_cap, &stp->ncand);
-            qn -= 32;
-            __syncwarp();
-          }
-        }
-        continue;
-      }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (!__any_sync(0xffffffffu, act[j])) continue;
@@ -840,12 +865,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
       }
     }
   }
-  if (excl_bin) {
-    __syncwarp();
-    if (qn) level0_flush(sm, wq, qn, m, list, ws.list_cap, &stp->ncand);
-    for (int o = 16; o; o >>= 1) xacc += __shfl_xor_sync(0xffffffffu, xacc, o);
-    if (lane == 0 && xacc) smem_add_u64(&sm.mass[0], xacc);
-  }
+  }   // scans
   __syncthreads();
   if (p.splits > 1) {
     unsigned int* gcnt = ws.hcnt + int64_t(row) * kHistBins;
