@@ -7,7 +7,9 @@ compared with the reference (token identity).
     compute-sanitizer --tool memcheck python tools/sanitize_verify.py [case ...] [--temp-only]
                                                                       [--filters-only]
 (racecheck is slow: select cases, e.g. `1 2 --temp-only` for the cluster cases;
-`--filters-only`: only the top-k / top-p parameter sets, i.e. the threshold kernels)
+`--filters-only`: only the top-k / top-p parameter sets, i.e. the threshold kernels;
+`--excl-test`: level 0 of the top-p rows cuts at m - 2 (_LEVEL_EXCL_TEST_FOR_TESTING), so its
+excluded-bins scan runs with a cut the boundary often falls below, and the level is redone)
 """
 import importlib
 import sys
@@ -53,6 +55,8 @@ def main() -> int:
     pick = [int(a) for a in sys.argv[1:] if a.isdigit()]
     temp_only = "--temp-only" in sys.argv
     filters_only = "--filters-only" in sys.argv
+    if "--excl-test" in sys.argv:
+        importlib.import_module("tokenspeed_kernel.ops.sampling")._LEVEL_EXCL_TEST_FOR_TESTING = True
     for k, (n_list, V, dt, un) in enumerate(cases):
         if pick and k not in pick:
             continue
