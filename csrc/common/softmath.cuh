@@ -38,6 +38,23 @@ __device__ __forceinline__ float soft_ln(float x) {
   return r;
 }
 
+// exp(y) = 2^k * exp(y - k ln 2) for k = kf = ki = floor(y / ln 2 + 0.5): Cody-Waite reduction
+// and the polynomial of soft_exp_neg (and of mass_fixed_nonpos, which must match it bit for bit)
+__device__ __forceinline__ float exp_reduced(float y, float kf, int ki) {
+  const float hi = fsub(y, fmul(kf, TS_F(0x3F317200)));
+  const float lo = fmul(kf, TS_F(0x35BFBE8E));
+  const float r = fsub(hi, lo);
+  float p = TS_F(0x39500D01);
+  p = fadd(fmul(p, r), TS_F(0x3AB60B61));
+  p = fadd(fmul(p, r), TS_F(0x3C088889));
+  p = fadd(fmul(p, r), TS_F(0x3D2AAAAB));
+  p = fadd(fmul(p, r), TS_F(0x3E2AAAAB));
+  p = fadd(fmul(p, r), 0.5f);
+  p = fadd(fmul(p, r), 1.0f);
+  p = fadd(fmul(p, r), 1.0f);
+  return fmul(p, __int_as_float((ki + 127) << 23));
+}
+
 // exp(y) for y <= 0; 0 for y < -64 (and -inf, NaN)
 __device__ __forceinline__ float soft_exp_neg(float y) {
   if (!(y >= -64.0f)) return 0.0f;
@@ -57,19 +74,7 @@ __device__ __forceinline__ float soft_exp_neg(float y) {
     kf = floorf(t);
     ki = int(kf);
   }
-  float hi = fsub(y, fmul(kf, TS_F(0x3F317200)));
-  float lo = fmul(kf, TS_F(0x35BFBE8E));
-  float r = fsub(hi, lo);
-  float p = TS_F(0x39500D01);
-  p = fadd(fmul(p, r), TS_F(0x3AB60B61));
-  p = fadd(fmul(p, r), TS_F(0x3C088889));
-  p = fadd(fmul(p, r), TS_F(0x3D2AAAAB));
-  p = fadd(fmul(p, r), TS_F(0x3E2AAAAB));
-  p = fadd(fmul(p, r), 0.5f);
-  p = fadd(fmul(p, r), 1.0f);
-  p = fadd(fmul(p, r), 1.0f);
-  float scale = __int_as_float((ki + 127) << 23);
-  return fmul(p, scale);
+  return exp_reduced(y, kf, ki);
 }
 
 // Gumbel noise G = -ln(-ln(u))
@@ -111,18 +116,7 @@ __device__ __forceinline__ int64_t mass_fixed_nonpos(float y) {
   const float kr = __fadd_rd(t, 12582912.0f);
   const float kf = fsub(kr, 12582912.0f);
   const int ki = __float_as_int(kr) - 0x4B400000;
-  const float hi = fsub(yc, fmul(kf, TS_F(0x3F317200)));
-  const float lo = fmul(kf, TS_F(0x35BFBE8E));
-  const float r = fsub(hi, lo);
-  float p = TS_F(0x39500D01);
-  p = fadd(fmul(p, r), TS_F(0x3AB60B61));
-  p = fadd(fmul(p, r), TS_F(0x3C088889));
-  p = fadd(fmul(p, r), TS_F(0x3D2AAAAB));
-  p = fadd(fmul(p, r), TS_F(0x3E2AAAAB));
-  p = fadd(fmul(p, r), 0.5f);
-  p = fadd(fmul(p, r), 1.0f);
-  p = fadd(fmul(p, r), 1.0f);
-  const float e = fmul(p, __int_as_float((ki + 127) << 23));
+  const float e = exp_reduced(yc, kf, ki);
   return zero ? 0 : (int64_t)fmul(e, 274877906944.0f);
 }
 // P' = max(1, trunc(double(p) * double(S)))

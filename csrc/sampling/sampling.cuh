@@ -678,6 +678,19 @@ __device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb,
   __syncthreads();
 }
 
+// The level scans' batch: U vectors of 4 per thread (elements b0 + (u * kThreads + tid) * 4,
+// -inf past end), all loads issued before any is used.
+template <typename T, int U>
+__device__ __forceinline__ void load_batch(const T* rowp, int b0, int end, bool aligned,
+                                           float (&z)[U][4]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
+    z[u][0] = z[u][1] = z[u][2] = z[u][3] = -INFINITY;
+    if (i0 < end) load4<T>(rowp, i0, end, aligned, z[u]);
+  }
+}
+
 // Level 0 of a top-p row without top-k: the keys of bins below excl_bin lie below the top-p
 // boundary, so only their total mass matters (it goes to bin 0, level_decide). The cut is
 // x < m + ln(1 - p) - ln(V) - 1: an excluded key's mass is below 2^38 (1 - p) / (e V), all V of
@@ -776,12 +789,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
     unsigned long long* wq = sm.q[threadIdx.x >> 5];
     for (int b0 = begin; b0 < end; b0 += kThreads * 4 * U) {
       float z[U][4];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
-        z[u][0] = z[u][1] = z[u][2] = z[u][3] = -INFINITY;
-        if (i0 < end) load4<T>(rowp, i0, end, aligned, z[u]);
-      }
+      load_batch<T, U>(rowp, b0, end, aligned, z);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
@@ -818,12 +826,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
   // U vectors of 4 per thread and iteration, all loaded before any is used (loads in flight)
   for (int b0 = begin; b0 < end; b0 += kThreads * 4 * U) {
     float z[U][4];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
-      z[u][0] = z[u][1] = z[u][2] = z[u][3] = -INFINITY;
-      if (i0 < end) load4<T>(rowp, i0, end, aligned, z[u]);
-    }
+    load_batch<T, U>(rowp, b0, end, aligned, z);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
