@@ -1,11 +1,9 @@
 """Per-kernel time breakdown of the top-k / top-p threshold path with torch.profiler.
 
-    python tools/prof_filters.py [what,bs,n,V,dtype,mode[,nolist] ...]
+    python tools/prof_filters.py [what,bs,n,V,dtype,mode[,nolist][,noexcl] ...]
         what: verify | sample      mode: top_p | top_k_top_p | temp
         nolist: with _NO_LEVEL_LIST_FOR_TESTING (the radix levels re-read every row: the A/B)
         noexcl: with _NO_LEVEL_EXCL_FOR_TESTING (level 0 of top-p rows histograms every key)
-        head:   sample only: 8 random ids per row get +12 on top of the randn * 3 logits (a
-                synthetic peaked row; not a model's logits)
     e.g. verify,64,3,151936,fp32,top_p  sample,64,0,151936,bf16,top_p,nolist,noexcl
 
 Prints, per config, the mean device time of every kernel launched by one call (10 calls),
@@ -40,11 +38,7 @@ for c in cfgs:
         def call():
             return f(pb, pb.tgt, pb.drf)
     else:
-        x = torch.randn(bs, V, device=dev) * 3.0
-        if "head" in knobs:
-            x.scatter_add_(1, torch.randint(0, V, (bs, 8), device=dev),
-                           torch.full((bs, 8), 12.0, device=dev))
-        x = x.to(DT[dt])
+        x = (torch.randn(bs, V, device=dev) * 3.0).to(DT[dt])
         seed = torch.arange(bs, device=dev, dtype=torch.int64)
         off = torch.zeros(bs, dtype=torch.int64, device=dev)
         kw = {"temperature": torch.full((bs,), 0.8, device=dev)}
