@@ -270,6 +270,35 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
                         oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
             comm.check()
             comm.close()
+    # LL: the kernel (6-byte packets: groups of 3 vectors, the last one zero-padded) and its
+    # testing variants (4-byte packets in planes / side by side) on widths whose vector counts
+    # are not multiples of 3, 1-, 3- and up-to-SM-count-CTA grids (256-byte blocks: CTAs with
+    # empty chunks at small T), both parities, 3 calls
+    # each (a consumed unit must be zero again before the parity's next call).
+    ws = [16 * (1 + 2 * s) + 8 for s in range(world)]  # bf16: 3, 5, 7, ... vectors per row (+1)
+    for max_blocks, block_bytes in ((1, oc.DEFAULT_BLOCK_BYTES), (3, 256), (None, 256)):
+        for dtype in (torch.bfloat16, torch.float32):
+            comm = oc.create_all_gather_comm(max_tokens=64, max_total_width=sum(ws), dtype=dtype,
+                                             max_blocks=max_blocks, block_bytes=block_bytes,
+                                             ll_max_bytes=1 << 40)
+            if not comm.extension:
+                comm.close()
+                break
+            for rows in (1, 2, 3, 7, 64):
+                slices = [make_slice(SEED + 2, s, rows, ws[s], dtype, dev) for s in range(world)]
+                want = ref.all_gather_hidden(slices)
+                for variant in (None, "w4", "w4pair"):
+                    oc._LL_VARIANT_FOR_TESTING = variant
+                    try:
+                        for i in range(3):
+                            y = ops.all_gather_hidden(comm, slices[rank], widths=ws,
+                                                      **bp("cuda:ll" + ("+pdl" if i else "")))
+                            assert_bits_equal(y, want, f"{dtype} LL {variant} T={rows} "
+                                                       f"blocks={max_blocks} call {i}")
+                    finally:
+                        oc._LL_VARIANT_FOR_TESTING = None
+            comm.check()
+            comm.close()
     torch.cuda.synchronize()
 
 

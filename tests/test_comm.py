@@ -465,7 +465,9 @@ def test_bench_comm_options_and_writers(tmp_path):
     md = bc._markdown(rows, env, 2, ["bf16/H=7168/T=512"])
     assert "NVIDIA Test" in md and "| 8 |" in md and "failed verification" in md
     assert "auto picks" in md and "NCCL ÷ auto" in md and "| ll |" in md
-    assert "NCCL ÷ PDL" in md and "p2p-cuda-pdl µs" in md
+    assert "NCCL ÷ PDL" in md and "p2p-cuda-ll-pdl µs" in md and "p2p-cuda-flag-pdl µs" in md
+    # T = 1 picks LL: NCCL (5 + 5 + 1 us) over LL (5 + 0 + 1) and over LL with PDL (5 + 2 + 1)
+    assert "| ll | 1.83× | 1.38× |" in md
     assert "Skipped (time budget): bf16/H=7168/T=512" in md
     png = bc._plot(rows, tmp_path / "c.png", 2)
     assert png is None or (tmp_path / "c.png").stat().st_size > 0
@@ -523,6 +525,19 @@ def test_cuda_op_arguments_match_the_schema(gloo1):
     ll = oc._cuda_args(c, x, out, [0, 16], oc.F_LL, 3, [16])
     assert ll[11] == oc.F_LL | oc.F_TRAP and ll[13] == 3 * c.buf_bytes
     assert ll[14] == c.ll_bytes >= 2 * 3 * 16 * 2
+    # the region holds the largest LL output for either packing and any world size (the
+    # kernel's ll_region_bytes: 6-byte packets 64 * (n / 3 + world), 4-byte packets 32 * n)
+    n = c.ll_max_bytes // 16
+    assert c.ll_bytes >= max(64 * (n // 3 + oc.MAX_RANKS), 32 * n)
+    # the LL testing knob adds its kernel-variant bits to LL calls only
+    for variant, bits in ((None, 0), ("w4", oc.F_LL4), ("w4pair", oc.F_LL4 | oc.F_LL_PAIRED)):
+        oc._LL_VARIANT_FOR_TESTING = variant
+        try:
+            assert oc._cuda_args(c, x, out, [0, 16], oc.F_LL, 3, [16])[11] == \
+                oc.F_LL | oc.F_TRAP | bits
+            assert oc._cuda_args(c, x, out, [0, 16], 0, 3, [16])[11] == oc.F_TRAP
+        finally:
+            oc._LL_VARIANT_FOR_TESTING = None
     assert c.symm.numel() >= oc.FLAG_BYTES + ll[13] + 2 * ll[14]
     with FakeTensorMode(allow_non_fake_inputs=True):
         assert op(*a) is None

@@ -2,7 +2,8 @@
 
 Times, with the bench's method (bench/comm.py: graph replay of N back-to-back calls, ranks
 aligned by an NCCL all-reduce, max over ranks, every output checked bit-exact first), a list of
-providers -- ``ll``, ``flag`` (what the library launches: the pipelined kernel above two rounds
+providers -- ``ll`` (6-byte packets), ``ll-w4`` / ``ll-w4pair`` (the 4-byte-packet testing
+variants: planes / a vector's units side by side, the first LL kernel), ``flag`` (what the library launches: the pipelined kernel above two rounds
 per CTA), ``flag-nopipe`` (the testing knob: the unpipelined kernel), ``view``
 (``all_gather_hidden_view``: no copy-out, so the push's own cost), and any of them with a
 ``-pdl`` suffix (launched with ``enable_pdl=True``) -- for a list of
@@ -81,6 +82,7 @@ def _run(rank, world, opts):
 
                     def call(o, be=backend, pr=proto, kn=knob):
                         oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = kn == "nopipe"
+                        oc._LL_VARIANT_FOR_TESTING = kn if kn in ("w4", "w4pair") else None
                         try:
                             if pr == "view":  # no copy-out (copied here only for the check)
                                 v = oc.all_gather_hidden_view(comm, x, enable_pdl=kn == "pdl")
@@ -91,6 +93,7 @@ def _run(rank, world, opts):
                                                          enable_pdl=kn == "pdl")
                         finally:
                             oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
+                            oc._LL_VARIANT_FOR_TESTING = None
                     o = check_out = torch.empty((T, H), dtype=dtype, device=dev)
                     call(o)
                     torch.cuda.synchronize()

@@ -77,6 +77,25 @@ constexpr int kAgFlagTrap = 4;      // __trap() after recording a timeout (defau
 constexpr int kAgFlagLL = 8;        // low-latency protocol: flag-carrying packets, no barrier
 constexpr int kAgFlagNoPipe = 16;   // testing / A-B only: copy-out through the unpipelined kernel
 constexpr int kAgFlagPDL = 32;      // launch with programmatic dependent launch (sm_90+, opt-in)
+constexpr int kAgFlagLL4 = 64;      // testing / A-B only: LL with 4-byte packets (the older kernel)
+constexpr int kAgFlagLLPaired = 128;  // testing / A-B only, with kAgFlagLL4: a vector's two LL
+                                      // units adjacent (the layout before planes, see the kernel)
+
+// LL protocol with 6-byte packets (all_gather_hidden_ll_kernel): 3 data vectors (48 bytes) travel
+// as 4 LL units of 16 bytes = 8 packets of {6 data bytes | 16-bit stamp}.
+constexpr int kLLGroupVec = 3;
+constexpr int kLLGroupUnits = 4;
+constexpr int kLLUnroll = 2;  // groups in flight per thread
+
+// Bytes of one LL parity region that a call of n_vec 16-byte output vectors over `world` ranks
+// needs, for either LL kernel: 6-byte packets place source s's groups at 64 * (floor(rows *
+// col_vec[s] / 3) + s) (the "+ s" absorbs the rounding of each source's group count), 4-byte
+// packets at 32 * rows * col_vec[s].
+__host__ __device__ inline int64_t ll_region_bytes(int64_t n_vec, int world) {
+  const int64_t ll6 = 64 * (n_vec / kLLGroupVec + world);
+  const int64_t ll4 = 32 * n_vec;
+  return ll6 > ll4 ? ll6 : ll4;
+}
 
 struct AllGatherHiddenParams {
   const uint8_t* x;  // [rows, my width] (byte row stride ldx)
@@ -303,13 +322,14 @@ __device__ __forceinline__ void copy_out_chunk(const AllGatherHiddenParams& p, i
 
 
 // ---- LL ("low latency") packets --------------------------------------------------------------
-// One 16-byte LL unit carries 8 data bytes as two 8-byte packets {data32 | flag32 << 32}. Each
-// packet is a u64 element of a v2.u64 access, and an aligned 64-bit access is single-copy atomic
-// (PTX memory model: a vector access is a set of scalar accesses of its elements), so a reader
-// that sees a packet's flag also sees that packet's data: no fence and no separate flag store.
-__device__ __forceinline__ void st_ll(uint8_t* p, uint32_t d0, uint32_t d1, uint32_t f) {
-  const uint64_t a = uint64_t(d0) | (uint64_t(f) << 32);
-  const uint64_t b = uint64_t(d1) | (uint64_t(f) << 32);
+// An LL packet is 8 bytes: data next to a stamp of the call. Packets are the u64 elements of
+// v2.u64 accesses, and an aligned 64-bit access is single-copy atomic (PTX memory model: a vector
+// access is a set of scalar accesses of its elements), so a reader that sees a packet's stamp
+// also sees that packet's data: no fence and no separate flag store. A 16-byte LL unit holds two
+// packets. Two packings:
+//   6-byte packets (the kernel's): {48 data bits | 16-bit stamp}; 3 data vectors -> 4 units.
+//   4-byte packets (testing / A-B: kAgFlagLL4): {32 data bits | 32-bit stamp}; 1 vector -> 2 units.
+__device__ __forceinline__ void st_ll(uint8_t* p, uint64_t a, uint64_t b) {
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
 }
 
@@ -322,26 +342,80 @@ __device__ __forceinline__ ulonglong2 ld_ll(const uint8_t* p) {
   return v;
 }
 
-__device__ __forceinline__ bool ll_ready(const ulonglong2& a, const ulonglong2& b, uint32_t f) {
+__device__ __forceinline__ uint64_t pk(uint32_t lo, uint32_t hi) {
+  return uint64_t(lo) | (uint64_t(hi) << 32);
+}
+
+// 6-byte packets: the 12 words w of 3 vectors as 24 half-words h; packet k = h[3k] | h[3k+1] << 16
+// | h[3k+2] << 32 | f << 48 (f: 16-bit stamp). Unit j = packets 2j, 2j+1.
+__device__ __forceinline__ void ll6_pack(const uint4 (&v)[kLLGroupVec], uint32_t f,
+                                         ulonglong2 (&u)[kLLGroupUnits]) {
+  const uint32_t w[12] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y,
+                          v[1].z, v[1].w, v[2].x, v[2].y, v[2].z, v[2].w};
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const uint32_t a = w[3 * m], b = w[3 * m + 1], c = w[3 * m + 2];
+    u[m].x = pk(a, __byte_perm(b, f, 0x5410));                       // a | b.lo16 | f
+    u[m].y = pk(__byte_perm(b, c, 0x5432), __byte_perm(c, f, 0x5432));  // b.hi16 c.lo16 | c.hi16 | f
+  }
+}
+
+__device__ __forceinline__ void ll6_unpack(const ulonglong2 (&u)[kLLGroupUnits],
+                                           uint4 (&v)[kLLGroupVec]) {
+  uint32_t w[12];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const uint32_t lo0 = uint32_t(u[m].x), hi0 = uint32_t(u[m].x >> 32);
+    const uint32_t lo1 = uint32_t(u[m].y), hi1 = uint32_t(u[m].y >> 32);
+    w[3 * m] = lo0;
+    w[3 * m + 1] = __byte_perm(hi0, lo1, 0x5410);
+    w[3 * m + 2] = __byte_perm(lo1, hi1, 0x5432);
+  }
+#pragma unroll
+  for (int j = 0; j < kLLGroupVec; ++j) v[j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
+}
+
+__device__ __forceinline__ bool ll6_ready(const ulonglong2 (&u)[kLLGroupUnits], uint32_t f) {
+  bool ok = true;
+#pragma unroll
+  for (int j = 0; j < kLLGroupUnits; ++j)
+    ok &= (uint32_t(u[j].x >> 48) == f) & (uint32_t(u[j].y >> 48) == f);
+  return ok;
+}
+
+__device__ __forceinline__ bool ll4_ready(const ulonglong2& a, const ulonglong2& b, uint32_t f) {
   return uint32_t(a.x >> 32) == f && uint32_t(a.y >> 32) == f && uint32_t(b.x >> 32) == f &&
          uint32_t(b.y >> 32) == f;
 }
 
-// Spin until both LL units of a 16-byte data vector at `a` carry flag f (bounded like
-// wait_flag_ge). On success (a0, a1) hold the packets.
-__device__ __forceinline__ bool wait_ll(const AllGatherHiddenParams& p, const uint8_t* a, uint32_t f,
-                                     ulonglong2& a0, ulonglong2& a1, int src, uint64_t epoch) {
+// Spin until poll() (which reloads the units it checks) returns true, bounded like wait_flag_ge.
+template <typename Poll>
+__device__ __forceinline__ bool spin_ll(const AllGatherHiddenParams& p, Poll poll, int src,
+                                        uint64_t epoch) {
   const uint64_t start = globaltimer_ns();
   for (uint32_t it = 1;; ++it) {
-    a0 = ld_ll(a);
-    a1 = ld_ll(a + 16);
-    if (ll_ready(a0, a1, f)) return true;
+    if (poll()) return true;
     if ((it & 63u) == 0u) {
       if (ld_relaxed_gpu(p.state + kAgStateErr) != 0) return false;
       if (p.timeout_ns > 0 && globaltimer_ns() - start > static_cast<uint64_t>(p.timeout_ns)) {
         record_timeout(p, kAgErrTimeoutData, src, epoch);
         return false;
       }
+    }
+  }
+}
+
+// Loads group g's vectors 3g .. 3g + 2 of this rank's slice (those below n; the others are 0).
+__device__ __forceinline__ void load_x_group(const AllGatherHiddenParams& p, uint32_t g,
+                                             uint32_t n, uint32_t wv, uint4 (&v)[kLLGroupVec]) {
+#pragma unroll
+  for (int j = 0; j < kLLGroupVec; ++j) {
+    const uint32_t i = g * kLLGroupVec + j;
+    v[j] = make_uint4(0, 0, 0, 0);
+    if (i < n) {
+      const uint32_t t = i / wv;
+      const uint32_t c = i - t * wv;
+      v[j] = ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
     }
   }
 }
@@ -615,20 +689,29 @@ __global__ void __launch_bounds__(kAgThreads, 1)
   }
 }
 
-// Low-latency variant (flag kAgFlagLL; copy-out mode, P2P only): no barrier at all. Each 16-byte
-// data vector travels as two LL units (32 bytes) stamped with the call's flag f, into the LL
-// region of parity epoch & 1 on every peer; the reader polls its own LL region until the stamp
-// matches, writes the vector to the caller's output and zeroes the units. Costs 2x the NVLink
-// bytes, saves the release/acquire round trip: the choice between the two is the auto policy's
-// (ops/comm.py, measured crossover).
+// Low-latency variant (flag kAgFlagLL; copy-out mode, P2P only): no barrier at all. The data
+// travels in LL packets stamped with the call (6 data bytes + a 16-bit stamp f per 8-byte packet)
+// into the LL region of parity epoch & 1 on every peer; the reader polls its own LL region until
+// every packet of a group carries f, writes the group's vectors to the caller's output and zeroes
+// the units. Costs 4/3 of the data bytes on the wire, saves the release/acquire round trip: the
+// choice between the two protocols is the auto policy's (ops/comm.py, measured crossover).
 //
-// LL region (one parity, identical layout on every rank): source s's area starts at byte
-// 2 * rows * col_vec[s] * 16 and holds its rows * w_s vectors in (t, c) order, 32 bytes each.
-// Flag f = ((epoch - 1) mod (2^32 - 1)) + 1 is never 0, and consumed units are zeroed, so stale
-// units never match (no wrap hazard). Reuse of a parity region is safe by the same argument as
-// the rotating gather buffers (header): a rank writes p's parity (e + 1) & 1 in call e + 1 only
-// after finishing call e, which needed p's call-e packets, which p sent after its call e - 1
-// kernel (the last reader and zeroer of that parity) had ended.
+// Groups: source s's rows * w_s vectors in (t, c) order, 3 per group, ng_s = ceil(rows * w_s / 3)
+// groups (the last one zero-padded), chunked over the grid like the flag kernel's vectors (the
+// sender's CTA b and every receiver's CTA b take the same groups). LL region (one parity, the
+// same layout on every rank): source s's area starts at byte 64 * (floor(rows * col_vec[s] / 3)
+// + s) (ll_region_bytes) and holds 4 planes of ng_s units: unit j of group g at (j * ng_s + g) *
+// 16, so one warp-wide store or load of a plane covers 512 contiguous bytes -- whole 32-byte
+// sectors. (The earlier kernel, kept as the kAgFlagLL4 testing variant, put a vector's two units
+// side by side, so that each instruction wrote half of every sector it touched; see COMM.md.)
+//
+// Stamps: f = ((epoch - 1) mod 65535) + 1, never 0. Every unit a call writes is read and zeroed
+// by its receiver in the same call, so between calls the regions hold zeros only: a unit that
+// carries f was written in this call (a stale unit is 0, and the stamp changes anyway). Reuse of
+// a parity region is safe by the same argument as the rotating gather buffers (header): a rank
+// writes p's parity (e + 1) & 1 in call e + 1 only after finishing call e, which needed p's
+// call-e packets, which p sent after its call e - 1 kernel (the last reader and zeroer of that
+// parity) had ended.
 template <int kW>
 __global__ void __launch_bounds__(kAgThreads)
     all_gather_hidden_ll_kernel(const __grid_constant__ AllGatherHiddenParams p) {
@@ -636,19 +719,157 @@ __global__ void __launch_bounds__(kAgThreads)
   __shared__ int s_abort;
   const int tid = threadIdx.x;
   const int b = blockIdx.x;
-  // My chunk b, and its first batch of vectors loaded before the call counter is known (the two
+  // My groups of chunk b, and their first batch loaded before the call counter is known (the two
   // loads overlap; at small T the first batch is all there is).
+  const uint32_t my_col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
+  const uint32_t my_wv = static_cast<uint32_t>(p.col_vec[p.rank + 1]) - my_col0;
+  const uint32_t my_n = static_cast<uint32_t>(p.rows) * my_wv;
+  const uint32_t my_ng = (my_n + kLLGroupVec - 1) / kLLGroupVec;
+  const uint32_t my_lo = detail::chunk_begin(my_ng, b, p.num_blocks);
+  const uint32_t my_hi = detail::chunk_begin(my_ng, b + 1, p.num_blocks);
+  uint4 v[kLLUnroll][kLLGroupVec];
+  detail::pdl_enter();
+#pragma unroll
+  for (int u = 0; u < kLLUnroll; ++u) {
+    const uint32_t g = my_lo + tid + u * kAgThreads;
+    if (g < my_hi) detail::load_x_group(p, g, my_n, my_wv, v[u]);
+  }
+  if (tid == 0) detail::read_call(p, s_abort, s_epoch);
+  __syncthreads();
+  if (s_abort) return;
+  const uint64_t epoch = s_epoch;
+  const uint32_t f = static_cast<uint32_t>((epoch - 1) % 0xFFFFull) + 1u;
+  const int64_t par = p.ll_off + static_cast<int64_t>(epoch & 1) * p.ll_bytes;
+  const int64_t rows = p.rows;
+
+  // ---- push my groups of chunk b: LL units to every peer, the vectors to my output ----
+  {
+    const int64_t area = par + 64 * (rows * my_col0 / kLLGroupVec + p.rank);
+    const int64_t plane = static_cast<int64_t>(my_ng) * 16;
+    for (uint32_t base = my_lo + tid; base < my_hi; base += kAgThreads * kLLUnroll) {
+      if (base != my_lo + tid) {
+#pragma unroll
+        for (int u = 0; u < kLLUnroll; ++u) {
+          const uint32_t g = base + u * kAgThreads;
+          if (g < my_hi) detail::load_x_group(p, g, my_n, my_wv, v[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kLLUnroll; ++u) {
+        const uint32_t g = base + u * kAgThreads;
+        if (g < my_hi) {
+          ulonglong2 unit[kLLGroupUnits];
+          detail::ll6_pack(v[u], f, unit);
+          const int64_t dst = area + static_cast<int64_t>(g) * 16;
+#pragma unroll
+          for (int q = 0; q < kW; ++q) {
+            if (q < p.world && q != p.rank) {
+#pragma unroll
+              for (int j = 0; j < kLLGroupUnits; ++j)
+                detail::st_ll(p.peer_data[q] + dst + j * plane, unit[j].x, unit[j].y);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kLLGroupVec; ++j) {
+            const uint32_t i = g * kLLGroupVec + j;
+            if (i < my_n) {
+              const uint32_t t = i / my_wv;
+              const uint32_t c = i - t * my_wv;
+              detail::st_v4(p.out + t * p.ldo + static_cast<int64_t>(my_col0 + c) * 16, v[u][j]);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (tid == 0) detail::advance_seq(p, epoch);
+
+  // ---- receive chunk b of every peer's groups from the local LL region ----
+  bool ok = true;
+#pragma unroll 1
+  for (int s = 0; s < kW; ++s) {
+    if (s >= p.world || s == p.rank || !ok) continue;
+    const uint32_t col0 = static_cast<uint32_t>(p.col_vec[s]);
+    const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
+    const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
+    const uint32_t ng = (n + kLLGroupVec - 1) / kLLGroupVec;
+    const uint32_t lo = detail::chunk_begin(ng, b, p.num_blocks);
+    const uint32_t hi = detail::chunk_begin(ng, b + 1, p.num_blocks);
+    uint8_t* area = p.my_data + par + 64 * (rows * col0 / kLLGroupVec + s);
+    const int64_t plane = static_cast<int64_t>(ng) * 16;
+    for (uint32_t base = lo + tid; ok && base < hi; base += kAgThreads * kLLUnroll) {
+      ulonglong2 a[kLLUnroll][kLLGroupUnits];
+#pragma unroll
+      for (int u = 0; u < kLLUnroll; ++u) {  // issue every load first, then wait
+        const uint32_t g = base + u * kAgThreads;
+        if (g < hi) {
+#pragma unroll
+          for (int j = 0; j < kLLGroupUnits; ++j)
+            a[u][j] = detail::ld_ll(area + static_cast<int64_t>(g) * 16 + j * plane);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kLLUnroll; ++u) {
+        const uint32_t g = base + u * kAgThreads;
+        if (g < hi && ok) {
+          uint8_t* at = area + static_cast<int64_t>(g) * 16;
+          if (!detail::ll6_ready(a[u], f)) {
+            ok = detail::spin_ll(
+                p,
+                [&]() {
+#pragma unroll
+                  for (int j = 0; j < kLLGroupUnits; ++j) a[u][j] = detail::ld_ll(at + j * plane);
+                  return detail::ll6_ready(a[u], f);
+                },
+                s, epoch);
+          }
+          if (ok) {
+            uint4 d[kLLGroupVec];
+            detail::ll6_unpack(a[u], d);
+#pragma unroll
+            for (int j = 0; j < kLLGroupVec; ++j) {
+              const uint32_t i = g * kLLGroupVec + j;
+              if (i < n) {
+                const uint32_t t = i / wv;
+                const uint32_t c = col0 + (i - t * wv);
+                detail::st_v4(p.out + t * p.ldo + static_cast<int64_t>(c) * 16, d[j]);
+              }
+            }
+#pragma unroll
+            for (int j = 0; j < kLLGroupUnits; ++j)  // consumed: zero the group's units
+              detail::st_v4(at + j * plane, make_uint4(0, 0, 0, 0));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Testing / A-B variant of the LL protocol (kAgFlagLL | kAgFlagLL4): 4-byte packets {data32 |
+// flag32}, so each 16-byte data vector travels as two LL units (2x the bytes on the wire), stamp
+// f = ((epoch - 1) mod (2^32 - 1)) + 1. Source s's area starts at byte 32 * rows * col_vec[s]
+// and holds its n_s = rows * w_s vectors in (t, c) order; the two units of vector i sit in two
+// planes (16 i and 16 (n_s + i)), or side by side at 32 i with kAgFlagLLPaired (the layout of
+// the first LL kernel: each warp-wide store then covers half of every sector it touches).
+// Same zeroing and parity-reuse argument as all_gather_hidden_ll_kernel.
+template <int kW>
+__global__ void __launch_bounds__(kAgThreads)
+    all_gather_hidden_ll4_kernel(const __grid_constant__ AllGatherHiddenParams p) {
+  __shared__ uint64_t s_epoch;
+  __shared__ int s_abort;
+  const int tid = threadIdx.x;
+  const int b = blockIdx.x;
   const uint32_t my_col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
   const uint32_t my_wv = static_cast<uint32_t>(p.col_vec[p.rank + 1]) - my_col0;
   const uint32_t my_n = static_cast<uint32_t>(p.rows) * my_wv;
   const uint32_t my_lo = my_wv ? detail::chunk_begin(my_n, b, p.num_blocks) : 0;
   const uint32_t my_hi = my_wv ? detail::chunk_begin(my_n, b + 1, p.num_blocks) : 0;
+  const bool paired = (p.flags & kAgFlagLLPaired) != 0;
+  const int64_t ustride = paired ? 32 : 16;  // bytes between consecutive vectors' first units
   uint4 v[kAgUnroll];
   detail::pdl_enter();
   detail::load_x_batch(p, my_lo + tid, my_hi, my_wv, v);
-  if (tid == 0) {
-    detail::read_call(p, s_abort, s_epoch);
-  }
+  if (tid == 0) detail::read_call(p, s_abort, s_epoch);
   __syncthreads();
   if (s_abort) return;
   const uint64_t epoch = s_epoch;
@@ -656,21 +877,22 @@ __global__ void __launch_bounds__(kAgThreads)
   const int64_t par = p.ll_off + static_cast<int64_t>(epoch & 1) * p.ll_bytes;
   const int64_t rows = p.rows;
 
-  // ---- push chunk b of my slice: LL units to every peer, the vector itself to my output ----
   {
     const int64_t area = par + 2 * rows * my_col0 * 16;
+    const int64_t second = paired ? 16 : static_cast<int64_t>(my_n) * 16;
     for (uint32_t base = my_lo + tid; base < my_hi; base += kAgThreads * kAgUnroll) {
       if (base != my_lo + tid) detail::load_x_batch(p, base, my_hi, my_wv, v);
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {
         const uint32_t i = base + u * kAgThreads;
         if (i < my_hi) {
-          const int64_t dst = area + static_cast<int64_t>(i) * 32;
+          const int64_t dst = area + static_cast<int64_t>(i) * ustride;
 #pragma unroll
           for (int q = 0; q < kW; ++q) {
             if (q < p.world && q != p.rank) {
-              detail::st_ll(p.peer_data[q] + dst, v[u].x, v[u].y, f);
-              detail::st_ll(p.peer_data[q] + dst + 16, v[u].z, v[u].w, f);
+              detail::st_ll(p.peer_data[q] + dst, detail::pk(v[u].x, f), detail::pk(v[u].y, f));
+              detail::st_ll(p.peer_data[q] + dst + second, detail::pk(v[u].z, f),
+                            detail::pk(v[u].w, f));
             }
           }
           const uint32_t t = i / my_wv;
@@ -683,7 +905,6 @@ __global__ void __launch_bounds__(kAgThreads)
   }
   if (tid == 0) detail::advance_seq(p, epoch);
 
-  // ---- receive chunk b of every peer's slice from the local LL region ----
   bool ok = true;
 #pragma unroll 1
   for (int s = 0; s < kW; ++s) {
@@ -695,32 +916,41 @@ __global__ void __launch_bounds__(kAgThreads)
     const uint32_t lo = detail::chunk_begin(n, b, p.num_blocks);
     const uint32_t hi = detail::chunk_begin(n, b + 1, p.num_blocks);
     uint8_t* area = p.my_data + par + 2 * rows * col0 * 16;
+    const int64_t second = paired ? 16 : static_cast<int64_t>(n) * 16;
     for (uint32_t base = lo + tid; ok && base < hi; base += kAgThreads * kAgUnroll) {
       ulonglong2 a0[kAgUnroll], a1[kAgUnroll];
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {  // issue every load first, then wait
         const uint32_t i = base + u * kAgThreads;
         if (i < hi) {
-          a0[u] = detail::ld_ll(area + static_cast<int64_t>(i) * 32);
-          a1[u] = detail::ld_ll(area + static_cast<int64_t>(i) * 32 + 16);
+          a0[u] = detail::ld_ll(area + static_cast<int64_t>(i) * ustride);
+          a1[u] = detail::ld_ll(area + static_cast<int64_t>(i) * ustride + second);
         }
       }
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {
         const uint32_t i = base + u * kAgThreads;
         if (i < hi && ok) {
-          uint8_t* a = area + static_cast<int64_t>(i) * 32;
-          if (!detail::ll_ready(a0[u], a1[u], f))
-            ok = detail::wait_ll(p, a, f, a0[u], a1[u], s, epoch);
+          uint8_t* a = area + static_cast<int64_t>(i) * ustride;
+          if (!detail::ll4_ready(a0[u], a1[u], f)) {
+            ok = detail::spin_ll(
+                p,
+                [&]() {
+                  a0[u] = detail::ld_ll(a);
+                  a1[u] = detail::ld_ll(a + second);
+                  return detail::ll4_ready(a0[u], a1[u], f);
+                },
+                s, epoch);
+          }
           if (ok) {
-            const uint4 v = make_uint4(static_cast<uint32_t>(a0[u].x), static_cast<uint32_t>(a0[u].y),
+            const uint4 d = make_uint4(static_cast<uint32_t>(a0[u].x), static_cast<uint32_t>(a0[u].y),
                                        static_cast<uint32_t>(a1[u].x), static_cast<uint32_t>(a1[u].y));
             const uint32_t t = i / wv;
             const uint32_t c = i - t * wv;
             detail::st_v4(p.out + static_cast<int64_t>(t) * p.ldo +
-                              static_cast<int64_t>(col0 + c) * 16, v);
+                              static_cast<int64_t>(col0 + c) * 16, d);
             detail::st_v4(a, make_uint4(0, 0, 0, 0));  // consumed: zero both units
-            detail::st_v4(a + 16, make_uint4(0, 0, 0, 0));
+            detail::st_v4(a + second, make_uint4(0, 0, 0, 0));
           }
         }
       }
@@ -764,17 +994,26 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
   const dim3 grid(p.num_blocks), block(kAgThreads);
   const bool pdl = (p.flags & kAgFlagPDL) != 0;
   if (ll) {
-    if (view || mm || p.ll_bytes < 2 * int64_t(p.rows) * p.row_vec * 16 || p.ll_off < 0 ||
-        p.ll_off % 16 != 0)
+    if (view || mm || p.ll_bytes < ll_region_bytes(int64_t(p.rows) * p.row_vec, p.world) ||
+        p.ll_off < 0 || p.ll_off % 16 != 0)
       return cudaErrorInvalidValue;
+    const bool ll4 = (p.flags & kAgFlagLL4) != 0;
+#define TS_AG_LAUNCH_LL(W)                                                                  \
+  do {                                                                                      \
+    if (ll4)                                                                                \
+      detail::launch(all_gather_hidden_ll4_kernel<W>, grid, block, stream, pdl, p);        \
+    else                                                                                    \
+      detail::launch(all_gather_hidden_ll_kernel<W>, grid, block, stream, pdl, p);         \
+  } while (0)
     if (p.world <= 2)
-      detail::launch(all_gather_hidden_ll_kernel<2>, grid, block, stream, pdl, p);
+      TS_AG_LAUNCH_LL(2);
     else if (p.world <= 4)
-      detail::launch(all_gather_hidden_ll_kernel<4>, grid, block, stream, pdl, p);
+      TS_AG_LAUNCH_LL(4);
     else if (p.world <= 8)
-      detail::launch(all_gather_hidden_ll_kernel<8>, grid, block, stream, pdl, p);
+      TS_AG_LAUNCH_LL(8);
     else
-      detail::launch(all_gather_hidden_ll_kernel<16>, grid, block, stream, pdl, p);
+      TS_AG_LAUNCH_LL(16);
+#undef TS_AG_LAUNCH_LL
     return cudaGetLastError();
   }
   // Copy-out calls whose CTA chunks span more than two rounds go through the pipelined kernel.

@@ -74,13 +74,14 @@ void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out
   const bool mm = (flags & kAgFlagMultimem) != 0;
   const bool ll = (flags & kAgFlagLL) != 0;
   TORCH_CHECK((flags & ~(kAgFlagMultimem | kAgFlagView | kAgFlagTrap | kAgFlagLL |
-                          kAgFlagNoPipe | kAgFlagPDL)) == 0,
+                          kAgFlagNoPipe | kAgFlagPDL | kAgFlagLL4 | kAgFlagLLPaired)) == 0,
               "all_gather_hidden: unknown flag bits ", flags);
   if (ll) {
     TORCH_CHECK(!view && !mm, "all_gather_hidden: the LL protocol is copy-out and P2P only");
-    TORCH_CHECK(ll_off >= 0 && ll_off % 16 == 0 && ll_bytes >= 2 * rows * H * elt,
+    const int64_t ll_need = ll_region_bytes(rows * (H * elt / 16), static_cast<int>(world));
+    TORCH_CHECK(ll_off >= 0 && ll_off % 16 == 0 && ll_bytes >= ll_need,
                 "all_gather_hidden: LL region (", ll_bytes, " bytes per parity) too small for ",
-                rows, " x ", H, " (needs ", 2 * rows * H * elt, ")");
+                rows, " x ", H, " (needs ", ll_need, ")");
   }
 
   if (view) {

@@ -1,14 +1,14 @@
 """Benchmark of the TP all-gather along the hidden / vocab dimension (``ops.all_gather_hidden``).
 
 Providers: ``p2p-cuda-ll`` and ``p2p-cuda-flag`` (the CUDA push kernel with its LL and flag
-protocols forced, see ``ops.comm.cuda_protocol``), ``p2p-cuda-pdl`` (the protocol ``auto``
-picks at the library's default crossover, launched with ``enable_pdl=True``: programmatic
-dependent launch; in the timed graph its N calls follow each other, so each call's launch
-overlaps the previous call -- the case of an engine whose preceding kernel also triggers
-early), ``p2p-triton`` (the Triton push kernel),
+protocols forced, see ``ops.comm.cuda_protocol``), ``p2p-cuda-ll-pdl`` / ``p2p-cuda-flag-pdl``
+(the same launched with ``enable_pdl=True``: programmatic dependent launch; in the timed graph
+its N calls follow each other, so each call's launch overlaps the previous call -- the case of
+an engine whose preceding kernel also triggers early), ``p2p-triton`` (the Triton push kernel),
 ``nccl+permute`` (``all_gather_into_tensor`` + permute, what the auto policy falls back to). The
 markdown also shows what ``protocol="auto"`` picks at the default crossover
-(``DEFAULT_LL_MAX_BYTES``) and NCCL's time divided by that pick's, and by ``p2p-cuda-pdl``'s.
+(``DEFAULT_LL_MAX_BYTES``) and NCCL's time divided by that pick's, plain and with PDL (both
+protocols are timed at every size, so the table can be re-rendered for another crossover).
 Grid: T in {1, 8, 32, 128, 512}; H in {7168 (hidden), 151936 (vocab)} bf16, and fp32 for the
 vocab (logits). Even widths (H / W per rank).
 
@@ -53,10 +53,11 @@ from . import report
 NVLINK_GBPS = 450.0           # per direction per GPU (H100 / H200 NV18)
 T_GRID = [1, 8, 32, 128, 512]
 SHAPES = [("bf16", 7168), ("bf16", 151936), ("fp32", 151936)]
-PROVIDERS = ["p2p-cuda-ll", "p2p-cuda-flag", "p2p-cuda-pdl", "p2p-triton", "nccl+permute"]
+PROVIDERS = ["p2p-cuda-ll", "p2p-cuda-flag", "p2p-cuda-ll-pdl", "p2p-cuda-flag-pdl",
+             "p2p-triton", "nccl+permute"]
 # provider -> (backend, protocol, enable_pdl)
 BACKEND_OF = {"p2p-cuda-ll": ("cuda", "ll", False), "p2p-cuda-flag": ("cuda", "flag", False),
-              "p2p-cuda-pdl": ("cuda", "auto", True),
+              "p2p-cuda-ll-pdl": ("cuda", "ll", True), "p2p-cuda-flag-pdl": ("cuda", "flag", True),
               "p2p-triton": ("triton", "auto", False), "nccl+permute": ("nccl", "auto", False)}
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STEM = "comm_all_gather_hidden"
@@ -92,13 +93,14 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
              "`auto picks`: the CUDA protocol `protocol=\"auto\"` chooses at the library's "
              f"default crossover (LL up to {_default_ll_max(world) // 1024} KiB of output); "
              "`NCCL ÷ auto`: NCCL + permute time / that protocol's time; `NCCL ÷ PDL`: the same "
-             "over `p2p-cuda-pdl` (auto protocol launched with programmatic dependent launch: "
-             "the graph's back-to-back calls overlap each other's launch).", ""]
+             "over that protocol launched with programmatic dependent launch (`-pdl`: the "
+             "graph's back-to-back calls overlap each other's launch).", ""]
     for dt, H in sorted({(r["dtype"], r["H"]) for r in rows}, key=lambda k: (k[1], k[0])):
         sub = [r for r in rows if r["dtype"] == dt and r["H"] == H]
         provs = [p for p in PROVIDERS if any(r["provider"] == p for r in sub)]
         auto_col = "p2p-cuda-ll" in provs and "p2p-cuda-flag" in provs and "nccl+permute" in provs
-        pdl_col = "p2p-cuda-pdl" in provs and "nccl+permute" in provs
+        pdl_col = ("p2p-cuda-ll-pdl" in provs and "p2p-cuda-flag-pdl" in provs
+                   and "nccl+permute" in provs)
         lines += [f"## {dt}, H = {H} ({H // world} per rank)", "",
                   "| T | floor µs | " + " | ".join(f"{p} µs (%floor)" for p in provs)
                   + (" | auto picks | NCCL ÷ auto" if auto_col else "")
@@ -119,24 +121,18 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
                 else:
                     cells.append(f"{_f(r['graph_us'])} ({_f(r['graph_p20'])}–{_f(r['graph_p80'])}) "
                                  f"{_f(r['pct_floor'], 0)}%")
+            esz = {"bf16": 2, "fp16": 2, "fp32": 4}.get(dt, 2)
+            pick = "ll" if T * H * esz <= _default_ll_max(world) else "flag"
+            rn = next((r for r in sub if r["T"] == T and r["provider"] == "nccl+permute"), None)
+
+            def over(prov):  # NCCL + permute time / prov's time at this T
+                ra = next((r for r in sub if r["T"] == T and r["provider"] == prov), None)
+                ok = ra and rn and ra.get("graph_us") and rn.get("graph_us")
+                return f"{rn['graph_us'] / ra['graph_us']:.2f}×" if ok else "–"
             if auto_col:
-                esz = {"bf16": 2, "fp16": 2, "fp32": 4}.get(dt, 2)
-                pick = "ll" if T * H * esz <= _default_ll_max(world) else "flag"
-                ra = next((r for r in sub if r["T"] == T and r["provider"] == f"p2p-cuda-{pick}"),
-                          None)
-                rn = next((r for r in sub if r["T"] == T and r["provider"] == "nccl+permute"),
-                          None)
-                ratio = (rn["graph_us"] / ra["graph_us"]
-                         if ra and rn and ra.get("graph_us") and rn.get("graph_us") else None)
-                cells += [pick, "–" if ratio is None else f"{ratio:.2f}×"]
+                cells += [pick, over(f"p2p-cuda-{pick}")]
             if pdl_col:
-                rp = next((r for r in sub if r["T"] == T and r["provider"] == "p2p-cuda-pdl"),
-                          None)
-                rn = next((r for r in sub if r["T"] == T and r["provider"] == "nccl+permute"),
-                          None)
-                ratio = (rn["graph_us"] / rp["graph_us"]
-                         if rp and rn and rp.get("graph_us") and rn.get("graph_us") else None)
-                cells.append("–" if ratio is None else f"{ratio:.2f}×")
+                cells.append(over(f"p2p-cuda-{pick}-pdl"))
             lines.append(f"| {T} | {_f(floor, 2)} | " + " | ".join(cells) + " |")
         lines.append("")
     if skipped:

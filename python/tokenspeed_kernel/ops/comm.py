@@ -41,11 +41,17 @@ STATE_WORDS = 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
 F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE, F_PDL = 1, 2, 4, 8, 16, 32
+F_LL4, F_LL_PAIRED = 64, 128  # testing / A-B only (the knob below)
 # Testing / A-B knob (flag protocol, copy-out calls): the unpipelined kernel
 # (all_gather_hidden_kernel) even where a CTA's chunk spans several rounds. Every rank must set
 # it alike. (Pipelined rounds of 60 KiB and 15 KiB were measured slower than 30 KiB -- 70.6 and
 # 70.2 vs 68.5 us at bf16 T = 128 x 151936 -- and removed.)
 _UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
+# Testing / A-B knob (LL protocol): None = the kernel (6-byte packets, 4/3 of the data on the
+# wire); "w4" = the 4-byte-packet kernel (2x on the wire); "w4pair" = the same with a vector's two
+# LL units side by side (the first LL kernel's layout). Every rank must set it alike.
+_LL_VARIANT_FOR_TESTING: Optional[str] = None
+_LL_VARIANT_FLAGS = {None: 0, "w4": F_LL4, "w4pair": F_LL4 | F_LL_PAIRED}
 PROTOCOLS = ("auto", "ll", "flag")
 
 BACKENDS = ("auto", "cuda", "triton", "nccl", "reference", "multimem")
@@ -367,9 +373,10 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     can_symm, comm.extension, comm.triton = bool(r1[0]), bool(r1[1]), bool(r1[2])
     comm.max_blocks, comm.block_bytes, comm.p2p_max_bytes = r1[3], r1[4], r1[5]
     requested_mm = bool(r1[6])
-    # LL region: per parity 2 bytes per output byte, for outputs up to ll_max_bytes
+    # LL region, per parity: 2 bytes per output byte for outputs up to ll_max_bytes (4-byte
+    # packets; the 6-byte packets need 4/3 + 64 bytes per rank: ll_region_bytes in the kernel)
     comm.ll_max_bytes = min(int(r1[7]), comm.buf_bytes)
-    comm.ll_bytes = 2 * (-(-comm.ll_max_bytes // 256) * 256)
+    comm.ll_bytes = 2 * (-(-comm.ll_max_bytes // 256) * 256) + 64 * MAX_RANKS
     nbuf = 3 if comm.enable_view else 2
     comm.ll_off = nbuf * comm.buf_bytes
 
@@ -623,6 +630,8 @@ def _cuda_args(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> 
     if _UNPIPELINED_FLAG_KERNEL_FOR_TESTING:
         f |= F_NOPIPE
     ll = bool(flags & F_LL)
+    if ll:
+        f |= _LL_VARIANT_FLAGS[_LL_VARIANT_FOR_TESTING]
     return (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags,
             comm.mc_data if flags & F_MULTIMEM else 0, list(offs), comm.rank, comm.buf_bytes,
             _num_blocks(comm, rows, ws), f, comm.timeout_ms * 1_000_000,
