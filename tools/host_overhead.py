@@ -91,6 +91,20 @@ def _gpu() -> int:
     return 0
 
 
+def _override_impl(lib, name: str, fn, key: str) -> None:
+    """lib.impl, replacing the package's own Python kernel for `key` (sample and verify register
+    their reference as the CPU kernel). torch 2.14 (the CPU machine) takes allow_override=True;
+    torch 2.11 (the GPU image) has no such argument and refuses a second Python registration, so
+    there the record of the first one is dropped first (the dispatcher itself overrides, with a
+    warning, in both)."""
+    import inspect
+    if "allow_override" in inspect.signature(lib.impl).parameters:
+        lib.impl(name, fn, key, allow_override=True)
+        return
+    getattr(torch.library, "_impls", set()).discard(f"{lib.ns}/{name}/{key}")
+    lib.impl(name, fn, key)
+
+
 def main() -> int:
     if "--gpu" in sys.argv[1:]:
         return _gpu()
@@ -102,7 +116,7 @@ def main() -> int:
         return 2
     lib = torch.library.Library("tokenspeed_kernel", "IMPL")
     for name in ("sample", "verify_probabilistic", "all_gather_hidden"):
-        lib.impl(name, lambda *a, **k: None, "CPU")
+        _override_impl(lib, name, lambda *a, **k: None, "CPU")
     C.pick_backend = lambda backend, dev, op: "cuda"
     # sample / verify with the stand-ins (same shapes as --gpu; the no-op kernels ignore data)
     rows = _sample_verify_rows(ops, torch.device("cpu"), _us)
