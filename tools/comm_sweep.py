@@ -6,7 +6,7 @@ providers -- ``ll`` (6-byte packets), ``ll-w4`` / ``ll-w4pair`` (the 4-byte-pack
 variants: planes / a vector's units side by side, the first LL kernel), ``flag`` (what the library launches: the pipelined kernel above two rounds
 per CTA), ``flag-nopipe`` (the testing knob: the unpipelined kernel), ``view``
 (``all_gather_hidden_view``: no copy-out, so the push's own cost), and any of them with a
-``-pdl`` suffix (launched with ``enable_pdl=True``) -- for a list of
+``-pdl`` suffix (launched with ``enable_pdl=True``; e.g. ``ll-w4-pdl``) -- for a list of
 ``block_bytes`` values (grid = ceil(slice bytes / block_bytes), capped by the SM count),
 plus ``nccl`` (NCCL + permute, at the first block size) and a launch floor (N back-to-back
 1-element kernels in one graph). Writes ``<out>/comm_sweep.csv`` and prints one line per shape.
@@ -80,17 +80,18 @@ def _run(rank, world, opts):
                     proto, _, knob = prov.partition("-")
                     proto = "auto" if prov == "nccl" else proto
 
-                    def call(o, be=backend, pr=proto, kn=knob):
-                        oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = kn == "nopipe"
-                        oc._LL_VARIANT_FOR_TESTING = kn if kn in ("w4", "w4pair") else None
+                    def call(o, be=backend, pr=proto, kn=set(knob.split("-"))):
+                        oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = "nopipe" in kn
+                        oc._LL_VARIANT_FOR_TESTING = next(
+                            (v for v in ("w4", "w4pair") if v in kn), None)
                         try:
                             if pr == "view":  # no copy-out (copied here only for the check)
-                                v = oc.all_gather_hidden_view(comm, x, enable_pdl=kn == "pdl")
+                                v = oc.all_gather_hidden_view(comm, x, enable_pdl="pdl" in kn)
                                 if o is check_out:
                                     o.copy_(v)
                             else:
                                 oc.all_gather_hidden_out(comm, x, o, backend=be, protocol=pr,
-                                                         enable_pdl=kn == "pdl")
+                                                         enable_pdl="pdl" in kn)
                         finally:
                             oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
                             oc._LL_VARIANT_FOR_TESTING = None

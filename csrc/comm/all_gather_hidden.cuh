@@ -405,12 +405,14 @@ __device__ __forceinline__ bool spin_ll(const AllGatherHiddenParams& p, Poll pol
   }
 }
 
-// Loads group g's vectors 3g .. 3g + 2 of this rank's slice (those below n; the others are 0).
+// Loads group g's vectors g, g + ng, g + 2 ng of this rank's slice (those below n; the others
+// are 0). Consecutive threads take consecutive groups, so each of the three loads is coalesced.
 __device__ __forceinline__ void load_x_group(const AllGatherHiddenParams& p, uint32_t g,
-                                             uint32_t n, uint32_t wv, uint4 (&v)[kLLGroupVec]) {
+                                             uint32_t ng, uint32_t n, uint32_t wv,
+                                             uint4 (&v)[kLLGroupVec]) {
 #pragma unroll
   for (int j = 0; j < kLLGroupVec; ++j) {
-    const uint32_t i = g * kLLGroupVec + j;
+    const uint32_t i = g + j * ng;
     v[j] = make_uint4(0, 0, 0, 0);
     if (i < n) {
       const uint32_t t = i / wv;
@@ -696,10 +698,11 @@ __global__ void __launch_bounds__(kAgThreads, 1)
 // the units. Costs 4/3 of the data bytes on the wire, saves the release/acquire round trip: the
 // choice between the two protocols is the auto policy's (ops/comm.py, measured crossover).
 //
-// Groups: source s's rows * w_s vectors in (t, c) order, 3 per group, ng_s = ceil(rows * w_s / 3)
-// groups (the last one zero-padded), chunked over the grid like the flag kernel's vectors (the
-// sender's CTA b and every receiver's CTA b take the same groups). LL region (one parity, the
-// same layout on every rank): source s's area starts at byte 64 * (floor(rows * col_vec[s] / 3)
+// Groups: source s's n_s = rows * w_s vectors in (t, c) order make ng_s = ceil(n_s / 3) groups;
+// group g holds vectors g, g + ng_s and g + 2 ng_s (zero-padded past n_s; strided, so that a
+// warp's loads and output stores of each member are coalesced), chunked over the grid like the
+// flag kernel's vectors (the sender's CTA b and every receiver's CTA b take the same groups).
+// LL region (one parity, the same layout on every rank): source s's area starts at byte 64 * (floor(rows * col_vec[s] / 3)
 // + s) (ll_region_bytes) and holds 4 planes of ng_s units: unit j of group g at (j * ng_s + g) *
 // 16, so one warp-wide store or load of a plane covers 512 contiguous bytes -- whole 32-byte
 // sectors. (The earlier kernel, kept as the kAgFlagLL4 testing variant, put a vector's two units
@@ -732,7 +735,7 @@ __global__ void __launch_bounds__(kAgThreads)
 #pragma unroll
   for (int u = 0; u < kLLUnroll; ++u) {
     const uint32_t g = my_lo + tid + u * kAgThreads;
-    if (g < my_hi) detail::load_x_group(p, g, my_n, my_wv, v[u]);
+    if (g < my_hi) detail::load_x_group(p, g, my_ng, my_n, my_wv, v[u]);
   }
   if (tid == 0) detail::read_call(p, s_abort, s_epoch);
   __syncthreads();
@@ -751,7 +754,7 @@ __global__ void __launch_bounds__(kAgThreads)
 #pragma unroll
         for (int u = 0; u < kLLUnroll; ++u) {
           const uint32_t g = base + u * kAgThreads;
-          if (g < my_hi) detail::load_x_group(p, g, my_n, my_wv, v[u]);
+          if (g < my_hi) detail::load_x_group(p, g, my_ng, my_n, my_wv, v[u]);
         }
       }
 #pragma unroll
@@ -771,7 +774,7 @@ __global__ void __launch_bounds__(kAgThreads)
           }
 #pragma unroll
           for (int j = 0; j < kLLGroupVec; ++j) {
-            const uint32_t i = g * kLLGroupVec + j;
+            const uint32_t i = g + j * my_ng;
             if (i < my_n) {
               const uint32_t t = i / my_wv;
               const uint32_t c = i - t * my_wv;
@@ -828,7 +831,7 @@ __global__ void __launch_bounds__(kAgThreads)
             detail::ll6_unpack(a[u], d);
 #pragma unroll
             for (int j = 0; j < kLLGroupVec; ++j) {
-              const uint32_t i = g * kLLGroupVec + j;
+              const uint32_t i = g + j * ng;
               if (i < n) {
                 const uint32_t t = i / wv;
                 const uint32_t c = col0 + (i - t * wv);
