@@ -270,8 +270,8 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
                         oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
             comm.check()
             comm.close()
-    # LL: the kernel (6-byte packets: groups of 3 vectors, the last one zero-padded) and its
-    # testing variants (4-byte packets in planes / side by side) on widths whose vector counts
+    # LL: the library's choice, the 6-byte-packet kernel (groups of 3 vectors, zero-padded) and
+    # the 4-byte one (planes; side by side: the testing variant) on widths whose vector counts
     # are not multiples of 3, 1-, 3- and up-to-SM-count-CTA grids (256-byte blocks: CTAs with
     # empty chunks at small T), both parities, 3 calls
     # each (a consumed unit must be zero again before the parity's next call).
@@ -287,7 +287,7 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
             for rows in (1, 2, 3, 7, 64):
                 slices = [make_slice(SEED + 2, s, rows, ws[s], dtype, dev) for s in range(world)]
                 want = ref.all_gather_hidden(slices)
-                for variant in (None, "w4", "w4pair"):
+                for variant in (None, "w6", "w4", "w4pair"):
                     oc._LL_VARIANT_FOR_TESTING = variant
                     try:
                         for i in range(3):
@@ -545,6 +545,14 @@ def gpu_sanitize_worker(rank: int, world: int) -> None:
         if comm.extension:
             assert_bits_equal(ops.all_gather_hidden_view(comm, slices[rank], widths=ws).clone(),
                               want, "sanitize view")
+            for variant in ("w6", "w4"):  # both LL packings, whatever the size picks
+                oc._LL_VARIANT_FOR_TESTING = variant
+                try:
+                    assert_bits_equal(ops.all_gather_hidden(comm, slices[rank], widths=ws,
+                                                            **bp("cuda:ll")),
+                                      want, f"sanitize ll {variant}")
+                finally:
+                    oc._LL_VARIANT_FOR_TESTING = None
     torch.cuda.synchronize()
     comm.check()
     comm.close()

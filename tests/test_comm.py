@@ -521,16 +521,20 @@ def test_cuda_op_arguments_match_the_schema(gloo1):
     c.enable_pdl = True
     assert oc._pdl_flag(c, None) == oc.F_PDL and oc._pdl_flag(c, False) == 0
     pd = oc._cuda_args(c, x, out, [0, 16], oc.F_LL | oc.F_PDL, 3, [16])
-    assert pd[11] == oc.F_LL | oc.F_PDL | oc.F_TRAP
+    assert pd[11] == oc.F_LL | oc.F_LL4 | oc.F_PDL | oc.F_TRAP
     ll = oc._cuda_args(c, x, out, [0, 16], oc.F_LL, 3, [16])
-    assert ll[11] == oc.F_LL | oc.F_TRAP and ll[13] == 3 * c.buf_bytes
+    assert ll[11] == oc.F_LL | oc.F_LL4 | oc.F_TRAP and ll[13] == 3 * c.buf_bytes
     assert ll[14] == c.ll_bytes >= 2 * 3 * 16 * 2
     # the region holds the largest LL output for either packing and any world size (the
     # kernel's ll_region_bytes: 6-byte packets 64 * (n / 3 + world), 4-byte packets 32 * n)
     n = c.ll_max_bytes // 16
     assert c.ll_bytes >= max(64 * (n // 3 + oc.MAX_RANKS), 32 * n)
     # the LL testing knob adds its kernel-variant bits to LL calls only
-    for variant, bits in ((None, 0), ("w4", oc.F_LL4), ("w4pair", oc.F_LL4 | oc.F_LL_PAIRED)):
+    # (3 x 16 bf16 = 96 bytes: the library's choice is the 4-byte kernel)
+    assert oc.ll_packing(96) == "w4" and oc.ll_packing(oc.DEFAULT_LL4_MAX_BYTES) == "w4"
+    assert oc.ll_packing(oc.DEFAULT_LL4_MAX_BYTES + 16) == "w6"
+    for variant, bits in ((None, oc.F_LL4), ("w6", 0), ("w4", oc.F_LL4),
+                          ("w4pair", oc.F_LL4 | oc.F_LL_PAIRED)):
         oc._LL_VARIANT_FOR_TESTING = variant
         try:
             assert oc._cuda_args(c, x, out, [0, 16], oc.F_LL, 3, [16])[11] == \

@@ -2,8 +2,9 @@
 
 Times, with the bench's method (bench/comm.py: graph replay of N back-to-back calls, ranks
 aligned by an NCCL all-reduce, max over ranks, every output checked bit-exact first), a list of
-providers -- ``ll`` (6-byte packets), ``ll-w4`` / ``ll-w4pair`` (the 4-byte-packet testing
-variants: planes / a vector's units side by side, the first LL kernel), ``flag`` (what the library launches: the pipelined kernel above two rounds
+providers -- ``ll`` (the library's packing by size, ``ops.comm.ll_packing``), ``ll-w6`` /
+``ll-w4`` / ``ll-w4pair`` (forced: 6-byte packets; 4-byte packets in planes; 4-byte packets with a
+vector's units side by side, the first LL kernel), ``flag`` (what the library launches: the pipelined kernel above two rounds
 per CTA), ``flag-nopipe`` (the testing knob: the unpipelined kernel), ``view``
 (``all_gather_hidden_view``: no copy-out, so the push's own cost), and any of them with a
 ``-pdl`` suffix (launched with ``enable_pdl=True``; e.g. ``ll-w4-pdl``) -- for a list of
@@ -83,7 +84,7 @@ def _run(rank, world, opts):
                     def call(o, be=backend, pr=proto, kn=set(knob.split("-"))):
                         oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = "nopipe" in kn
                         oc._LL_VARIANT_FOR_TESTING = next(
-                            (v for v in ("w4", "w4pair") if v in kn), None)
+                            (v for v in ("w6", "w4", "w4pair") if v in kn), None)
                         try:
                             if pr == "view":  # no copy-out (copied here only for the check)
                                 v = oc.all_gather_hidden_view(comm, x, enable_pdl="pdl" in kn)

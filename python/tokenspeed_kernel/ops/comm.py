@@ -41,17 +41,18 @@ STATE_WORDS = 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
 F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE, F_PDL = 1, 2, 4, 8, 16, 32
-F_LL4, F_LL_PAIRED = 64, 128  # testing / A-B only (the knob below)
+F_LL4, F_LL_PAIRED = 64, 128  # LL packing: 4-byte packets (small outputs); paired: testing only
 # Testing / A-B knob (flag protocol, copy-out calls): the unpipelined kernel
 # (all_gather_hidden_kernel) even where a CTA's chunk spans several rounds. Every rank must set
 # it alike. (Pipelined rounds of 60 KiB and 15 KiB were measured slower than 30 KiB -- 70.6 and
 # 70.2 vs 68.5 us at bf16 T = 128 x 151936 -- and removed.)
 _UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
-# Testing / A-B knob (LL protocol): None = the kernel (6-byte packets, 4/3 of the data on the
-# wire); "w4" = the 4-byte-packet kernel (2x on the wire); "w4pair" = the same with a vector's two
-# LL units side by side (the first LL kernel's layout). Every rank must set it alike.
+# Testing / A-B knob (LL protocol): None = the library's choice by size (ll_packing); "w6" /
+# "w4" force the 6-byte-packet kernel (4/3 of the data on the wire) / the 4-byte-packet one (2x);
+# "w4pair" = the 4-byte kernel with a vector's two LL units side by side (the first LL kernel's
+# layout, measured 1.3-1.7x slower from 115 KB on). Every rank must set it alike.
 _LL_VARIANT_FOR_TESTING: Optional[str] = None
-_LL_VARIANT_FLAGS = {None: 0, "w4": F_LL4, "w4pair": F_LL4 | F_LL_PAIRED}
+_LL_VARIANT_FLAGS = {"w6": 0, "w4": F_LL4, "w4pair": F_LL4 | F_LL_PAIRED}
 PROTOCOLS = ("auto", "ll", "flag")
 
 BACKENDS = ("auto", "cuda", "triton", "nccl", "reference", "multimem")
@@ -79,13 +80,23 @@ DEFAULT_TIMEOUT_MS = 30_000
 # stamped with the call's flag: one NVLink trip, no barrier, 2x the bytes) instead of the flag
 # protocol (push, release/acquire flag round trip, copy-out). It also sizes the LL region
 # (2 parities x 2 x min(this, buffer) bytes). Crossover: bench/results/<gpu>/comm_* (COMM.md).
-# Measured on 2x H200 (tools/comm_sweep.py at block_bytes 4 KiB, pipelined flag kernel): LL wins
-# at 14-115 KB (T = 1 and 8 at H = 7168 bf16: 3.5 vs 4.6 us, 4.1 vs 4.9 us) and loses from
-# 304 KB (T = 1 of a 151936-wide bf16 row: 5.4 vs 5.3 us; T = 32 at H = 7168, 448 KB: 6.1 vs
-# 5.6 us). Crossover set between the last win and the first loss. (At d80a34b, 16 KiB blocks,
-# the two tied at 304 KB and the crossover was 320 KiB.)
-DEFAULT_LL_MAX_BYTES = 192 << 10        # 2 ranks (2x H200: LL wins up to 115 KB, loses at 304 KB)
-DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10   # > 2 ranks (4x H200: LL wins at 14 KB, loses at 115 KB)
+# Until 0fa8497 (4-byte packets, a vector's two units side by side), on 2x H200 (tools/comm_sweep.py
+# at block_bytes 4 KiB, pipelined flag kernel): LL won at 14-115 KB and lost from 304 KB; the
+# crossover was 192 KiB (320 KiB at d80a34b, 16 KiB blocks).
+# Since dc36166 (6-byte packets in planes, 4/3 of the data on the wire; 2x H100, tools/comm_sweep.py
+# bench/results/h100/comm_sweep_ll6.csv): LL wins up to 2.75 MB (T = 192 at H = 7168 bf16: 9.7 vs
+# 10.3 us, 9.0 vs 9.4 with PDL; a bf16 vocab row at T = 8, 2.4 MB: 9.0 vs 9.8) and lost at 3.65 MB
+# (T = 12 of a bf16 vocab row, 12.5 vs 11.8 us, measured with the groups of 3 consecutive vectors
+# of 3a4ca2f). Crossover set just above the last win.
+DEFAULT_LL_MAX_BYTES = 11 << 18         # 2 ranks: 2.75 MiB
+# > 2 ranks: 4x H200 (4-byte packets, side by side): LL won at 14 KB and lost at 115 KB. Not
+# re-measured since the 6-byte packets (no 4-GPU machine lent).
+DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10
+# Output bytes up to which an LL call uses the 4-byte-packet kernel instead of the 6-byte one:
+# 2x H100 (same sweep, with PDL): 4-byte wins at 14 KB (2.75 vs 3.32 us), 115 KB (3.09 vs 3.55),
+# 304 KB (3.81 vs 4.15) and 458 KB (4.18 vs 4.46), ties at 608 KB (4.76 vs 4.80), loses at
+# 1.8 MB (8.42 vs 7.28). Fewer data per packet, but one vector per thread instead of three.
+DEFAULT_LL4_MAX_BYTES = 512 << 10
 
 
 def default_ll_max_bytes(world_size: int) -> int:
@@ -180,7 +191,7 @@ class AllGatherComm:
     agreed outcome), ``max_blocks``, ``block_bytes``, ``p2p_max_bytes``, ``ll_max_bytes``,
     ``timeout_ms``, ``enable_view``.
 
-    Memory: ``96 KiB + (3 if enable_view else 2) * B + 4 * min(ll_max_bytes, B)`` bytes of
+    Memory: ``96 KiB + (3 if enable_view else 2) * B + 4 * min(ll_max_bytes, B) + 2 KiB`` bytes of
     symmetric memory per rank (``B = max_tokens * max_total_width * elt``), plus 128 bytes of
     state.
     """
@@ -281,7 +292,7 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     use_symmetric_memory : False builds a communicator without P2P (NCCL-style path only).
     ll_max_bytes : output bytes (T * H * element size) up to which the CUDA backend's ``auto``
         protocol is LL (see ``cuda_protocol``); also the capacity of ``protocol="ll"``. 0
-        disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (192 KiB for 2 ranks,
+        disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (2.75 MiB for 2 ranks,
         16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)`` bytes
         of symmetric memory. Agreed as the MIN over ranks.
     enable_pdl : default of the calls' ``enable_pdl`` (CUDA backend, sm_90+): launch the push
@@ -624,6 +635,13 @@ def cuda_protocol(comm: AllGatherComm, num_tokens: int, total_width: int,
     return "ll" if 0 < nbytes <= comm.ll_max_bytes else "flag"
 
 
+def ll_packing(nbytes: int) -> str:
+    """The LL kernel for an output of ``nbytes``: ``"w4"`` (4-byte packets: one vector per
+    thread, 2x the data on the wire) up to ``DEFAULT_LL4_MAX_BYTES``, else ``"w6"`` (6-byte
+    packets: three vectors per thread, 4/3 on the wire). Measured crossover (docs/COMM.md)."""
+    return "w4" if nbytes <= DEFAULT_LL4_MAX_BYTES else "w6"
+
+
 def _cuda_args(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> tuple:
     """Arguments of torch.ops.tokenspeed_kernel.all_gather_hidden (schema in comm_ops.cu)."""
     f = flags | (F_TRAP if comm.trap_on_timeout else 0)
@@ -631,7 +649,8 @@ def _cuda_args(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -> 
         f |= F_NOPIPE
     ll = bool(flags & F_LL)
     if ll:
-        f |= _LL_VARIANT_FLAGS[_LL_VARIANT_FOR_TESTING]
+        f |= _LL_VARIANT_FLAGS[_LL_VARIANT_FOR_TESTING
+                               or ll_packing(rows * offs[-1] * comm.element_size)]
     return (x, out, comm.state, comm.symm, comm.peer_data, comm.peer_flags,
             comm.mc_data if flags & F_MULTIMEM else 0, list(offs), comm.rank, comm.buf_bytes,
             _num_blocks(comm, rows, ws), f, comm.timeout_ms * 1_000_000,
