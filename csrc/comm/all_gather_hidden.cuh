@@ -77,9 +77,9 @@ constexpr int kAgFlagTrap = 4;      // __trap() after recording a timeout (defau
 constexpr int kAgFlagLL = 8;        // low-latency protocol: flag-carrying packets, no barrier
 constexpr int kAgFlagNoPipe = 16;   // testing / A-B only: copy-out through the unpipelined kernel
 constexpr int kAgFlagPDL = 32;      // launch with programmatic dependent launch (sm_90+, opt-in)
-constexpr int kAgFlagLL4 = 64;      // testing / A-B only: LL with 4-byte packets (the older kernel)
+constexpr int kAgFlagLL4 = 64;      // LL with 4-byte packets (the host's pick for small outputs)
 constexpr int kAgFlagLLPaired = 128;  // testing / A-B only, with kAgFlagLL4: a vector's two LL
-                                      // units adjacent (the layout before planes, see the kernel)
+                                      // units adjacent (the first LL kernel's layout)
 
 // LL protocol with 6-byte packets (all_gather_hidden_ll_kernel): 3 data vectors (48 bytes) travel
 // as 4 LL units of 16 bytes = 8 packets of {6 data bytes | 16-bit stamp}.
@@ -327,8 +327,11 @@ __device__ __forceinline__ void copy_out_chunk(const AllGatherHiddenParams& p, i
 // access is a set of scalar accesses of its elements), so a reader that sees a packet's stamp
 // also sees that packet's data: no fence and no separate flag store. A 16-byte LL unit holds two
 // packets. Two packings:
-//   6-byte packets (the kernel's): {48 data bits | 16-bit stamp}; 3 data vectors -> 4 units.
-//   4-byte packets (testing / A-B: kAgFlagLL4): {32 data bits | 32-bit stamp}; 1 vector -> 2 units.
+//   6-byte packets (all_gather_hidden_ll_kernel): {48 data bits | 16-bit stamp}; 3 vectors ->
+//     4 units.
+//   4-byte packets (all_gather_hidden_ll4_kernel, kAgFlagLL4): {32 data bits | 32-bit stamp};
+//     1 vector -> 2 units.
+// The host picks one by output size (ops/comm.py ll_packing, measured crossover).
 __device__ __forceinline__ void st_ll(uint8_t* p, uint64_t a, uint64_t b) {
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
 }
@@ -705,8 +708,9 @@ __global__ void __launch_bounds__(kAgThreads, 1)
 // LL region (one parity, the same layout on every rank): source s's area starts at byte 64 * (floor(rows * col_vec[s] / 3)
 // + s) (ll_region_bytes) and holds 4 planes of ng_s units: unit j of group g at (j * ng_s + g) *
 // 16, so one warp-wide store or load of a plane covers 512 contiguous bytes -- whole 32-byte
-// sectors. (The earlier kernel, kept as the kAgFlagLL4 testing variant, put a vector's two units
-// side by side, so that each instruction wrote half of every sector it touched; see COMM.md.)
+// sectors. (The first LL kernel, kept as the kAgFlagLLPaired testing variant of the 4-byte one,
+// put a vector's two units side by side, so that each instruction wrote half of every sector it
+// touched; see COMM.md.)
 //
 // Stamps: f = ((epoch - 1) mod 65535) + 1, never 0. Every unit a call writes is read and zeroed
 // by its receiver in the same call, so between calls the regions hold zeros only: a unit that
@@ -848,8 +852,9 @@ __global__ void __launch_bounds__(kAgThreads)
   }
 }
 
-// Testing / A-B variant of the LL protocol (kAgFlagLL | kAgFlagLL4): 4-byte packets {data32 |
-// flag32}, so each 16-byte data vector travels as two LL units (2x the bytes on the wire), stamp
+// LL protocol with 4-byte packets (kAgFlagLL | kAgFlagLL4; the host's pick for small outputs,
+// where one vector per thread beats three): {data32 | flag32}, so each 16-byte data vector
+// travels as two LL units (2x the bytes on the wire), stamp
 // f = ((epoch - 1) mod (2^32 - 1)) + 1. Source s's area starts at byte 32 * rows * col_vec[s]
 // and holds its n_s = rows * w_s vectors in (t, c) order; the two units of vector i sit in two
 // planes (16 i and 16 (n_s + i)), or side by side at 32 i with kAgFlagLLPaired (the layout of

@@ -70,9 +70,9 @@ awk '
                        if ((kind[f] == "other") != (n[f] == 0)) bad = 1 }
         exit bad }' "$out/all_gather_hidden.ptx" || { echo "  PTX check FAILED"; status=1; }
 echo "== SASS ($out/all_gather_hidden.sass): 128-bit stores per kernel"
-echo "   (ll = the LL protocol kernel: its packets are st.volatile.v2.u64 = STRONG.SYS by design)"
+echo "   (ll = the LL protocol kernels, both packings: their packets are st.volatile.v2.u64 = STRONG.SYS by design)"
 awk '
-  /Function :/ { fn=$3; kind = (fn ~ /Lb1E/) ? "multimem" : ((fn ~ /_ll_kernel/) ? "ll" : "unicast"); k[fn]=kind }
+  /Function :/ { fn=$3; kind = (fn ~ /Lb1E/) ? "multimem" : ((fn ~ /_ll4?_kernel/) ? "ll" : "unicast"); k[fn]=kind }
   /STG\.E\.128\.STRONG\.SYS/ { strong[fn]++ }
   /STG\.E\.128 / { weak[fn]++ }
   END {

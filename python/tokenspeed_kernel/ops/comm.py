@@ -50,7 +50,7 @@ _UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
 # Testing / A-B knob (LL protocol): None = the library's choice by size (ll_packing); "w6" /
 # "w4" force the 6-byte-packet kernel (4/3 of the data on the wire) / the 4-byte-packet one (2x);
 # "w4pair" = the 4-byte kernel with a vector's two LL units side by side (the first LL kernel's
-# layout, measured 1.3-1.7x slower from 115 KB on). Every rank must set it alike.
+# layout, measured 1.1-1.7x slower from 115 KB on). Every rank must set it alike.
 _LL_VARIANT_FOR_TESTING: Optional[str] = None
 _LL_VARIANT_FLAGS = {"w6": 0, "w4": F_LL4, "w4pair": F_LL4 | F_LL_PAIRED}
 PROTOCOLS = ("auto", "ll", "flag")
@@ -77,9 +77,10 @@ DEFAULT_P2P_MAX_BYTES = 1 << 30
 DEFAULT_BLOCK_BYTES = 4 << 10
 DEFAULT_TIMEOUT_MS = 30_000
 # Output bytes (T * H * element size) up to which the CUDA backend uses the LL protocol (packets
-# stamped with the call's flag: one NVLink trip, no barrier, 2x the bytes) instead of the flag
+# stamped with the call: one NVLink trip, no barrier, 4/3 or 2x the bytes) instead of the flag
 # protocol (push, release/acquire flag round trip, copy-out). It also sizes the LL region
-# (2 parities x 2 x min(this, buffer) bytes). Crossover: bench/results/<gpu>/comm_* (COMM.md).
+# (2 parities x (2 x min(this, buffer) + 1 KiB) bytes). Crossover: bench/results/<gpu>/comm_*
+# (COMM.md).
 # Until 0fa8497 (4-byte packets, a vector's two units side by side), on 2x H200 (tools/comm_sweep.py
 # at block_bytes 4 KiB, pipelined flag kernel): LL won at 14-115 KB and lost from 304 KB; the
 # crossover was 192 KiB (320 KiB at d80a34b, 16 KiB blocks).
@@ -293,8 +294,8 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     ll_max_bytes : output bytes (T * H * element size) up to which the CUDA backend's ``auto``
         protocol is LL (see ``cuda_protocol``); also the capacity of ``protocol="ll"``. 0
         disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (2.75 MiB for 2 ranks,
-        16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)`` bytes
-        of symmetric memory. Agreed as the MIN over ranks.
+        16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)``
+        + 2 KiB bytes of symmetric memory. Agreed as the MIN over ranks.
     enable_pdl : default of the calls' ``enable_pdl`` (CUDA backend, sm_90+): launch the push
         kernel with programmatic dependent launch, so that it is scheduled while the previous
         kernel of the stream finishes (its first instruction still waits for that kernel's
