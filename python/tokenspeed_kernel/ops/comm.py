@@ -96,7 +96,7 @@ DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10
 # Output bytes up to which an LL call uses the 4-byte-packet kernel instead of the 6-byte one:
 # 2x H100 (same sweep, with PDL): 4-byte wins at 14 KB (2.75 vs 3.32 us), 115 KB (3.09 vs 3.55),
 # 304 KB (3.81 vs 4.15) and 458 KB (4.18 vs 4.46), ties at 608 KB (4.76 vs 4.80), loses at
-# 1.8 MB (8.42 vs 7.28). Fewer data per packet, but one vector per thread instead of three.
+# 1.8 MB (8.42 vs 7.28). Why the 6-byte kernel is slower on small outputs was not found (COMM.md).
 DEFAULT_LL4_MAX_BYTES = 512 << 10
 
 
