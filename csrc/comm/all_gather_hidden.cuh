@@ -408,20 +408,67 @@ __device__ __forceinline__ bool spin_ll(const AllGatherHiddenParams& p, Poll pol
   }
 }
 
+// (row, column) of vector i of a slice w vectors wide, and the same for i + d given d's
+// (row, column) without a division. The LL kernels divide once per group or batch and step the
+// other members, and do it before the dependency wait where only parameters are involved: each
+// 32-bit division is a ~30-instruction dependent chain (reciprocal, multiply-high, fix-ups), and
+// the 6-byte kernel's three chains before its loads plus three before its output stores made its
+// load-and-push phase ~0.5 us longer than the 4-byte kernel's at T = 1 (tools/ag_micro.cu trace,
+// 2x H200; docs/COMM.md).
+struct RowCol {
+  uint32_t t, c;
+};
+
+__device__ __forceinline__ RowCol row_col(uint32_t i, uint32_t w) {
+  const uint32_t t = i / w;
+  return {t, i - t * w};
+}
+
+__device__ __forceinline__ RowCol step_rc(RowCol a, RowCol d, uint32_t w) {
+  uint32_t c = a.c + d.c, t = a.t + d.t;  // d.c < w and a.c < w
+  if (c >= w) {
+    c -= w;
+    ++t;
+  }
+  return {t, c};
+}
+
+// Members g, g + ng, g + 2 ng of group g (step = row_col(ng, w)).
+__device__ __forceinline__ void group_rc(uint32_t g, uint32_t w, RowCol step,
+                                         RowCol (&rc)[kLLGroupVec]) {
+  rc[0] = row_col(g, w);
+#pragma unroll
+  for (int j = 1; j < kLLGroupVec; ++j) rc[j] = step_rc(rc[j - 1], step, w);
+}
+
+// Vectors base + u * kAgThreads, u < kAgUnroll (step = row_col(kAgThreads, w)).
+__device__ __forceinline__ void batch_rc(uint32_t base, uint32_t w, RowCol step,
+                                         RowCol (&rc)[kAgUnroll]) {
+  rc[0] = row_col(base, w);
+#pragma unroll
+  for (int u = 1; u < kAgUnroll; ++u) rc[u] = step_rc(rc[u - 1], step, w);
+}
+
+__device__ __forceinline__ const uint8_t* x_at(const AllGatherHiddenParams& p, RowCol rc) {
+  return p.x + static_cast<int64_t>(rc.t) * p.ldx + static_cast<int64_t>(rc.c) * 16;
+}
+
+__device__ __forceinline__ uint8_t* out_at(const AllGatherHiddenParams& p, RowCol rc,
+                                           uint32_t col0) {
+  return p.out + static_cast<int64_t>(rc.t) * p.ldo + static_cast<int64_t>(col0 + rc.c) * 16;
+}
+
 // Loads group g's vectors g, g + ng, g + 2 ng of this rank's slice (those below n; the others
-// are 0). Consecutive threads take consecutive groups, so each of the three loads is coalesced.
+// are 0) at their (row, column) rc. Consecutive threads take consecutive groups, so each of the
+// three loads is coalesced.
 __device__ __forceinline__ void load_x_group(const AllGatherHiddenParams& p, uint32_t g,
-                                             uint32_t ng, uint32_t n, uint32_t wv,
+                                             uint32_t ng, uint32_t n,
+                                             const RowCol (&rc)[kLLGroupVec],
                                              uint4 (&v)[kLLGroupVec]) {
 #pragma unroll
   for (int j = 0; j < kLLGroupVec; ++j) {
-    const uint32_t i = g + j * ng;
     v[j] = make_uint4(0, 0, 0, 0);
-    if (i < n) {
-      const uint32_t t = i / wv;
-      const uint32_t c = i - t * wv;
-      v[j] = ld_v4(p.x + static_cast<int64_t>(t) * p.ldx + static_cast<int64_t>(c) * 16);
-    }
+    if (g + j * ng < n) v[j] = ld_v4(x_at(p, rc[j]));
   }
 }
 
@@ -734,12 +781,22 @@ __global__ void __launch_bounds__(kAgThreads)
   const uint32_t my_ng = (my_n + kLLGroupVec - 1) / kLLGroupVec;
   const uint32_t my_lo = detail::chunk_begin(my_ng, b, p.num_blocks);
   const uint32_t my_hi = detail::chunk_begin(my_ng, b + 1, p.num_blocks);
+  // (row, column) of the first batch's vectors: parameters only, so before the dependency wait
+  detail::RowCol my_step{0, 0}, rc[kLLUnroll][kLLGroupVec];
+  if (my_wv) {
+    my_step = detail::row_col(my_ng, my_wv);
+#pragma unroll
+    for (int u = 0; u < kLLUnroll; ++u) {
+      const uint32_t g = my_lo + tid + u * kAgThreads;
+      if (g < my_hi) detail::group_rc(g, my_wv, my_step, rc[u]);
+    }
+  }
   uint4 v[kLLUnroll][kLLGroupVec];
   detail::pdl_enter();
 #pragma unroll
   for (int u = 0; u < kLLUnroll; ++u) {
     const uint32_t g = my_lo + tid + u * kAgThreads;
-    if (g < my_hi) detail::load_x_group(p, g, my_ng, my_n, my_wv, v[u]);
+    if (g < my_hi) detail::load_x_group(p, g, my_ng, my_n, rc[u], v[u]);
   }
   if (tid == 0) detail::read_call(p, s_abort, s_epoch);
   __syncthreads();
@@ -758,7 +815,10 @@ __global__ void __launch_bounds__(kAgThreads)
 #pragma unroll
         for (int u = 0; u < kLLUnroll; ++u) {
           const uint32_t g = base + u * kAgThreads;
-          if (g < my_hi) detail::load_x_group(p, g, my_ng, my_n, my_wv, v[u]);
+          if (g < my_hi) {
+            detail::group_rc(g, my_wv, my_step, rc[u]);
+            detail::load_x_group(p, g, my_ng, my_n, rc[u], v[u]);
+          }
         }
       }
 #pragma unroll
@@ -777,14 +837,8 @@ __global__ void __launch_bounds__(kAgThreads)
             }
           }
 #pragma unroll
-          for (int j = 0; j < kLLGroupVec; ++j) {
-            const uint32_t i = g + j * my_ng;
-            if (i < my_n) {
-              const uint32_t t = i / my_wv;
-              const uint32_t c = i - t * my_wv;
-              detail::st_v4(p.out + t * p.ldo + static_cast<int64_t>(my_col0 + c) * 16, v[u][j]);
-            }
-          }
+          for (int j = 0; j < kLLGroupVec; ++j)
+            if (g + j * my_ng < my_n) detail::st_v4(detail::out_at(p, rc[u][j], my_col0), v[u][j]);
         }
       }
     }
@@ -804,8 +858,10 @@ __global__ void __launch_bounds__(kAgThreads)
     const uint32_t hi = detail::chunk_begin(ng, b + 1, p.num_blocks);
     uint8_t* area = p.my_data + par + 64 * (rows * col0 / kLLGroupVec + s);
     const int64_t plane = static_cast<int64_t>(ng) * 16;
+    const detail::RowCol step = detail::row_col(ng, wv);
     for (uint32_t base = lo + tid; ok && base < hi; base += kAgThreads * kLLUnroll) {
       ulonglong2 a[kLLUnroll][kLLGroupUnits];
+      detail::RowCol rcr[kLLUnroll][kLLGroupVec];
 #pragma unroll
       for (int u = 0; u < kLLUnroll; ++u) {  // issue every load first, then wait
         const uint32_t g = base + u * kAgThreads;
@@ -814,6 +870,11 @@ __global__ void __launch_bounds__(kAgThreads)
           for (int j = 0; j < kLLGroupUnits; ++j)
             a[u][j] = detail::ld_ll(area + static_cast<int64_t>(g) * 16 + j * plane);
         }
+      }
+#pragma unroll
+      for (int u = 0; u < kLLUnroll; ++u) {  // (row, column) math while the loads are in flight
+        const uint32_t g = base + u * kAgThreads;
+        if (g < hi) detail::group_rc(g, wv, step, rcr[u]);
       }
 #pragma unroll
       for (int u = 0; u < kLLUnroll; ++u) {
@@ -834,14 +895,8 @@ __global__ void __launch_bounds__(kAgThreads)
             uint4 d[kLLGroupVec];
             detail::ll6_unpack(a[u], d);
 #pragma unroll
-            for (int j = 0; j < kLLGroupVec; ++j) {
-              const uint32_t i = g + j * ng;
-              if (i < n) {
-                const uint32_t t = i / wv;
-                const uint32_t c = col0 + (i - t * wv);
-                detail::st_v4(p.out + t * p.ldo + static_cast<int64_t>(c) * 16, d[j]);
-              }
-            }
+            for (int j = 0; j < kLLGroupVec; ++j)
+              if (g + j * ng < n) detail::st_v4(detail::out_at(p, rcr[u][j], col0), d[j]);
 #pragma unroll
             for (int j = 0; j < kLLGroupUnits; ++j)  // consumed: zero the group's units
               detail::st_v4(at + j * plane, make_uint4(0, 0, 0, 0));
@@ -874,9 +929,17 @@ __global__ void __launch_bounds__(kAgThreads)
   const uint32_t my_hi = my_wv ? detail::chunk_begin(my_n, b + 1, p.num_blocks) : 0;
   const bool paired = (p.flags & kAgFlagLLPaired) != 0;
   const int64_t ustride = paired ? 32 : 16;  // bytes between consecutive vectors' first units
+  // (row, column) of the first batch's vectors: parameters only, so before the dependency wait
+  detail::RowCol my_step{0, 0}, rc[kAgUnroll];
+  if (my_wv) {
+    my_step = detail::row_col(kAgThreads, my_wv);
+    detail::batch_rc(my_lo + tid, my_wv, my_step, rc);
+  }
   uint4 v[kAgUnroll];
   detail::pdl_enter();
-  detail::load_x_batch(p, my_lo + tid, my_hi, my_wv, v);
+#pragma unroll
+  for (int u = 0; u < kAgUnroll; ++u)
+    if (my_lo + tid + u * kAgThreads < my_hi) v[u] = detail::ld_v4(detail::x_at(p, rc[u]));
   if (tid == 0) detail::read_call(p, s_abort, s_epoch);
   __syncthreads();
   if (s_abort) return;
@@ -889,7 +952,12 @@ __global__ void __launch_bounds__(kAgThreads)
     const int64_t area = par + 2 * rows * my_col0 * 16;
     const int64_t second = paired ? 16 : static_cast<int64_t>(my_n) * 16;
     for (uint32_t base = my_lo + tid; base < my_hi; base += kAgThreads * kAgUnroll) {
-      if (base != my_lo + tid) detail::load_x_batch(p, base, my_hi, my_wv, v);
+      if (base != my_lo + tid) {
+        detail::batch_rc(base, my_wv, my_step, rc);
+#pragma unroll
+        for (int u = 0; u < kAgUnroll; ++u)
+          if (base + u * kAgThreads < my_hi) v[u] = detail::ld_v4(detail::x_at(p, rc[u]));
+      }
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {
         const uint32_t i = base + u * kAgThreads;
@@ -903,10 +971,7 @@ __global__ void __launch_bounds__(kAgThreads)
                             detail::pk(v[u].w, f));
             }
           }
-          const uint32_t t = i / my_wv;
-          const uint32_t c = i - t * my_wv;
-          detail::st_v4(p.out + static_cast<int64_t>(t) * p.ldo +
-                            static_cast<int64_t>(my_col0 + c) * 16, v[u]);
+          detail::st_v4(detail::out_at(p, rc[u], my_col0), v[u]);
         }
       }
     }
@@ -925,6 +990,7 @@ __global__ void __launch_bounds__(kAgThreads)
     const uint32_t hi = detail::chunk_begin(n, b + 1, p.num_blocks);
     uint8_t* area = p.my_data + par + 2 * rows * col0 * 16;
     const int64_t second = paired ? 16 : static_cast<int64_t>(n) * 16;
+    const detail::RowCol step = detail::row_col(kAgThreads, wv);
     for (uint32_t base = lo + tid; ok && base < hi; base += kAgThreads * kAgUnroll) {
       ulonglong2 a0[kAgUnroll], a1[kAgUnroll];
 #pragma unroll
@@ -935,6 +1001,8 @@ __global__ void __launch_bounds__(kAgThreads)
           a1[u] = detail::ld_ll(area + static_cast<int64_t>(i) * ustride + second);
         }
       }
+      detail::RowCol rcr[kAgUnroll];  // (row, column) math while the loads are in flight
+      detail::batch_rc(base, wv, step, rcr);
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {
         const uint32_t i = base + u * kAgThreads;
@@ -953,10 +1021,7 @@ __global__ void __launch_bounds__(kAgThreads)
           if (ok) {
             const uint4 d = make_uint4(static_cast<uint32_t>(a0[u].x), static_cast<uint32_t>(a0[u].y),
                                        static_cast<uint32_t>(a1[u].x), static_cast<uint32_t>(a1[u].y));
-            const uint32_t t = i / wv;
-            const uint32_t c = i - t * wv;
-            detail::st_v4(p.out + static_cast<int64_t>(t) * p.ldo +
-                              static_cast<int64_t>(col0 + c) * 16, d);
+            detail::st_v4(detail::out_at(p, rcr[u], col0), d);
             detail::st_v4(a, make_uint4(0, 0, 0, 0));  // consumed: zero both units
             detail::st_v4(a + second, make_uint4(0, 0, 0, 0));
           }

@@ -93,11 +93,12 @@ DEFAULT_LL_MAX_BYTES = 11 << 18         # 2 ranks: 2.75 MiB
 # > 2 ranks: 4x H200 (4-byte packets, side by side): LL won at 14 KB and lost at 115 KB. Not
 # re-measured since the 6-byte packets (no 4-GPU machine lent).
 DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10
-# Output bytes up to which an LL call uses the 4-byte-packet kernel instead of the 6-byte one:
-# 2x H100 (same sweep, with PDL): 4-byte wins at 14 KB (2.75 vs 3.32 us), 115 KB (3.09 vs 3.55),
-# 304 KB (3.81 vs 4.15) and 458 KB (4.18 vs 4.46), ties at 608 KB (4.76 vs 4.80), loses at
-# 1.8 MB (8.42 vs 7.28). Why the 6-byte kernel is slower on small outputs was not found (COMM.md).
-DEFAULT_LL4_MAX_BYTES = 512 << 10
+# Output bytes up to which an LL call uses the 4-byte-packet kernel instead of the 6-byte one.
+# Until 8255459 the 6-byte kernel lost up to ~600 KB (2x H100 with PDL: 3.32 vs 2.75 us at 14 KB):
+# its index divisions sat on the critical path (docs/COMM.md, "LL index math"). Since they moved
+# (2x H200, tools/ag_micro.cu, PDL, H = 7168 bf16): 4-byte 2.30 / 2.60 / 3.64 us vs 6-byte
+# 2.37 / 2.73 / 3.45 us at 14 KB / 115 KB / 458 KB, a tie at 100 KB (T = 7).
+DEFAULT_LL4_MAX_BYTES = 128 << 10
 
 
 def default_ll_max_bytes(world_size: int) -> int:
