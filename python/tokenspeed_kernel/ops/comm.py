@@ -84,21 +84,24 @@ DEFAULT_TIMEOUT_MS = 30_000
 # Until 0fa8497 (4-byte packets, a vector's two units side by side), on 2x H200 (tools/comm_sweep.py
 # at block_bytes 4 KiB, pipelined flag kernel): LL won at 14-115 KB and lost from 304 KB; the
 # crossover was 192 KiB (320 KiB at d80a34b, 16 KiB blocks).
-# Since dc36166 (6-byte packets in planes, 4/3 of the data on the wire; 2x H100, tools/comm_sweep.py
-# bench/results/h100/comm_sweep_ll6.csv): LL wins up to 2.75 MB (T = 192 at H = 7168 bf16: 9.7 vs
-# 10.3 us, 9.0 vs 9.4 with PDL; a bf16 vocab row at T = 8, 2.4 MB: 9.0 vs 9.8) and lost at 3.65 MB
-# (T = 12 of a bf16 vocab row, 12.5 vs 11.8 us, measured with the groups of 3 consecutive vectors
-# of 3a4ca2f). Crossover set just above the last win.
-DEFAULT_LL_MAX_BYTES = 11 << 18         # 2 ranks: 2.75 MiB
+# dc36166 (6-byte packets in planes, 4/3 of the data on the wire; 2x H100,
+# bench/results/h100/comm_sweep_ll6.csv): LL won up to 2.75 MB and lost at 3.65 MB.
+# Since 9ad4c0f (LL index math off the critical path; 2x H200, tools/ag_micro.cu with PDL,
+# bench/results/h200/comm_micro_s23.csv): LL wins at 2.75 / 3.67 / 4.59 MB of H = 7168 bf16
+# (7.94 vs 8.65, 9.81 vs 10.17, 11.71 vs 11.88 us) and at 3.6 MB of a bf16 / fp32 vocab row
+# (9.79 vs 10.20, 9.78 vs 10.32), ties at 4.86 MB (12.35 vs 12.34, 12.36 vs 12.39) and loses
+# from 5.5 MB (13.53 vs 13.42; 6.1 MB: 14.88 vs 14.47). Crossover set between the last win
+# and the tie.
+DEFAULT_LL_MAX_BYTES = 9 << 19          # 2 ranks: 4.5 MiB
 # > 2 ranks: 4x H200 (4-byte packets, side by side): LL won at 14 KB and lost at 115 KB. Not
 # re-measured since the 6-byte packets (no 4-GPU machine lent).
 DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10
 # Output bytes up to which an LL call uses the 4-byte-packet kernel instead of the 6-byte one.
 # Until 8255459 the 6-byte kernel lost up to ~600 KB (2x H100 with PDL: 3.32 vs 2.75 us at 14 KB):
-# its index divisions sat on the critical path (docs/COMM.md, "LL index math"). Since they moved
-# (2x H200, tools/ag_micro.cu, PDL, H = 7168 bf16): 4-byte 2.30 / 2.60 / 3.64 us vs 6-byte
-# 2.37 / 2.73 / 3.45 us at 14 KB / 115 KB / 458 KB, a tie at 100 KB (T = 7).
-DEFAULT_LL4_MAX_BYTES = 128 << 10
+# its index divisions sat on the critical path (docs/COMM.md, "LL index math"). Since 9ad4c0f
+# (2x H200, tools/ag_micro.cu, PDL, H = 7168 bf16, 4-byte vs 6-byte): 2.61 vs 2.74 us at 115 KB,
+# 2.92 vs 2.98 at 229 KB, 3.11 vs 3.10 at 287 KB, 3.30 vs 3.21 at 344 KB, 3.64 vs 3.45 at 458 KB.
+DEFAULT_LL4_MAX_BYTES = 256 << 10
 
 
 def default_ll_max_bytes(world_size: int) -> int:
@@ -294,7 +297,7 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     use_symmetric_memory : False builds a communicator without P2P (NCCL-style path only).
     ll_max_bytes : output bytes (T * H * element size) up to which the CUDA backend's ``auto``
         protocol is LL (see ``cuda_protocol``); also the capacity of ``protocol="ll"``. 0
-        disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (2.75 MiB for 2 ranks,
+        disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (4.5 MiB for 2 ranks,
         16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)``
         + 2 KiB bytes of symmetric memory. Agreed as the MIN over ranks.
     enable_pdl : default of the calls' ``enable_pdl`` (CUDA backend, sm_90+): launch the push
