@@ -8,7 +8,9 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc/comm -o ag_micro tools/ag_micro.cu
 //   ./ag_micro <mode> <elt bytes> <H> <T,T,...> [pdl 0|1] [block_bytes 4096] [calls 256] [reps 7]
 //     mode: ll (6-byte packets), ll4, flag, or a number (raw kAgFlag* bits)
-// Prints one line per T: "mode elt H T blocks us_per_call(median) min max ok".
+// Prints one line per T: "mode elt H T blocks us_per_call(median) min max ok". Built with
+// -DTS_AG_TRACE against the header copy of tools/ag_trace_patch.py it also prints the LL kernels'
+// phase durations (bench/results/h200/comm_micro_trace_s23.csv).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -129,10 +129,11 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   return t;
 }
 
-// Programmatic dependent launch (PDL, sm_90+). Every kernel of this file starts with pdl_enter():
-// griddepcontrol.wait returns once the previous kernel in the stream has completed and its
-// memory is visible (at once when this launch did not allow PDL), so nothing below it -- the
-// loads of x, the call counter -- can see a half-written input. launch_dependents then lets the
+// Programmatic dependent launch (PDL, sm_90+). Every kernel of this file calls pdl_enter() before
+// its first memory access (only arithmetic on the parameters precedes it: the LL kernels' first
+// batch of (row, column) math): griddepcontrol.wait returns once the previous kernel in the
+// stream has completed and its memory is visible (at once when this launch did not allow PDL),
+// so nothing below it -- the loads of x, the call counter -- can see a half-written input. launch_dependents then lets the
 // next kernel of the stream (if launched with PDL) get scheduled while this one runs; that
 // kernel's own griddepcontrol.wait still waits for this grid's completion. The trigger requires
 // every CTA of this grid to be resident already, so early dependents cannot starve the CTAs

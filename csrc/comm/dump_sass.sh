@@ -84,6 +84,20 @@ awk '
     }
     exit bad
   }' "$out/all_gather_hidden.sass" || { echo "  SASS check FAILED"; status=1; }
+echo "== SASS: PDL -- every kernel waits (ACQBULK = griddepcontrol.wait) before any memory access"
+echo "   (instructions before it are parameter arithmetic only: the LL kernels' first-batch index math)"
+awk '
+  /Function :/ { fn=$3; seen[fn]=0; n[fn]=0; mem[fn]=0 }
+  /\/\*[0-9a-f]+\*\/ +[A-Z@]/ {
+    if (!seen[fn]) {
+      if ($0 ~ /ACQBULK/) seen[fn] = 1
+      else { n[fn]++; if ($0 ~ /(LDG|STG|LDL|STL|LDS|STS|ATOMG|ATOMS|ATOM|RED|LD\.|ST\.)/) mem[fn]++ }
+    }
+  }
+  END { bad = 0
+        for (f in n) { printf "  %-80s before ACQBULK: %4d instructions, %d memory ops%s\n", f, n[f], mem[f], seen[f] ? "" : "  (no ACQBULK!)"
+                       if (!seen[f] || mem[f] > 0) bad = 1 }
+        exit bad }' "$out/all_gather_hidden.sass" || { echo "  PDL order check FAILED"; status=1; }
 echo "-- the W=2 multimem kernel: flag publish / wait and multicast stores (read these):"
 awk '/Function :/ { p = ($3 ~ /ILi2ELb1E/) } p' "$out/all_gather_hidden.sass" |
   grep -E 'STG\.E\.128|MEMBAR|FENCE|CCTL|STRONG\.SYS' | sed 's@ */\* 0x[0-9a-f]* \*/@@' | head -24 || true
