@@ -133,9 +133,10 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 // its first memory access (only arithmetic on the parameters precedes it: the LL kernels' first
 // batch of (row, column) math): griddepcontrol.wait returns once the previous kernel in the
 // stream has completed and its memory is visible (at once when this launch did not allow PDL),
-// so nothing below it -- the loads of x, the call counter -- can see a half-written input. launch_dependents then lets the
-// next kernel of the stream (if launched with PDL) get scheduled while this one runs; that
-// kernel's own griddepcontrol.wait still waits for this grid's completion. The trigger requires
+// so nothing below it -- the loads of x, the call counter -- can see a half-written input.
+// launch_dependents then lets the next kernel of the stream (if launched with PDL) get
+// scheduled while this one runs; that kernel's own griddepcontrol.wait still waits for this
+// grid's completion. The trigger requires
 // every CTA of this grid to be resident already, so early dependents cannot starve the CTAs
 // that wait for peers.
 __device__ __forceinline__ void pdl_enter() {
@@ -853,6 +854,7 @@ __global__ void __launch_bounds__(kAgThreads)
     if (s >= p.world || s == p.rank || !ok) continue;
     const uint32_t col0 = static_cast<uint32_t>(p.col_vec[s]);
     const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
+    if (wv == 0) continue;  // (no groups; and row_col below divides by wv)
     const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
     const uint32_t ng = (n + kLLGroupVec - 1) / kLLGroupVec;
     const uint32_t lo = detail::chunk_begin(ng, b, p.num_blocks);
