@@ -15,6 +15,7 @@ Results used for the defaults: bench/results/h200/comm_sweep_*.csv (docs/COMM.md
 
     python tools/comm_sweep.py --out DIR [--block-bytes 2048,4096,...] [--providers ll,flag,...]
                                [--shapes "bf16:151936:32,128;fp32:151936:128"] [--quick]
+                               [--nproc 4]
 """
 from __future__ import annotations
 
@@ -139,6 +140,9 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--providers", default="ll,flag,flag-nopipe")
     ap.add_argument("--shapes", default="", help="e.g. bf16:151936:32,128;fp32:151936:128")
+    ap.add_argument("--nproc", type=int, default=2,
+                    help="ranks (GPUs of this host), default 2; e.g. 4 / 8 for the crossovers of "
+                         "larger groups (DEFAULT_LL_MAX_BYTES_MULTI)")
     a = ap.parse_args()
     import torch.multiprocessing as mp
     import socket
@@ -146,7 +150,10 @@ def main():
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    world = min(torch.cuda.device_count(), 2)
+    world = min(torch.cuda.device_count(), a.nproc)
+    if world < 2:
+        print("comm_sweep: needs >= 2 GPUs", file=sys.stderr)
+        return 1
     opts = dict(out=a.out, block_bytes=[int(v) for v in a.block_bytes.split(",")],
                 reps=a.reps, quick=a.quick, providers=a.providers.split(","),
                 shapes=[(d, int(h), [int(t) for t in ts.split(",")])
