@@ -48,7 +48,8 @@ static std::vector<int> parse_list(const char* s) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    fprintf(stderr, "usage: %s <ll|ll4|flag|bits> <elt> <H> <T,...> [pdl] [block_bytes] [calls] [reps]\n",
+    fprintf(stderr,
+            "usage: %s <ll|ll4|flag|bits> <elt> <H> <T,...> [pdl] [block_bytes] [calls] [reps]\n",
             argv[0]);
     return 1;
   }
@@ -140,8 +141,8 @@ int main(int argc, char** argv) {
     p.world = W;
     p.rank = d;
     const int64_t slice = int64_t(T) * wv * 16;
-    p.num_blocks = int(std::max<int64_t>(1, std::min<int64_t>(std::min(sms, kAgMaxBlocks),
-                                                              (slice + block_bytes - 1) / block_bytes)));
+    const int64_t want = (slice + block_bytes - 1) / block_bytes;
+    p.num_blocks = int(std::max<int64_t>(1, std::min<int64_t>(std::min(sms, kAgMaxBlocks), want)));
     p.flags = flags;
     p.timeout_ns = 5000000000LL;
     p.ll_off = 2 * buf_bytes;
@@ -231,8 +232,10 @@ int main(int argc, char** argv) {
             mx[k] += m / 64.0;
           }
         const double ns = 1e6 / khz;
-        printf("  trace dev%d (ns, CTA0 | max CTA): pdl-wait %.0f|%.0f  load+push %.0f|%.0f  recv %.0f|%.0f  slowest-thread %.0f|%.0f\n",
-               d, a[0] * ns, mx[0] * ns, a[1] * ns, mx[1] * ns, a[2] * ns, mx[2] * ns, a[3] * ns, mx[3] * ns);
+        printf("  trace dev%d (ns, CTA0 | max CTA): pdl-wait %.0f|%.0f  load+push %.0f|%.0f  "
+               "recv %.0f|%.0f  slowest-thread %.0f|%.0f\n",
+               d, a[0] * ns, mx[0] * ns, a[1] * ns, mx[1] * ns, a[2] * ns, mx[2] * ns,
+               a[3] * ns, mx[3] * ns);
       }
     }
 #endif
