@@ -455,6 +455,15 @@ __device__ __forceinline__ const uint8_t* x_at(const AllGatherHiddenParams& p, R
   return p.x + static_cast<int64_t>(rc.t) * p.ldx + static_cast<int64_t>(rc.c) * 16;
 }
 
+// Loads vectors base + u * kAgThreads below hi at their (row, column) rc (batch_rc).
+__device__ __forceinline__ void load_x_rc(const AllGatherHiddenParams& p, uint32_t base,
+                                          uint32_t hi, const RowCol (&rc)[kAgUnroll],
+                                          uint4 (&v)[kAgUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kAgUnroll; ++u)
+    if (base + u * kAgThreads < hi) v[u] = ld_v4(x_at(p, rc[u]));
+}
+
 __device__ __forceinline__ uint8_t* out_at(const AllGatherHiddenParams& p, RowCol rc,
                                            uint32_t col0) {
   return p.out + static_cast<int64_t>(rc.t) * p.ldo + static_cast<int64_t>(col0 + rc.c) * 16;
@@ -940,9 +949,7 @@ __global__ void __launch_bounds__(kAgThreads)
   }
   uint4 v[kAgUnroll];
   detail::pdl_enter();
-#pragma unroll
-  for (int u = 0; u < kAgUnroll; ++u)
-    if (my_lo + tid + u * kAgThreads < my_hi) v[u] = detail::ld_v4(detail::x_at(p, rc[u]));
+  detail::load_x_rc(p, my_lo + tid, my_hi, rc, v);
   if (tid == 0) detail::read_call(p, s_abort, s_epoch);
   __syncthreads();
   if (s_abort) return;
@@ -957,9 +964,7 @@ __global__ void __launch_bounds__(kAgThreads)
     for (uint32_t base = my_lo + tid; base < my_hi; base += kAgThreads * kAgUnroll) {
       if (base != my_lo + tid) {
         detail::batch_rc(base, my_wv, my_step, rc);
-#pragma unroll
-        for (int u = 0; u < kAgUnroll; ++u)
-          if (base + u * kAgThreads < my_hi) v[u] = detail::ld_v4(detail::x_at(p, rc[u]));
+        detail::load_x_rc(p, base, my_hi, rc, v);
       }
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {
