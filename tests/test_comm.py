@@ -391,8 +391,8 @@ def test_comm_header_tools_compile_and_pdl_order(tmp_path):
                         str(root / "tools/ag_micro.cu")], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
-    r = subprocess.run([sys.executable, str(root / "tools/ag_trace_patch.py"), str(tmp_path / "tr")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, str(root / "tools/ag_trace_patch.py"),
+                        str(tmp_path / "tr")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     r = subprocess.run([nvcc, *flags, "-DTS_AG_TRACE", "-I" + str(tmp_path / "tr"), "-o",
                         str(tmp_path / "mt"), str(root / "tools/ag_micro.cu")],

@@ -91,7 +91,7 @@ awk '
   /\/\*[0-9a-f]+\*\/ +[A-Z@]/ {
     if (!seen[fn]) {
       if ($0 ~ /ACQBULK/) seen[fn] = 1
-      else { n[fn]++; if ($0 ~ /(LDG|STG|LDL|STL|LDS|STS|ATOMG|ATOMS|ATOM|RED|LD\.|ST\.)/) mem[fn]++ }
+      else { n[fn]++; if ($0 ~ /(LDG|STG|LDL|STL|LDS|STS|ATOM|RED|LD\.|ST\.)/) mem[fn]++ }
     }
   }
   END { bad = 0

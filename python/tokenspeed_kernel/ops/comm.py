@@ -303,8 +303,8 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     enable_pdl : default of the calls' ``enable_pdl`` (CUDA backend, sm_90+): launch the push
         kernel with programmatic dependent launch, so that it is scheduled while the previous
         kernel of the stream finishes (it still waits for that kernel's completion and memory
-        before its first memory access) and lets the next PDL-launched kernel do the same. Per rank (no
-        agreement needed: it changes when a kernel is scheduled, not the protocol).
+        before its first memory access) and lets the next PDL-launched kernel do the same. Per
+        rank (no agreement needed: it changes when a kernel is scheduled, not the protocol).
 
     Host-blocking (symmetric allocation, rendezvous, two small all-reduces); not allowed under
     CUDA-graph capture.
