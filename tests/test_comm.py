@@ -373,8 +373,9 @@ def _nvcc():
 def test_comm_header_tools_compile_and_pdl_order(tmp_path):
     """The torch-free comm header builds on its own: csrc/comm/dump_sass.sh (PTX/SASS checks,
     including that no kernel touches memory before griddepcontrol.wait -- the LL kernels do their
-    first batch's index math before it), tools/ag_micro.cu (the 2-GPU A/B harness) and its
-    clock64 trace variant (tools/ag_trace_patch.py, whose markers a refactor could remove)."""
+    first batch's index math before it), tools/ag_micro.cu (the 2-GPU A/B harness), its
+    clock64 trace variant (tools/ag_trace_patch.py, whose markers a refactor could remove) and
+    tools/p2p_ceiling.cu (the raw NVLink transfer rates)."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
@@ -398,6 +399,75 @@ def test_comm_header_tools_compile_and_pdl_order(tmp_path):
                         str(tmp_path / "mt"), str(root / "tools/ag_micro.cu")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+    r = subprocess.run([nvcc, *flags, "-o", str(tmp_path / "pc"),
+                        str(root / "tools/p2p_ceiling.cu")], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
+_PIECES_CHECK = r"""
+#include <cstdio>
+#include <vector>
+#include "all_gather_hidden.cuh"
+using namespace tokenspeed_kernel::comm;
+static int bad = 0;
+#define REQ(c, ...) do { if (!(c)) { if (bad++ < 20) printf(__VA_ARGS__); } } while (0)
+static void check(uint32_t n, int g, uint32_t max_span, bool mark) {
+  const uint32_t span = detail::piece_span(n, g, max_span);
+  REQ(span >= 1 && span <= max_span, "span %u n %u g %d\n", span, n, g);
+  const uint64_t want_rounds = n ? (uint64_t(n) + uint64_t(g) * max_span - 1) / (uint64_t(g) * max_span) : 0;
+  uint64_t pieces = 0, max_r = 0;
+  std::vector<unsigned char> seen(mark ? n : 0, 0);
+  for (int b = 0; b < g; ++b) {
+    const uint32_t r = detail::piece_rounds(n, g, b, span);
+    max_r = r > max_r ? r : max_r;
+    pieces += r;
+    for (uint32_t k = 0; k < r + 1; ++k) {  // the kernels' 32-bit form of a piece's start
+      const uint64_t lo64 = (uint64_t(k) * g + b) * span;
+      const uint32_t lo = (k * uint32_t(g) + uint32_t(b)) * span;
+      REQ(lo == lo64 || lo64 >= n, "wrap n %u g %d b %d k %u\n", n, g, b, k);
+      REQ((k < r) == (lo64 < n), "rounds n %u g %d b %d k %u r %u\n", n, g, b, k, r);
+      if (mark && k < r)
+        for (uint64_t i = lo64; i < lo64 + span && i < n; ++i) seen[i]++;
+    }
+  }
+  REQ(max_r == want_rounds, "max rounds %llu want %llu n %u g %d\n", (unsigned long long)max_r,
+      (unsigned long long)want_rounds, n, g);
+  REQ(pieces == (uint64_t(n) + span - 1) / span, "pieces n %u g %d\n", n, g);
+  for (uint32_t i = 0; i < seen.size(); ++i) REQ(seen[i] == 1, "vector %u covered %d times n %u g %d\n", i, seen[i], n, g);
+}
+int main() {
+  const int gs[] = {1, 2, 3, 7, 38, 56, 75, 132, 255, 256};
+  const uint32_t spans[] = {kAgThreads * kAgUnroll, kAgRoundVec};
+  for (uint32_t ms : spans)
+    for (int g : gs) {
+      for (uint32_t n = 0; n < 3000; ++n) check(n, g, ms, true);
+      for (uint32_t n = 3000; n < 2000000; n = n * 5 / 4 + 1) check(n, g, ms, n < 300000);
+      for (uint32_t n : {0x7fffffffu, 0x7ffffff0u, 0x7ff00001u, 1u << 30, 303872u * 128u})
+        check(n, g, ms, false);
+    }
+  printf(bad ? "FAILED %d\n" : "ok\n", bad);
+  return bad != 0;
+}
+"""
+
+
+def test_comm_piece_partition_host(tmp_path):
+    """The flag kernels' interleaved pieces (piece_span / piece_rounds, host-callable): every vector
+    of a source in exactly one piece, no piece wider than its cap, the largest round count equal
+    to ceil(n / (G cap)) (what the launcher's round-field check assumes), the kernels' 32-bit piece
+    starts equal to the 64-bit ones up to n < 2^31, for grids of 1..256 CTAs."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "p.cu").write_text(_PIECES_CHECK)
+    r = subprocess.run([nvcc, "-std=c++17", "-O2", "-arch=sm_90a", "-I" + str(root / "csrc/comm"),
+                        "-o", str(tmp_path / "p"), str(tmp_path / "p.cu")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = subprocess.run([str(tmp_path / "p")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-4000:]
 
 
 def test_ops_import_without_gpu_or_extension():

@@ -13,7 +13,7 @@
 //   data   [nbuf][buf_bytes] gather buffers: buffer 0 and 1 rotate by epoch parity (copy-out
 //                           mode), buffer 2 is the view buffer (only when views are enabled).
 // Flag words (on rank p, written by peers with st.release.sys, read by p with ld.acquire.sys):
-//   data  [b][s] = (e << 20) | (k + 1) : rank s has stored rounds 0..k of its chunk b of call e
+//   data  [b][s] = (e << 20) | (k + 1) : rank s has stored rounds 0..k of its pieces b of call e
 //                    into p's buffer (e & 1) (single-round kernels: k = 0)
 //   ready [b][s] = e : rank s has entered call e (view mode: s is done reading its view buffer)
 //   data' [b][s]     : the Triton kernel's data flags (its chunking differs, so ranks that
@@ -216,6 +216,31 @@ __device__ __forceinline__ uint32_t chunk_begin(uint32_t n, int b, int g) {
   return q * ub + ((n - q * ug) * ub) / ug;
 }
 
+// Interleaved partition of a source's n vectors over the grid (flag kernels). With
+// R = ceil(n / (G max_span)) rounds and span = ceil(n / (G R)) <= max_span, piece (r, b) -- round
+// r of CTA b -- is [(r G + b) span, + span) clipped to n. A round's pieces are adjacent, so the
+// grid writes one contiguous window of ~G span vectors at a time instead of G windows spread over
+// the whole slice: a raw NVLink push took 1.08x the time with per-CTA contiguous chunks
+// (tools/p2p_ceiling.cu, push2c vs push2; docs/COMM.md). 32-bit arithmetic: the launcher keeps
+// n < 2^31 and G max_span <= 2^19, so (r G + b) span < n + G span never wraps.
+__host__ __device__ __forceinline__ uint32_t ceil_div_u32(uint32_t a, uint32_t b) {
+  const uint32_t q = a / b;
+  return q + (a - q * b != 0u ? 1u : 0u);
+}
+
+__host__ __device__ __forceinline__ uint32_t piece_span(uint32_t n, int g, uint32_t max_span) {
+  if (n == 0u) return 1u;
+  const uint32_t ug = static_cast<uint32_t>(g);
+  return ceil_div_u32(n, ug * ceil_div_u32(n, ug * max_span));
+}
+
+// Pieces of CTA b (rounds r with (r G + b) span < n).
+__host__ __device__ __forceinline__ uint32_t piece_rounds(uint32_t n, int g, int b,
+                                                          uint32_t span) {
+  const uint32_t lo = static_cast<uint32_t>(b) * span;
+  return lo < n ? ceil_div_u32(n - lo, static_cast<uint32_t>(g) * span) : 0u;
+}
+
 __device__ __noinline__ void record_timeout(const AllGatherHiddenParams& p, int code, int src,
                                             uint64_t epoch) {
   unsigned long long* err = reinterpret_cast<unsigned long long*>(p.state + kAgStateErr);
@@ -292,17 +317,18 @@ __device__ __forceinline__ void load_x_batch(const AllGatherHiddenParams& p, uin
   }
 }
 
-// Copies chunk b of source s's columns from the local gather buffer to the caller's output.
+// Copies CTA b's pieces of source s's columns (piece_span) from the local gather buffer to the
+// caller's output.
 __device__ __forceinline__ void copy_out_chunk(const AllGatherHiddenParams& p, int s,
                                                int64_t buf_off) {
   const uint32_t col0 = static_cast<uint32_t>(p.col_vec[s]);
   const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
   if (wv == 0) return;
   const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
-  const uint32_t lo = chunk_begin(n, blockIdx.x, p.num_blocks);
-  const uint32_t hi = chunk_begin(n, blockIdx.x + 1, p.num_blocks);
+  const uint32_t span = piece_span(n, p.num_blocks, kAgThreads * kAgUnroll);
   const uint8_t* buf = p.my_data + buf_off;
-  for (uint32_t base = lo + threadIdx.x; base < hi; base += kAgThreads * kAgUnroll) {
+  for (uint32_t lo = blockIdx.x * span; lo < n; lo += p.num_blocks * span) {
+    const uint32_t hi = min(n, lo + span), base = lo + threadIdx.x;
     uint4 v[kAgUnroll];
     uint8_t* dst[kAgUnroll];
 #pragma unroll
@@ -485,9 +511,10 @@ __device__ __forceinline__ void load_x_group(const AllGatherHiddenParams& p, uin
 
 }  // namespace detail
 
-// One CTA per chunk b. Phases: [view: entry handshake] -> push own chunk b to every rank ->
-// release data flag [b][rank] on every rank -> acquire data flags [b][*] -> [copy-out chunk b of
-// every source] -> the last CTA advances seq.
+// CTA b moves pieces b of every source (piece_span: batches of at most kAgThreads * kAgUnroll
+// vectors, interleaved over the grid). Phases: [view: entry handshake] -> push own pieces b to
+// every rank -> release data flag [b][rank] on every rank -> acquire data flags [b][*] ->
+// [copy-out pieces b of every source] -> the last CTA advances seq.
 template <int kW, bool kMultimem>
 __global__ void __launch_bounds__(kAgThreads)
     all_gather_hidden_kernel(const __grid_constant__ AllGatherHiddenParams p) {
@@ -496,16 +523,17 @@ __global__ void __launch_bounds__(kAgThreads)
   __shared__ int s_fail;
   const int tid = threadIdx.x;
   const int b = blockIdx.x;
-  // My chunk b, and its first batch of vectors loaded before the call counter is known (the two
-  // loads overlap; at small T the first batch is all there is).
+  // My pieces (piece_span: one batch of kAgThreads * kAgUnroll vectors at most, interleaved over
+  // the grid), and the first one loaded before the call counter is known (the two loads overlap;
+  // at small T the first piece is all there is).
   const uint32_t wv = static_cast<uint32_t>(p.col_vec[p.rank + 1] - p.col_vec[p.rank]);
   const uint32_t my_col0 = static_cast<uint32_t>(p.col_vec[p.rank]);
   const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
-  const uint32_t lo = wv ? detail::chunk_begin(n, b, p.num_blocks) : 0;
-  const uint32_t hi = wv ? detail::chunk_begin(n, b + 1, p.num_blocks) : 0;
+  const uint32_t span = detail::piece_span(n, p.num_blocks, kAgThreads * kAgUnroll);
+  const uint32_t lo0 = static_cast<uint32_t>(b) * span;
   uint4 v[kAgUnroll];
   detail::pdl_enter();
-  detail::load_x_batch(p, lo + tid, hi, wv, v);
+  detail::load_x_batch(p, lo0 + tid, min(n, lo0 + span), wv, v);
   if (tid == 0) {
     detail::read_call(p, s_abort, s_epoch);
     s_fail = 0;
@@ -527,11 +555,12 @@ __global__ void __launch_bounds__(kAgThreads)
   }
 
   if (!s_fail) {
-    // ---- push: chunk b of my slice, 16-byte vectors, to the same place in every buffer ----
+    // ---- push: pieces b of my slice, 16-byte vectors, to the same place in every buffer ----
     // unicast copy-out mode: my own slice goes straight to my output (not through my buffer)
     const bool direct = !kMultimem && !view;
-    for (uint32_t base = lo + tid; base < hi; base += kAgThreads * kAgUnroll) {
-      if (base != lo + tid) detail::load_x_batch(p, base, hi, wv, v);
+    for (uint32_t lo = lo0; lo < n; lo += p.num_blocks * span) {
+      const uint32_t hi = min(n, lo + span), base = lo + tid;
+      if (lo != lo0) detail::load_x_batch(p, base, hi, wv, v);
       int64_t dst[kAgUnroll];
       uint8_t* own[kAgUnroll];
 #pragma unroll
@@ -578,7 +607,7 @@ __global__ void __launch_bounds__(kAgThreads)
     }
     __syncthreads();
 
-    // ---- copy-out: chunk b of every source, local buffer -> caller's output ----
+    // ---- copy-out: pieces b of every source, local buffer -> caller's output ----
     if (!s_fail && !view) {
 #pragma unroll
       for (int s = 0; s < kW; ++s) {  // (my own slice is already there, unless multimem)
@@ -589,8 +618,9 @@ __global__ void __launch_bounds__(kAgThreads)
 }
 
 // Pipelined copy-out variant (P2P, copy-out mode, chunks of more than two rounds). Same buffers,
-// flags and safety argument as all_gather_hidden_kernel, but chunk b of every source is moved in
-// rounds of kAgDataThreads * kU vectors (30 KiB at kU = 4) so that the copy-out of round k - 1
+// flags and safety argument as all_gather_hidden_kernel, but CTA b's share of every source moves
+// in rounds of at most kAgDataThreads * kU vectors (30 KiB at kU = 4; piece_span: round k of CTA
+// b is piece (k, b), interleaved over the grid) so that the copy-out of round k - 1
 // (local HBM) overlaps the NVLink push of round k, and the release fence of each round's flag
 // stalls only a signalling warp instead of the whole CTA:
 //   data warps (1..15): push round k -> bar.arrive(A[k&1]) -> bar.sync(B[(k-1)&1]) -> copy-out
@@ -601,8 +631,10 @@ __global__ void __launch_bounds__(kAgThreads)
 //                       bar.arrive(B[k&1]) (the acquire is ordered before the data warps' reads).
 // Two barrier ids per direction alternate by round parity: a warp can run at most one round
 // ahead of the other side, so an id is never re-armed before its previous phase completed.
-// Rounds of source s: ceil(|chunk b of s| / (kAgDataThreads * kU)) -- every rank computes the
-// same counts from col_vec, so a receiver waits only for rounds its source will publish.
+// Rounds of source s: piece_rounds(n_s, G, b, piece_span(n_s, G, kAgDataThreads * kU)) -- every
+// rank computes the same counts from col_vec, so a receiver waits only for rounds its source
+// will publish. Keeping the data warps two or three rounds ahead of their copy-out (more barrier
+// ids) was measured and is slower (docs/COMM.md).
 template <int kW, int kU>
 __global__ void __launch_bounds__(kAgThreads, 1)
     all_gather_hidden_pipe_kernel(const __grid_constant__ AllGatherHiddenParams p) {
@@ -621,39 +653,42 @@ __global__ void __launch_bounds__(kAgThreads, 1)
   if (s_abort) return;
   const uint64_t epoch = s_epoch;
   const int64_t buf_off = static_cast<int64_t>(epoch & 1) * p.buf_bytes;
-  // chunk b of source s: [lo, hi) in its slice's (t, c) vector order, and its round count
-  auto chunk = [&](int s, uint32_t& lo, uint32_t& hi) {
-    const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1] - p.col_vec[s]);
-    const uint32_t n = static_cast<uint32_t>(p.rows) * wv;
-    lo = wv ? detail::chunk_begin(n, b, p.num_blocks) : 0;
-    hi = wv ? detail::chunk_begin(n, b + 1, p.num_blocks) : 0;
+  // Source s's n_s vectors in (t, c) order, in pieces of span_s <= kRoundVec interleaved over the
+  // grid (piece_span): round k of CTA b is [(k G + b) span_s, + span_s) clipped to n_s, and CTA b
+  // has piece_rounds(...) of them. Every rank computes the same spans and counts from col_vec.
+  const int G = p.num_blocks;
+  auto src_n = [&](int s) {
+    return static_cast<uint32_t>(p.rows) * static_cast<uint32_t>(p.col_vec[s + 1] - p.col_vec[s]);
   };
   uint32_t nrounds = 0;  // K: rounds of this CTA (max over sources; the same on every rank)
 #pragma unroll
   for (int s = 0; s < kW; ++s) {
     if (s < p.world) {
-      uint32_t lo, hi;
-      chunk(s, lo, hi);
-      const uint32_t r = (hi - lo + kRoundVec - 1) / kRoundVec;
+      const uint32_t n = src_n(s);
+      const uint32_t r = detail::piece_rounds(n, G, b, detail::piece_span(n, G, kRoundVec));
       nrounds = r > nrounds ? r : nrounds;
     }
   }
-  uint32_t my_lo, my_hi;
-  chunk(p.rank, my_lo, my_hi);
+  const uint32_t my_n = src_n(p.rank);
+  const uint32_t my_span = detail::piece_span(my_n, G, kRoundVec);
+  const uint32_t my_rounds = detail::piece_rounds(my_n, G, b, my_span);
 
   if (tid < 32) {
     // ---------------- signalling warp ----------------
     const int lane = tid;
-    uint32_t s_lo = 0, s_hi = 0;
     const bool peer = lane < p.world && lane != p.rank;
-    if (peer) chunk(lane, s_lo, s_hi);
+    uint32_t s_rounds = 0;
+    if (peer) {
+      const uint32_t n = src_n(lane);
+      s_rounds = detail::piece_rounds(n, G, b, detail::piece_span(n, G, kRoundVec));
+    }
     bool failed = false;
     for (uint32_t k = 0; k < nrounds; ++k) {
-      detail::bar_sync(1 + (k & 1), kAgThreads);  // round k of my chunk pushed (data warps)
+      detail::bar_sync(1 + (k & 1), kAgThreads);  // round k of my pieces pushed (data warps)
       const uint64_t fv = (epoch << kAgRoundBits) | (k + 1);
-      if (peer && my_lo + k * kRoundVec < my_hi)
+      if (peer && k < my_rounds)
         detail::st_release_sys(p.peer_flags[lane] + b * kAgMaxRanks + p.rank, fv);
-      if (peer && !failed && s_lo + k * kRoundVec < s_hi) {
+      if (peer && !failed && k < s_rounds) {
         if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + lane, fv, kAgErrTimeoutData,
                                   lane, epoch)) {
           failed = true;
@@ -676,11 +711,11 @@ __global__ void __launch_bounds__(kAgThreads, 1)
       if (s >= p.world || s == p.rank) continue;
       const uint32_t col0 = static_cast<uint32_t>(p.col_vec[s]);
       const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
-      uint32_t lo, hi;
-      chunk(s, lo, hi);
-      const uint32_t rlo = lo + k * kRoundVec;
-      if (rlo >= hi) continue;
-      const uint32_t rhi = min(hi, rlo + kRoundVec);
+      const uint32_t n = src_n(s);
+      const uint32_t span = detail::piece_span(n, G, kRoundVec);
+      const uint32_t rlo = (k * G + b) * span;
+      if (rlo >= n) continue;
+      const uint32_t rhi = min(n, rlo + span);
       const uint8_t* buf = p.my_data + buf_off;
       uint4 v[kU];
       uint32_t tt[kU], cc[kU];
@@ -702,10 +737,10 @@ __global__ void __launch_bounds__(kAgThreads, 1)
     }
   };
   for (uint32_t k = 0; k < nrounds; ++k) {
-    // ---- push round k of my chunk: peers' buffers, and my own output directly ----
-    const uint32_t rlo = my_lo + k * kRoundVec;
-    if (rlo < my_hi) {
-      const uint32_t rhi = min(my_hi, rlo + kRoundVec);
+    // ---- push round k of my pieces: peers' buffers, and my own output directly ----
+    const uint32_t rlo = (k * G + b) * my_span;
+    if (k < my_rounds) {
+      const uint32_t rhi = min(my_n, rlo + my_span);
       uint4 v[kU];
       uint32_t tt[kU], cc[kU];  // (row, column) of each vector: fewer live registers than pointers
 #pragma unroll
@@ -1067,6 +1102,9 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
   if (p.world < 1 || p.world > kAgMaxRanks || p.rank < 0 || p.rank >= p.world ||
       p.num_blocks < 1 || p.num_blocks > kAgMaxBlocks || p.rows < 0 || p.state == nullptr)
     return cudaErrorInvalidValue;
+  for (int s = 0; s < p.world; ++s)  // vector indices of a slice are 32-bit (piece_span)
+    if (int64_t(p.rows) * (p.col_vec[s + 1] - p.col_vec[s]) >= (int64_t(1) << 31))
+      return cudaErrorInvalidValue;
   const bool view = (p.flags & kAgFlagView) != 0;
   const bool mm = (p.flags & kAgFlagMultimem) != 0;
   const bool ll = (p.flags & kAgFlagLL) != 0;
