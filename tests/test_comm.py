@@ -374,8 +374,8 @@ def test_comm_header_tools_compile_and_pdl_order(tmp_path):
     """The torch-free comm header builds on its own: csrc/comm/dump_sass.sh (PTX/SASS checks,
     including that no kernel touches memory before griddepcontrol.wait -- the LL kernels do their
     first batch's index math before it), tools/ag_micro.cu (the 2-GPU A/B harness), its
-    clock64 trace variant (tools/ag_trace_patch.py, whose markers a refactor could remove) and
-    tools/p2p_ceiling.cu (the raw NVLink transfer rates)."""
+    clock64 trace variants (tools/ag_trace_patch.py and tools/ag_pipe_trace_patch.py, whose
+    markers a refactor could remove) and tools/p2p_ceiling.cu (the raw NVLink transfer rates)."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
@@ -402,6 +402,13 @@ def test_comm_header_tools_compile_and_pdl_order(tmp_path):
     r = subprocess.run([nvcc, *flags, "-o", str(tmp_path / "pc"),
                         str(root / "tools/p2p_ceiling.cu")], capture_output=True, text=True,
                        timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = subprocess.run([sys.executable, str(root / "tools/ag_pipe_trace_patch.py"),
+                        str(tmp_path / "pt")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([nvcc, *flags, "-DTS_PIPE_TRACE", "-I" + str(tmp_path / "pt"), "-o",
+                        str(tmp_path / "mp"), str(root / "tools/ag_micro.cu")],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
 
 

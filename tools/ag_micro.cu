@@ -10,7 +10,8 @@
 //     mode: ll (6-byte packets), ll4, flag, or a number (raw kAgFlag* bits)
 // Prints one line per T: "mode elt H T blocks us_per_call(median) min max ok". Built with
 // -DTS_AG_TRACE against the header copy of tools/ag_trace_patch.py it also prints the LL kernels'
-// phase durations (bench/results/h200/comm_micro_trace_s23.csv).
+// phase durations (bench/results/h200/comm_micro_trace_s23.csv); built with -DTS_PIPE_TRACE
+// against that of tools/ag_pipe_trace_patch.py, the pipelined flag kernel's per-round stamps.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -236,6 +237,30 @@ int main(int argc, char** argv) {
                "recv %.0f|%.0f  slowest-thread %.0f|%.0f\n",
                d, a[0] * ns, mx[0] * ns, a[1] * ns, mx[1] * ns, a[2] * ns, mx[2] * ns,
                a[3] * ns, mx[3] * ns);
+      }
+    }
+#endif
+#ifdef TS_PIPE_TRACE
+    {  // the pipelined flag kernel's per-round stamps of CTA 0 (tools/ag_pipe_trace_patch.py)
+      int khz = 0;
+      CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+      const double ns = 1e6 / khz;
+      for (int d = 0; d < W; ++d) {
+        CK(cudaSetDevice(d));
+        static long long tr[64][16][6];
+        CK(cudaMemcpyFromSymbol(tr, g_ptrace, sizeof(tr)));
+        printf("  pipe trace dev%d, CTA 0, ns after the wait: round: pushed | release start -> "
+               "done | flag seen | copy-out start -> done\n", d);
+        for (int k = 0; k < 16; ++k) {
+          double a[6] = {0, 0, 0, 0, 0, 0};
+          for (int e = 0; e < 64; ++e)
+            for (int j = 0; j < 6; ++j) a[j] += tr[e][k][j] / 64.0;
+          if (a[0] == 0 && a[4] == 0) break;
+          printf("    %2d: %8.0f | %8.0f -> %8.0f | %8.0f | %8.0f -> %8.0f\n", k, a[0] * ns,
+                 a[1] * ns, a[2] * ns, a[3] * ns, a[4] * ns, a[5] * ns);
+        }
+        static const long long zero[64][16][6] = {};
+        CK(cudaMemcpyToSymbol(g_ptrace, zero, sizeof(zero)));  // the next T starts clean
       }
     }
 #endif
