@@ -422,7 +422,8 @@ static int bad = 0;
 static void check(uint32_t n, int g, uint32_t max_span, bool mark) {
   const uint32_t span = detail::piece_span(n, g, max_span);
   REQ(span >= 1 && span <= max_span, "span %u n %u g %d\n", span, n, g);
-  const uint64_t want_rounds = n ? (uint64_t(n) + uint64_t(g) * max_span - 1) / (uint64_t(g) * max_span) : 0;
+  const uint64_t gm = uint64_t(g) * max_span;
+  const uint64_t want_rounds = n ? (uint64_t(n) + gm - 1) / gm : 0;
   uint64_t pieces = 0, max_r = 0;
   std::vector<unsigned char> seen(mark ? n : 0, 0);
   for (int b = 0; b < g; ++b) {
@@ -441,7 +442,8 @@ static void check(uint32_t n, int g, uint32_t max_span, bool mark) {
   REQ(max_r == want_rounds, "max rounds %llu want %llu n %u g %d\n", (unsigned long long)max_r,
       (unsigned long long)want_rounds, n, g);
   REQ(pieces == (uint64_t(n) + span - 1) / span, "pieces n %u g %d\n", n, g);
-  for (uint32_t i = 0; i < seen.size(); ++i) REQ(seen[i] == 1, "vector %u covered %d times n %u g %d\n", i, seen[i], n, g);
+  for (uint32_t i = 0; i < seen.size(); ++i)
+    REQ(seen[i] == 1, "vector %u covered %d times n %u g %d\n", i, seen[i], n, g);
 }
 int main() {
   const int gs[] = {1, 2, 3, 7, 38, 56, 75, 132, 255, 256};

@@ -5,7 +5,7 @@
 // all-gather's layout, both GPUs at once (bidirectional, like the all-gather) or GPU 0 only:
 //
 //   ce      one cudaMemcpy2DAsync per call (copy engine, peer write, row pitch 2w)
-//   push    SM kernel: each thread loads U 16-byte vectors of x, stores them to the peer (st.global)
+//   push    SM kernel: each thread loads U 16-byte vectors of x and stores them to the peer
 //   push2   push, and each vector also stored to the own output (what the flag kernel does)
 //   pull    SM kernel: loads the peer's x over NVLink, stores into the own buffer
 //   pushc, push2c, pullc: the same, but CTA b moves one contiguous 1/G of the slice (the

@@ -17,9 +17,10 @@ Method (comm-specific; the single-GPU helper in bench/timing.py has no cross-ran
 * every provider's output is checked bit-exact against ``torch.distributed.all_gather`` + cat on
   every rank before it is timed; a provider that fails (on any rank) is reported, never timed;
 * a sample = one CUDA-graph replay of N back-to-back calls (N so that a sample is ~400 us,
-  1..128; the skew between the ranks' starts is spread over N calls), preceded on the stream by a one-element NCCL all-reduce so that every rank's GPU
-  starts the sample at (nearly) the same time; CUDA events around the replay; per-call time =
-  event time / N. Eager samples (same N calls issued from Python) are reported separately;
+  1..128: the skew between the ranks' starts is spread over N calls), preceded on the stream by
+  a one-element NCCL all-reduce so that every rank's GPU starts the sample at (nearly) the same
+  time; CUDA events around the replay; per-call time = event time / N. Eager samples (same N
+  calls issued from Python) are reported separately;
 * per sample the time is the MAX over ranks (a collective is as slow as its slowest rank);
   median and p20 / p80 over the samples;
 * floor = incoming bytes per GPU / 450 GB/s (NVLink per direction), incoming bytes =
@@ -368,7 +369,7 @@ def _bench_rank(opts: Dict) -> int:
                     # ---- time ----
                     # N calls per sample, ~400 us. The ranks leave the aligning all-reduce some
                     # us apart and that skew lands on the sample's first calls: with N <= 32
-                    # (until 6797ec7) the LL-PDL medians at T <= 32 moved by up to 0.6 us
+                    # (until 6797ec7) the LL-PDL medians at T <= 32 moved by up to 0.85 us
                     # between runs whose LL kernels had identical SASS (COMM.md).
                     est = max(1.0, floor_us * 1.5 + 3.0)
                     n = max(1, min(128, int(400.0 / est)))
