@@ -388,29 +388,19 @@ def test_comm_header_tools_compile_and_pdl_order(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "before ACQBULK" in r.stdout and "PDL order check FAILED" not in r.stdout
     flags = ["-std=c++17", "-O3", "-arch=sm_90a"]
-    r = subprocess.run([nvcc, *flags, "-I" + str(root / "csrc/comm"), "-o", str(tmp_path / "m"),
-                        str(root / "tools/ag_micro.cu")], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    r = subprocess.run([sys.executable, str(root / "tools/ag_trace_patch.py"),
-                        str(tmp_path / "tr")], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([nvcc, *flags, "-DTS_AG_TRACE", "-I" + str(tmp_path / "tr"), "-o",
-                        str(tmp_path / "mt"), str(root / "tools/ag_micro.cu")],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    r = subprocess.run([nvcc, *flags, "-o", str(tmp_path / "pc"),
-                        str(root / "tools/p2p_ceiling.cu")], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    r = subprocess.run([sys.executable, str(root / "tools/ag_pipe_trace_patch.py"),
-                        str(tmp_path / "pt")], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([nvcc, *flags, "-DTS_PIPE_TRACE", "-I" + str(tmp_path / "pt"), "-o",
-                        str(tmp_path / "mp"), str(root / "tools/ag_micro.cu")],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
 
+    def ok(*cmd, timeout=600):
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+    micro = root / "tools/ag_micro.cu"
+    ok(nvcc, *flags, "-I" + str(root / "csrc/comm"), "-o", tmp_path / "m", micro)
+    ok(nvcc, *flags, "-o", tmp_path / "pc", root / "tools/p2p_ceiling.cu")
+    for patch, macro in (("ag_trace_patch.py", "TS_AG_TRACE"),
+                         ("ag_pipe_trace_patch.py", "TS_PIPE_TRACE")):
+        ok(sys.executable, root / "tools" / patch, tmp_path / macro, timeout=60)
+        ok(nvcc, *flags, "-D" + macro, "-I" + str(tmp_path / macro), "-o",
+           tmp_path / (macro + ".bin"), micro)
 
 _PIECES_CHECK = r"""
 #include <cstdio>
