@@ -22,17 +22,9 @@
 #include <vector>
 
 #include "all_gather_hidden.cuh"
+#include "graph_timing.cuh"
 
 using namespace tokenspeed_kernel::comm;
-
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(2);                                                                       \
-    }                                                                                \
-  } while (0)
 
 static std::vector<int> parse_list(const char* s) {
   std::vector<int> v;
@@ -175,42 +167,13 @@ int main(int argc, char** argv) {
     cudaGraphExec_t ge[W];
     for (int d = 0; d < W; ++d) {
       CK(cudaSetDevice(d));
-      cudaGraph_t g;
-      CK(cudaStreamBeginCapture(st[d], cudaStreamCaptureModeThreadLocal));
-      for (int c = 0; c < calls; ++c) CK(launch_all_gather_hidden(params(d, T, c % nout), st[d]));
-      CK(cudaStreamEndCapture(st[d], &g));
-      CK(cudaGraphInstantiate(&ge[d], g, 0));
-      CK(cudaGraphDestroy(g));
+      ge[d] = capture_calls(st[d], calls, [&](int c) {
+        CK(launch_all_gather_hidden(params(d, T, c % nout), st[d]));
+      });
     }
-    std::vector<double> us;
-    for (int r = 0; r < reps + 1; ++r) {
-      cudaEvent_t e0[W], e1[W];
-      for (int d = 0; d < W; ++d) {
-        CK(cudaSetDevice(d));
-        CK(cudaEventCreate(&e0[d]));
-        CK(cudaEventCreate(&e1[d]));
-      }
-      for (int d = 0; d < W; ++d) {
-        CK(cudaSetDevice(d));
-        CK(cudaEventRecord(e0[d], st[d]));
-        CK(cudaGraphLaunch(ge[d], st[d]));
-        CK(cudaEventRecord(e1[d], st[d]));
-      }
-      double worst = 0;
-      for (int d = 0; d < W; ++d) {
-        CK(cudaSetDevice(d));
-        CK(cudaEventSynchronize(e1[d]));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0[d], e1[d]));
-        worst = std::max(worst, double(ms) * 1000.0 / calls);
-        CK(cudaEventDestroy(e0[d]));
-        CK(cudaEventDestroy(e1[d]));
-      }
-      if (r > 0) us.push_back(worst);  // first replay: warm-up
-    }
+    const std::vector<double> us = replay_us(ge, st, W, calls, reps);
     for (int d = 0; d < W; ++d) {
       CK(cudaSetDevice(d));
-      CK(cudaGraphExecDestroy(ge[d]));
       int64_t err = 0;
       CK(cudaMemcpy(&err, state[d] + kAgStateErr, 8, cudaMemcpyDeviceToHost));
       if (err) ok = false;
@@ -264,7 +227,6 @@ int main(int argc, char** argv) {
       }
     }
 #endif
-    std::sort(us.begin(), us.end());
     printf("%s elt=%d H=%d T=%d pdl=%d blocks=%d us=%.3f min=%.3f max=%.3f %s\n", mode.c_str(), elt,
            H, T, pdl, params(0, T, 0).num_blocks, us[us.size() / 2], us.front(), us.back(),
            ok ? "ok" : "MISMATCH");

@@ -11,19 +11,7 @@ the release of round k's flag, [2] the release returned (its fence is done), [3]
 round-k flag was seen, [4] data warp 1 passed the barrier that hands it round k for copy-out,
 [5] it finished copying round k out. ag_micro prints the means over the last 64 calls.
 """
-import sys
-from pathlib import Path
-
-src = (Path(__file__).resolve().parents[1] / "csrc/comm/all_gather_hidden.cuh").read_text()
-lines = src.split("\n")
-
-
-def find(s, start=0):
-    for i in range(start, len(lines)):
-        if s in lines[i]:
-            return i
-    raise SystemExit(f"marker not found: {s!r}")
-
+from ag_trace_patch import find, write_patched  # same folder: on sys.path when run as a script
 
 REC = ("if (blockIdx.x == 0 && {cond} && ({k}) < 16u) "
        "g_ptrace[epoch % 64][{k}][{j}] = clock64() - tp0;")
@@ -46,12 +34,4 @@ ins[bs + 1] = ["      " + REC.format(cond="dt == 0", k="k - 1", j=5)]
 bs = find("detail::bar_sync(3 + ((nrounds - 1) & 1), kAgThreads);", bs)
 ins[bs] = ["    " + REC.format(cond="dt == 0", k="nrounds - 1", j=4)]
 ins[bs + 1] = ["    " + REC.format(cond="dt == 0", k="nrounds - 1", j=5)]
-out = []
-for i, line in enumerate(lines):
-    out.extend(before.get(i, []))
-    out.append(line)
-    out.extend(ins.get(i, []))
-dst = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/pt")
-dst.mkdir(parents=True, exist_ok=True)
-(dst / "all_gather_hidden.cuh").write_text("\n".join(out))
-print(dst / "all_gather_hidden.cuh")
+write_patched(ins, before, "/tmp/pt")

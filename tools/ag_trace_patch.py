@@ -12,40 +12,54 @@ CTAs, in ns at the SM's nominal clock.
 import sys
 from pathlib import Path
 
-src = (Path(__file__).resolve().parents[1] / "csrc/comm/all_gather_hidden.cuh").read_text()
-lines = src.split("\n")
+HEADER = Path(__file__).resolve().parents[1] / "csrc/comm/all_gather_hidden.cuh"
+lines = HEADER.read_text().split("\n")
 
 
 def find(s, start=0):
+    """Index of the first line from `start` on that contains `s` (exits if there is none)."""
     for i in range(start, len(lines)):
         if s in lines[i]:
             return i
     raise SystemExit(f"marker not found: {s!r}")
 
 
-ins = {find("namespace tokenspeed_kernel::comm {"): ["__device__ long long g_trace[64][256][4];"]}
-for kname in ("all_gather_hidden_ll_kernel(", "all_gather_hidden_ll4_kernel("):
-    k = find(kname)
-    pe = find("detail::pdl_enter();", k)
-    adv = find("if (tid == 0) detail::advance_seq(p, epoch);", k)
-    e = find("bool ok = true;", adv)
-    while lines[e] != "}":
-        e += 1
-    ins[find("const int b = blockIdx.x;", k)] = [
-        "  long long tc0 = clock64(); __shared__ unsigned long long s_tmax;"
-        " if (threadIdx.x == 0) s_tmax = 0;"]
-    ins[pe] = ["  long long tc1 = clock64();"]
-    ins.setdefault(adv - 1, []).append("  long long tc2 = clock64();")
-    ins.setdefault(e - 1, []).extend([
-        "  { long long tc3 = clock64(); atomicMax(&s_tmax, (unsigned long long)(tc3 - tc1));"
-        " __syncthreads();",
-        "    if (threadIdx.x == 0) { long long* g = g_trace[epoch % 64][blockIdx.x];"
-        " g[0] = tc1 - tc0; g[1] = tc2 - tc1; g[2] = tc3 - tc2; g[3] = (long long)s_tmax; } }"])
-out = []
-for i, line in enumerate(lines):
-    out.append(line)
-    out.extend(ins.get(i, []))
-dst = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tr")
-dst.mkdir(parents=True, exist_ok=True)
-(dst / "all_gather_hidden.cuh").write_text("\n".join(out))
-print(dst / "all_gather_hidden.cuh")
+def write_patched(ins, before, default_dst):
+    """Writes the header with before[i] inserted above and ins[i] below line i into the folder
+    argv[1] (else default_dst) and prints the path."""
+    out = []
+    for i, line in enumerate(lines):
+        out.extend(before.get(i, []))
+        out.append(line)
+        out.extend(ins.get(i, []))
+    dst = Path(sys.argv[1] if len(sys.argv) > 1 else default_dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "all_gather_hidden.cuh").write_text("\n".join(out))
+    print(dst / "all_gather_hidden.cuh")
+
+
+def main():
+    ins = {find("namespace tokenspeed_kernel::comm {"):
+           ["__device__ long long g_trace[64][256][4];"]}
+    for kname in ("all_gather_hidden_ll_kernel(", "all_gather_hidden_ll4_kernel("):
+        k = find(kname)
+        pe = find("detail::pdl_enter();", k)
+        adv = find("if (tid == 0) detail::advance_seq(p, epoch);", k)
+        e = find("bool ok = true;", adv)
+        while lines[e] != "}":
+            e += 1
+        ins[find("const int b = blockIdx.x;", k)] = [
+            "  long long tc0 = clock64(); __shared__ unsigned long long s_tmax;"
+            " if (threadIdx.x == 0) s_tmax = 0;"]
+        ins[pe] = ["  long long tc1 = clock64();"]
+        ins.setdefault(adv - 1, []).append("  long long tc2 = clock64();")
+        ins.setdefault(e - 1, []).extend([
+            "  { long long tc3 = clock64(); atomicMax(&s_tmax, (unsigned long long)(tc3 - tc1));"
+            " __syncthreads();",
+            "    if (threadIdx.x == 0) { long long* g = g_trace[epoch % 64][blockIdx.x];"
+            " g[0] = tc1 - tc0; g[1] = tc2 - tc1; g[2] = tc3 - tc2; g[3] = (long long)s_tmax; } }"])
+    write_patched(ins, {}, "/tmp/tr")
+
+
+if __name__ == "__main__":
+    main()

@@ -28,14 +28,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(2);                                                                           \
-    }                                                                                    \
-  } while (0)
+#include "graph_timing.cuh"
 
 // mode 0: push, 1: push + own output, 2: pull (src is the peer's x, dst the own buffer)
 template <int U>
@@ -185,41 +178,9 @@ int main(int argc, char** argv) {
       cudaGraphExec_t ge[W];
       for (int d = 0; d < dirs; ++d) {
         CK(cudaSetDevice(d));
-        cudaGraph_t g;
-        CK(cudaStreamBeginCapture(st[d], cudaStreamCaptureModeThreadLocal));
-        for (int k = 0; k < calls; ++k) enqueue(c, d);
-        CK(cudaStreamEndCapture(st[d], &g));
-        CK(cudaGraphInstantiate(&ge[d], g, 0));
-        CK(cudaGraphDestroy(g));
+        ge[d] = capture_calls(st[d], calls, [&](int) { enqueue(c, d); });
       }
-      std::vector<double> us;
-      for (int r = 0; r < reps + 1; ++r) {
-        cudaEvent_t e0[W], e1[W];
-        for (int d = 0; d < dirs; ++d) {
-          CK(cudaSetDevice(d));
-          CK(cudaEventCreate(&e0[d]));
-          CK(cudaEventCreate(&e1[d]));
-          CK(cudaEventRecord(e0[d], st[d]));
-          CK(cudaGraphLaunch(ge[d], st[d]));
-          CK(cudaEventRecord(e1[d], st[d]));
-        }
-        double worst = 0;
-        for (int d = 0; d < dirs; ++d) {
-          CK(cudaSetDevice(d));
-          CK(cudaEventSynchronize(e1[d]));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, e0[d], e1[d]));
-          worst = std::max(worst, double(ms) * 1000.0 / calls);
-          CK(cudaEventDestroy(e0[d]));
-          CK(cudaEventDestroy(e1[d]));
-        }
-        if (r > 0) us.push_back(worst);
-      }
-      for (int d = 0; d < dirs; ++d) {
-        CK(cudaSetDevice(d));
-        CK(cudaGraphExecDestroy(ge[d]));
-      }
-      std::sort(us.begin(), us.end());
+      const std::vector<double> us = replay_us(ge, st, dirs, calls, reps);
       const double med = us[us.size() / 2];
       printf("%s,%d,%d,%d,%d,%.2f,%.1f,%d\n", c.mode.c_str(), dirs, c.blocks, c.threads, c.U, med,
              slice / med / 1e3, int(ok));

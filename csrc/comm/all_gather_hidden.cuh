@@ -319,7 +319,7 @@ __device__ __forceinline__ void load_x_batch(const AllGatherHiddenParams& p, uin
 
 // Copies CTA b's pieces of source s's columns (piece_span) from the local gather buffer to the
 // caller's output.
-__device__ __forceinline__ void copy_out_chunk(const AllGatherHiddenParams& p, int s,
+__device__ __forceinline__ void copy_out_pieces(const AllGatherHiddenParams& p, int s,
                                                int64_t buf_off) {
   const uint32_t col0 = static_cast<uint32_t>(p.col_vec[s]);
   const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
@@ -611,7 +611,7 @@ __global__ void __launch_bounds__(kAgThreads)
     if (!s_fail && !view) {
 #pragma unroll
       for (int s = 0; s < kW; ++s) {  // (my own slice is already there, unless multimem)
-        if (s < p.world && (kMultimem || s != p.rank)) detail::copy_out_chunk(p, s, buf_off);
+        if (s < p.world && (kMultimem || s != p.rank)) detail::copy_out_pieces(p, s, buf_off);
       }
     }
   }
@@ -1102,7 +1102,9 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
   if (p.world < 1 || p.world > kAgMaxRanks || p.rank < 0 || p.rank >= p.world ||
       p.num_blocks < 1 || p.num_blocks > kAgMaxBlocks || p.rows < 0 || p.state == nullptr)
     return cudaErrorInvalidValue;
-  for (int s = 0; s < p.world; ++s)  // vector indices of a slice are 32-bit (piece_span)
+  // Vector indices of a slice are 32-bit (piece_span). comm_ops.cu refuses such calls with a named
+  // error (the whole output < 2^31 vectors); this guards direct callers such as tools/ag_micro.cu.
+  for (int s = 0; s < p.world; ++s)
     if (int64_t(p.rows) * (p.col_vec[s + 1] - p.col_vec[s]) >= (int64_t(1) << 31))
       return cudaErrorInvalidValue;
   const bool view = (p.flags & kAgFlagView) != 0;

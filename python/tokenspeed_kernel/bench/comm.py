@@ -367,10 +367,10 @@ def _bench_rank(opts: Dict) -> int:
                         continue
                     row["verified"] = "bit-exact"
                     # ---- time ----
-                    # N calls per sample, ~400 us. The ranks leave the aligning all-reduce some
-                    # us apart and that skew lands on the sample's first calls: with N <= 32
-                    # (until 6797ec7) the LL-PDL medians at T <= 32 moved by up to 0.85 us
-                    # between runs whose LL kernels had identical SASS (COMM.md).
+                    # N calls per sample, ~400 us. The ranks presumably leave the aligning
+                    # all-reduce some us apart, a skew that lands on a sample's first calls: with
+                    # N <= 32 (until 6797ec7) the LL-PDL medians at T <= 32 moved by up to
+                    # 0.85 us between runs whose LL kernels had identical SASS (COMM.md).
                     est = max(1.0, floor_us * 1.5 + 3.0)
                     n = max(1, min(128, int(400.0 / est)))
                     outs = [torch.empty((T, H), dtype=dtype, device=device) for _ in range(n)]
