@@ -577,6 +577,8 @@ def test_bench_comm_options_and_writers(tmp_path):
     # T = 1 picks LL: NCCL (5 + 5 + 1 us) over LL (5 + 0 + 1) and over LL with PDL (5 + 2 + 1)
     assert "| ll | 1.83× | 1.38× |" in md
     assert "Skipped (time budget): bf16/H=7168/T=512" in md
+    assert bc.stem_for(2) == "comm_all_gather_hidden"
+    assert bc.stem_for(4) == "comm_all_gather_hidden_tp4" and bc.stem_for(8).endswith("_tp8")
     png = bc._plot(rows, tmp_path / "c.png", 2)
     assert png is None or (tmp_path / "c.png").stat().st_size > 0
 

@@ -33,8 +33,9 @@ Launch (>= 2 GPUs):
     python -m tokenspeed_kernel.bench.comm [--nproc 2] [--quick]
     torchrun --nproc-per-node 2 -m tokenspeed_kernel.bench.comm [--quick]
 
-Results: ``<out>/<gpu>/comm_all_gather_hidden.{csv,md,png}`` (``<out>`` defaults to the
-repository's ``bench/results``), with GPU name, torch / triton versions and git sha.
+Results: ``<out>/<gpu>/comm_all_gather_hidden.{csv,md,png}`` for 2 ranks,
+``comm_all_gather_hidden_tp<N>.*`` for N ranks (``<out>`` defaults to the repository's
+``bench/results``), with GPU name, torch / triton versions and git sha.
 """
 from __future__ import annotations
 
@@ -62,6 +63,12 @@ BACKEND_OF = {"p2p-cuda-ll": ("cuda", "ll", False), "p2p-cuda-flag": ("cuda", "f
               "p2p-triton": ("triton", "auto", False), "nccl+permute": ("nccl", "auto", False)}
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STEM = "comm_all_gather_hidden"
+
+
+def stem_for(world: int) -> str:
+    """File stem of a run's results: ``comm_all_gather_hidden`` for 2 ranks (the main table),
+    ``comm_all_gather_hidden_tp<N>`` otherwise, so a 4- or 8-rank run never overwrites it."""
+    return STEM if world == 2 else f"{STEM}_tp{world}"
 COLUMNS = ["gpu", "world", "dtype", "T", "H", "provider", "graph_us", "graph_p20", "graph_p80",
            "eager_us", "host_us", "calls", "samples", "num_blocks", "floor_us", "pct_floor",
            "gbps_in", "verified", "note", "torch", "triton", "cuda", "git_sha", "date"]
@@ -405,11 +412,12 @@ def _bench_rank(opts: Dict) -> int:
         torch.cuda.empty_cache()
     if rank == 0:
         out_dir = report.results_dir(opts.get("out"), env["gpu_short"])
-        _write_csv(out_dir / f"{STEM}.csv", rows)
-        (out_dir / f"{STEM}.md").write_text(_markdown(rows, env, world, skipped))
-        png = None if opts.get("no_plot") else _plot(rows, out_dir / f"{STEM}.png", world)
+        stem = stem_for(world)
+        _write_csv(out_dir / f"{stem}.csv", rows)
+        (out_dir / f"{stem}.md").write_text(_markdown(rows, env, world, skipped))
+        png = None if opts.get("no_plot") else _plot(rows, out_dir / f"{stem}.png", world)
         print(_markdown(rows, env, world, skipped))
-        say(f"wrote {out_dir / (STEM + '.csv')}, .md" + (", .png" if png else ""))
+        say(f"wrote {out_dir / (stem + '.csv')}, .md" + (", .png" if png else ""))
     return 1 if failed else 0
 
 
