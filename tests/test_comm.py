@@ -179,6 +179,18 @@ def test_select_backend_auto_policy():
     assert oc.select_backend(_fake_comm(multimem=True), 1, 7168) == "cuda"  # never auto
 
 
+def test_default_ll_crossover_by_world_size():
+    # measured: 2 ranks 4.5 MiB, 4 ranks 1.75 MiB (docs/COMM.md); > 4 ranks unmeasured, small
+    d = [oc.default_ll_max_bytes(w) for w in range(1, 17)]
+    assert d[0] == d[1] == oc.DEFAULT_LL_MAX_BYTES == 9 << 19
+    assert d[2] == d[3] == oc.DEFAULT_LL_MAX_BYTES_4 == 7 << 18
+    assert all(v == oc.DEFAULT_LL_MAX_BYTES_MULTI for v in d[4:])
+    assert all(a >= b for a, b in zip(d, d[1:]))            # never grows with the group
+    # bf16 H = 7168, T = 128 (1.75 MiB, the measured tie) is LL on 4 ranks, T = 160 is flag
+    c = _fake_comm(world_size=4, ll_max_bytes=oc.default_ll_max_bytes(4))
+    assert oc.cuda_protocol(c, 128, 7168) == "ll" and oc.cuda_protocol(c, 160, 7168) == "flag"
+
+
 def test_cuda_protocol_policy():
     c = _fake_comm(ll_max_bytes=1 << 20)
     assert oc.cuda_protocol(c, 1, 7168) == "ll"

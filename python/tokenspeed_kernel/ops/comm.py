@@ -93,8 +93,16 @@ DEFAULT_TIMEOUT_MS = 30_000
 # from 5.5 MB (13.53 vs 13.42; 6.1 MB: 14.88 vs 14.47). Crossover set between the last win
 # and the tie.
 DEFAULT_LL_MAX_BYTES = 9 << 19          # 2 ranks: 4.5 MiB
-# > 2 ranks: 4x H200 (4-byte packets, side by side): LL won at 14 KB and lost at 115 KB. Not
-# re-measured since the 6-byte packets (no 4-GPU machine lent).
+# 3-4 ranks: 4x H200, d3331c0 (tools/comm_sweep.py --nproc 4, bench/results/h200/
+# comm_sweep_tp4.csv; LL at the library's packing vs flag, us): H = 7168 bf16 LL wins up to
+# 1.38 MB (10.20 vs 10.88), ties at 1.84 MB (12.53 vs 12.50; the bench: 12.3 vs 12.8) and loses
+# at 2.29 MB (14.85 vs 14.28); a bf16 vocab row wins at 1.82 MB (12.48 vs 12.69) and loses at
+# 2.43 MB (15.39 vs 14.66); fp32 ties at 1.82 MB (12.47 vs 12.48). Crossover set at the tie.
+# (The first LL kernel, 4-byte packets side by side, lost from 115 KB on 4 ranks: 16 KiB then.)
+DEFAULT_LL_MAX_BYTES_4 = 7 << 18        # 3-4 ranks: 1.75 MiB
+# > 4 ranks: not measured (no 8-GPU machine lent). Each rank stores world - 1 stamped copies, and
+# the crossover fell from 4.5 MiB (2 ranks) to 1.75 MiB (4); 16 KiB keeps LL to the sizes where
+# one latency-bound round trip is all there is, until a run at 8 ranks sets it.
 DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10
 # Output bytes up to which an LL call uses the 4-byte-packet kernel instead of the 6-byte one.
 # Until 8255459 the 6-byte kernel lost up to ~600 KB (2x H100 with PDL: 3.32 vs 2.75 us at 14 KB):
@@ -108,7 +116,9 @@ def default_ll_max_bytes(world_size: int) -> int:
     """The default LL crossover / capacity (output bytes) for a group of ``world_size`` ranks:
     each rank stores world - 1 stamped copies (2 wire bytes per payload byte), so LL pays off
     only for smaller outputs as the group grows (docs/COMM.md, measured crossovers)."""
-    return DEFAULT_LL_MAX_BYTES if world_size <= 2 else DEFAULT_LL_MAX_BYTES_MULTI
+    if world_size <= 2:
+        return DEFAULT_LL_MAX_BYTES
+    return DEFAULT_LL_MAX_BYTES_4 if world_size <= 4 else DEFAULT_LL_MAX_BYTES_MULTI
 
 
 class CommError(RuntimeError):
@@ -298,7 +308,7 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     ll_max_bytes : output bytes (T * H * element size) up to which the CUDA backend's ``auto``
         protocol is LL (see ``cuda_protocol``); also the capacity of ``protocol="ll"``. 0
         disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (4.5 MiB for 2 ranks,
-        16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)``
+        1.75 MiB for 3-4, 16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)``
         + 2 KiB bytes of symmetric memory. Agreed as the MIN over ranks.
     enable_pdl : default of the calls' ``enable_pdl`` (CUDA backend, sm_90+): launch the push
         kernel with programmatic dependent launch, so that it is scheduled while the previous
