@@ -733,3 +733,42 @@ def test_host_overhead_tool_runs():
     assert len(lines) == 6, r.stdout
     for ln in lines:
         assert float(ln.split()[-2]) > 0, ln
+
+
+def test_comm_scaling_tool_renders(tmp_path):
+    """tools/comm_scaling.py (issue 5's scaling table): reads bench CSVs of two world sizes and a
+    p2p_ceiling output, picks `auto` at the library default, and reports flag ÷ raw push."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "comm_scaling", Path(__file__).resolve().parents[1] / "tools" / "comm_scaling.py")
+    cs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cs)
+    from tokenspeed_kernel.bench import comm as bc
+    paths = []
+    for world in (2, 4):
+        rows = []
+        for T in (8, 512):
+            floor = T * 151936 * 2 * (world - 1) / world / (bc.NVLINK_GBPS * 1e3)
+            for prov, us in (("p2p-cuda-ll", 10.0 * world), ("p2p-cuda-flag", 2.0 * floor),
+                             ("nccl+permute", 4.0 * floor)):
+                rows.append({"gpu": "NVIDIA Test", "world": world, "dtype": "bf16", "T": T,
+                             "H": 151936, "provider": prov, "graph_us": us, "floor_us": floor,
+                             "git_sha": "0123456789", "date": "2026-01-01T00:00:00Z"})
+        paths.append(str(tmp_path / f"tp{world}.csv"))
+        bc._write_csv(Path(paths[-1]), rows)
+    ceil = tmp_path / "pc.csv"
+    ceil.write_text("# 4 GPUs, 303872-byte rows, T=512: 38.90 MB per slice, ...\n"
+                    "mode,dirs,blocks,threads,U,us_per_call,GBps_per_dir,ok\n"
+                    "ce,4,0,0,0,400.0,1,1\npush2,4,132,512,2,350.0,1,1\n"
+                    "push2,4,264,512,2,345.0,1,1\npush2,1,132,512,2,100.0,1,1\n"
+                    "push2,4,264,512,8,1.0,1,0\n")   # failed check: ignored
+    assert cs.read_ceiling(str(ceil)) == {(4, 303872, 512): 345.0}
+    bench, meta = cs.read_bench(paths)
+    md, rows = cs.render(bench, meta, cs.read_ceiling(str(ceil)))
+    r = {(x["world"], x["T"]): x for x in rows}
+    # T = 8 (2.4 MB): LL on 2 ranks (<= 4.5 MiB), flag on 4 (> 1.75 MiB)
+    assert r[(2, 8)]["pick"] == "ll" and r[(4, 8)]["pick"] == "flag"
+    assert r[(4, 512)]["raw"] == 345.0 and r[(2, 512)]["raw"] is None
+    fl = r[(4, 512)]["floor"]
+    assert f"{345.0 / (2 * fl):.2f} |" in md and "| 512 | 4 |" in md and "2.00×" in md
+    assert cs.plot(rows, tmp_path / "s.png") is None or (tmp_path / "s.png").stat().st_size > 0
