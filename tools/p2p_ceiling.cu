@@ -44,6 +44,22 @@ struct Peers {
   int n;  // peers
 };
 
+// Loads the U vectors i = base + u * blockDim.x (< n) of s, with their row t and column c;
+// kNc: through the non-coherent path (the push's own x), else plain loads (the pull's peer x).
+template <int U, bool kNc>
+__device__ __forceinline__ void load_u(const uint4* s, uint32_t base, uint32_t n, uint32_t wv,
+                                       uint4 (&v)[U], uint32_t (&t)[U], uint32_t (&c)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint32_t i = base + u * blockDim.x;
+    if (i < n) {
+      t[u] = i / wv;
+      c[u] = i - t[u] * wv;
+      v[u] = kNc ? __ldg(s + i) : s[i];
+    }
+  }
+}
+
 // mode 0: push, 1: push + own output, 2: pull (from every peer's x into the own buffer)
 template <int U>
 __global__ void move_kernel(const uint4* __restrict__ src, Peers peers, uint4* __restrict__ own,
@@ -62,15 +78,7 @@ __global__ void move_kernel(const uint4* __restrict__ src, Peers peers, uint4* _
       for (int k = 0; k < peers.n; ++k) {
         uint4 v[U];
         uint32_t t[U], c[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const uint32_t i = base + u * blockDim.x;
-          if (i < n) {
-            t[u] = i / wv;
-            c[u] = i - t[u] * wv;
-            v[u] = peers.s[k][i];
-          }
-        }
+        load_u<U, false>(peers.s[k], base, n, wv, v, t, c);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const uint32_t i = base + u * blockDim.x;
@@ -81,15 +89,7 @@ __global__ void move_kernel(const uint4* __restrict__ src, Peers peers, uint4* _
     }
     uint4 v[U];
     uint32_t t[U], c[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const uint32_t i = base + u * blockDim.x;
-      if (i < n) {
-        t[u] = i / wv;
-        c[u] = i - t[u] * wv;
-        v[u] = src[i];
-      }
-    }
+    load_u<U, true>(src, base, n, wv, v, t, c);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const uint32_t i = base + u * blockDim.x;
