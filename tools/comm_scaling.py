@@ -11,8 +11,8 @@ headers). Not part of the library.
 
 Per shape and world size: floor (incoming bytes per rank / 450 GB/s, the bench's), the flag
 protocol and what ``auto`` picks (LL or flag at the library default), NCCL + permute, their ratio,
-and where measured the raw SM push (``push2``, every GPU sending, the fastest configuration) with
-the flag protocol's share of it.
+and where measured the raw SM push (``push2``, every GPU sending, the fastest configuration over
+the file's runs) with the flag protocol's share of it.
 """
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from tokenspeed_kernel.ops.comm import default_ll_max_bytes  # noqa: E402  (CPU import)
+
 ESZ = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
-def read_bench(paths: List[str]) -> Dict[Tuple, Dict[str, float]]:
-    """(world, dtype, H, T) -> {provider: graph µs, 'floor': µs, 'auto': µs, 'auto_proto': ..}"""
+def read_bench(paths: List[str]) -> Tuple[Dict[Tuple, Dict[str, float]], Dict[int, Tuple]]:
+    """(world, dtype, H, T) -> {provider: graph µs, 'floor': floor µs}, and per world the
+    (gpu, git sha, date) of its run."""
     out: Dict[Tuple, Dict] = defaultdict(dict)
     meta = {}
     for p in paths:
@@ -43,7 +47,8 @@ def read_bench(paths: List[str]) -> Dict[Tuple, Dict[str, float]]:
 
 
 def read_ceiling(path: Optional[str]) -> Dict[Tuple, float]:
-    """(world, row bytes, T) -> best push2 µs with every GPU sending."""
+    """(world, row bytes, T) -> the fastest checked push2 µs with every GPU sending, over every
+    block of the file (a repeat appended with its own headers counts too)."""
     best: Dict[Tuple, float] = {}
     if not path:
         return best
@@ -59,11 +64,18 @@ def read_ceiling(path: Optional[str]) -> Dict[Tuple, float]:
     return best
 
 
-def auto_of(world: int, dtype: str, H: int, T: int, provs: Dict[str, float]) -> Tuple[str, float]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-    from tokenspeed_kernel.ops.comm import default_ll_max_bytes  # CPU import, no extension
+def auto_of(world: int, dtype: str, H: int, T: int,
+            provs: Dict[str, float]) -> Tuple[str, Optional[float]]:
     proto = "ll" if T * H * ESZ[dtype] <= default_ll_max_bytes(world) else "flag"
     return proto, provs.get(f"p2p-cuda-{proto}")
+
+
+def _us(v: Optional[float]) -> str:
+    return "–" if v is None else (f"{v:.1f}" if v < 1000 else f"{v:.0f}")
+
+
+def _pct(floor: float, t: Optional[float]) -> str:
+    return "–" if not t else f"{100 * floor / t:.0f} %"
 
 
 def render(bench, meta, ceil) -> Tuple[str, List[Dict]]:
@@ -95,11 +107,12 @@ def render(bench, meta, ceil) -> Tuple[str, List[Dict]]:
                 raw = ceil.get((w, H * ESZ[dt], T))
                 rows.append(dict(dtype=dt, H=H, T=T, world=w, floor=fl, flag=flag, auto=au,
                                  pick=pick, nccl=nccl, raw=raw))
-                f = lambda v: "–" if v is None else (f"{v:.1f}" if v < 1000 else f"{v:.0f}")
                 lines.append(
-                    f"| {T} | {w} | {fl:.2f} | {f(flag)} ({100 * fl / flag:.0f} %) | {f(au)} "
-                    f"({pick}) | {f(nccl)} | {nccl / au:.2f}× | "
-                    + (f"{raw:.1f} ({100 * fl / raw:.0f} %) | {raw / flag:.2f} |" if raw else "– | – |"))
+                    f"| {T} | {w} | {fl:.2f} | {_us(flag)} ({_pct(fl, flag)}) | {_us(au)} "
+                    f"({pick}) | {_us(nccl)} | "
+                    + (f"{nccl / au:.2f}×" if nccl and au else "–") + " | "
+                    + (f"{raw:.1f} ({_pct(fl, raw)}) | " if raw else "– | ")
+                    + (f"{raw / flag:.2f} |" if raw and flag else "– |"))
         lines.append("")
     return "\n".join(lines), rows
 
@@ -117,11 +130,11 @@ def plot(rows: List[Dict], path: Path) -> Optional[Path]:
         for w, ls, mk in zip(sorted({r["world"] for r in rows}), ["-", "--", ":", "-."], "^vDP"):
             rs = sorted((r for r in rows if (r["dtype"], r["H"], r["world"]) == (dt, H, w)),
                         key=lambda r: r["T"])
-            ts = [r["T"] for r in rs]
-            ax.plot(ts, [100 * r["floor"] / r["flag"] for r in rs], "o" + ls, color="C0",
-                    label=f"flag, tp {w}")
-            ax.plot(ts, [100 * r["floor"] / r["nccl"] for r in rs], "s" + ls, color="C1",
-                    label=f"NCCL + permute, tp {w}")
+            for key, m, col, name in (("flag", "o", "C0", "flag"),
+                                      ("nccl", "s", "C1", "NCCL + permute")):
+                pts = [(r["T"], 100 * r["floor"] / r[key]) for r in rs if r[key]]
+                if pts:
+                    ax.plot(*zip(*pts), m + ls, color=col, label=f"{name}, tp {w}")
             raw = [(r["T"], 100 * r["floor"] / r["raw"]) for r in rs if r["raw"]]
             if raw:
                 ax.plot(*zip(*raw), mk, color="C2", ms=9, label=f"raw push, tp {w}")

@@ -63,15 +63,15 @@ BACKEND_OF = {"p2p-cuda-ll": ("cuda", "ll", False), "p2p-cuda-flag": ("cuda", "f
               "p2p-triton": ("triton", "auto", False), "nccl+permute": ("nccl", "auto", False)}
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STEM = "comm_all_gather_hidden"
+COLUMNS = ["gpu", "world", "dtype", "T", "H", "provider", "graph_us", "graph_p20", "graph_p80",
+           "eager_us", "host_us", "calls", "samples", "num_blocks", "floor_us", "pct_floor",
+           "gbps_in", "verified", "note", "torch", "triton", "cuda", "git_sha", "date"]
 
 
 def stem_for(world: int) -> str:
     """File stem of a run's results: ``comm_all_gather_hidden`` for 2 ranks (the main table),
     ``comm_all_gather_hidden_tp<N>`` otherwise, so a 4- or 8-rank run never overwrites it."""
     return STEM if world == 2 else f"{STEM}_tp{world}"
-COLUMNS = ["gpu", "world", "dtype", "T", "H", "provider", "graph_us", "graph_p20", "graph_p80",
-           "eager_us", "host_us", "calls", "samples", "num_blocks", "floor_us", "pct_floor",
-           "gbps_in", "verified", "note", "torch", "triton", "cuda", "git_sha", "date"]
 
 
 # ---------------------------------------------------------------------------------------------

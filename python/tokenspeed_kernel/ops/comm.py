@@ -308,8 +308,9 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     ll_max_bytes : output bytes (T * H * element size) up to which the CUDA backend's ``auto``
         protocol is LL (see ``cuda_protocol``); also the capacity of ``protocol="ll"``. 0
         disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (4.5 MiB for 2 ranks,
-        1.75 MiB for 3-4, 16 KiB for more). Costs ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt)``
-        + 2 KiB bytes of symmetric memory. Agreed as the MIN over ranks.
+        1.75 MiB for 3-4, 16 KiB for more). Costs
+        ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt) + 2 KiB`` bytes of symmetric
+        memory. Agreed as the MIN over ranks.
     enable_pdl : default of the calls' ``enable_pdl`` (CUDA backend, sm_90+): launch the push
         kernel with programmatic dependent launch, so that it is scheduled while the previous
         kernel of the stream finishes (it still waits for that kernel's completion and memory
