@@ -1,7 +1,7 @@
 """How the all-gather's P2P push scales with the group size: renders one markdown table and one
 plot from bench CSVs of the same host at different world sizes (``python -m
 tokenspeed_kernel.bench comm --nproc N``) and, optionally, the raw transfer rates of
-``tools/p2p_ceiling.cu`` on that host (its CSV output with the ``# N GPUs, R-byte rows, T=..``
+``tools/p2p_ceiling.cu`` on the same machine kind (its CSV output with the ``# N GPUs, R-byte rows, T=..``
 headers). Not part of the library.
 
     python tools/comm_scaling.py --out bench/results/h200/comm_scaling \\
@@ -90,7 +90,8 @@ def render(bench, meta, ceil) -> Tuple[str, List[Dict]]:
              "flags; auto = what `protocol=\"auto\"` picks at the library default (ll or flag); "
              "raw push = `tools/p2p_ceiling.cu` `push2` (each GPU loads its slice once and stores "
              "it to every peer and its own output, all GPUs at once, no flags), fastest "
-             "configuration; flag ÷ raw = the protocol's share of the raw rate.", ""]
+             "configuration over the ceiling file's runs, which are separate calls (see that "
+             "file's header lines); flag ÷ raw = the protocol's share of the raw rate.", ""]
     rows = []
     for dt, H in shapes:
         lines += [f"## {dt}, H = {H}", "",
