@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from tokenspeed_kernel.ops.comm import default_ll_max_bytes  # noqa: E402  (CPU import)
-
-ESZ = {"bf16": 2, "fp16": 2, "fp32": 4}
+from tokenspeed_kernel.bench.comm import ESZ, default_pick  # noqa: E402  (CPU import)
 
 
 def read_bench(paths: List[str]) -> Tuple[Dict[Tuple, Dict[str, float]], Dict[int, Tuple]]:
@@ -66,7 +64,7 @@ def read_ceiling(path: Optional[str]) -> Dict[Tuple, float]:
 
 def auto_of(world: int, dtype: str, H: int, T: int,
             provs: Dict[str, float]) -> Tuple[str, Optional[float]]:
-    proto = "ll" if T * H * ESZ[dtype] <= default_ll_max_bytes(world) else "flag"
+    proto = default_pick(world, T, H, ESZ[dtype])
     return proto, provs.get(f"p2p-cuda-{proto}")
 
 

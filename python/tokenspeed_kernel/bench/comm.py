@@ -62,6 +62,7 @@ BACKEND_OF = {"p2p-cuda-ll": ("cuda", "ll", False), "p2p-cuda-flag": ("cuda", "f
               "p2p-cuda-ll-pdl": ("cuda", "ll", True), "p2p-cuda-flag-pdl": ("cuda", "flag", True),
               "p2p-triton": ("triton", "auto", False), "nccl+permute": ("nccl", "auto", False)}
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+ESZ = {"bf16": 2, "fp16": 2, "fp32": 4}   # element bytes by the CSVs' dtype names
 STEM = "comm_all_gather_hidden"
 COLUMNS = ["gpu", "world", "dtype", "T", "H", "provider", "graph_us", "graph_p20", "graph_p80",
            "eager_us", "host_us", "calls", "samples", "num_blocks", "floor_us", "pct_floor",
@@ -129,8 +130,7 @@ def _markdown(rows: List[Dict], env: Dict[str, str], world: int, skipped: List[s
                 else:
                     cells.append(f"{_f(r['graph_us'])} ({_f(r['graph_p20'])}–{_f(r['graph_p80'])}) "
                                  f"{_f(r['pct_floor'], 0)}%")
-            esz = {"bf16": 2, "fp16": 2, "fp32": 4}.get(dt, 2)
-            pick = "ll" if T * H * esz <= _default_ll_max(world) else "flag"
+            pick = default_pick(world, T, H, ESZ.get(dt, 2))
             rn = next((r for r in sub if r["T"] == T and r["provider"] == "nccl+permute"), None)
 
             def over(prov):  # NCCL + permute time / prov's time at this T
@@ -154,6 +154,14 @@ def _default_ll_max(world: int) -> int:
         return default_ll_max_bytes(world)
     except Exception:  # pragma: no cover
         return 0
+
+
+def default_pick(world: int, T: int, H: int, esz: int) -> str:
+    """The CUDA protocol that ``protocol="auto"`` picks at the library's default crossover
+    (``default_ll_max_bytes(world)``) for T x H elements of esz bytes: "ll" or "flag". The bench
+    communicators size their LL region for every shape, so their own auto would always say LL;
+    the table, the bench's `auto` provider and tools/comm_scaling.py use this instead."""
+    return "ll" if T * H * esz <= _default_ll_max(world) else "flag"
 
 
 def _plot(rows: List[Dict], path: Path, world: int) -> Optional[Path]:
@@ -327,10 +335,7 @@ def _bench_rank(opts: Dict) -> int:
                 for prov in providers:
                     backend, proto, pdl = BACKEND_OF[prov]
                     if proto == "auto" and backend == "cuda":
-                        # the library default's pick (this communicator's LL region covers
-                        # every shape, so its own auto would always pick LL)
-                        proto = "ll" if T * H * x.element_size() <= _default_ll_max(world) \
-                            else "flag"
+                        proto = default_pick(world, T, H, x.element_size())
                     row = {"gpu": env["gpu"], "world": world, "dtype": dtname, "T": T, "H": H,
                            "provider": prov, "floor_us": floor_us, "torch": env["torch"],
                            "triton": env.get("triton", ""), "cuda": env.get("cuda", ""),
