@@ -100,9 +100,9 @@ DEFAULT_LL_MAX_BYTES = 9 << 19          # 2 ranks: 4.5 MiB
 # 2.43 MB (15.39 vs 14.66); fp32 ties at 1.82 MB (12.47 vs 12.48). Crossover set at the tie.
 # (The first LL kernel, 4-byte packets side by side, lost from 115 KB on 4 ranks: 16 KiB then.)
 DEFAULT_LL_MAX_BYTES_4 = 7 << 18        # 3-4 ranks: 1.75 MiB
-# > 4 ranks: not measured (no 8-GPU machine lent). Each rank stores world - 1 stamped copies, and
-# the crossover fell from 4.5 MiB (2 ranks) to 1.75 MiB (4); 16 KiB keeps LL to the sizes where
-# one latency-bound round trip is all there is, until a run at 8 ranks sets it.
+# > 4 ranks: not measured (no 8-GPU machine lent). The crossover fell from 4.5 MiB (2 ranks) to
+# 1.75 MiB (4); 16 KiB is a conservative guess (LL won at that size with every kernel and group
+# measured so far), to be replaced by a run at 8 ranks.
 DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10
 # Output bytes up to which an LL call uses the 4-byte-packet kernel instead of the 6-byte one.
 # Until 8255459 the 6-byte kernel lost up to ~600 KB (2x H100 with PDL: 3.32 vs 2.75 us at 14 KB):
