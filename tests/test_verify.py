@@ -626,6 +626,50 @@ def test_gpu_batch_over_1024():
             assert_same(ref, run(b, mode, prob, extra, logprobs=False))
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["ragged", "padded"])
+@pytest.mark.parametrize("shift", [0.0, 3e4])
+def test_gpu_position_major_skips(layout, shift):
+    """Where one CTA per position leaves blocks for a later wave, the CUDA pos kernel runs in
+    position-major order and skips (reads nothing of) positions after one whose coin it has
+    already decided as not accepted, or whose row is bad (verify_pos_kernel, p.stop). Here 1200
+    requests x 5 positions at V = 1000 (one CTA per position: 6000 blocks, against 528
+    resident on an H100 / H200) with n_i of 3 or 4 (the ragged grid bs x W is at most a quarter
+    empty, so the launcher takes that order) and the padded layout (NaN padding rows). Tokens
+    and logprobs must equal the reference's whatever was skipped: a NaN row at a first position
+    (bad: the walk stops there), greedy and min-p rows (the exact two-pass path), logprobs on
+    and off, and logits shifted by 3e4 (wide error bounds: many kUnsure coins, which must not
+    end a walk)."""
+    if "cuda" not in _backends():
+        pytest.skip("needs the CUDA extension")
+    bs, W = 1200, 5
+    n_list = [4 if i % 3 else 3 for i in range(bs)]
+    prob = make_problem(n_list, 1000, torch.float32, seed=97, agree=0.5, noise=0.5)
+    prob["target_logits"] += shift
+    prob["draft_logits"] += shift
+    cu = prob["cu_num_draft"].cpu()
+    prob["target_logits"][int(cu[7]) + 7, 11] = float("nan")   # request 7, position 0
+    extra = params(bs, "mixed")
+    if layout == "padded":
+        tl, dl, ids = to_padded(prob, W - 1)
+    for mode in ("probabilistic", "ngram"):
+        for lp in (True, False):
+            ref = run("reference", mode, prob, extra, logprobs=lp, max_num_draft=W - 1)
+            # the case exercises early rejections (what gets skipped) and the bad request
+            assert float((ref.num_accepted.cpu() < torch.tensor(n_list)).float().mean()) > 0.3
+            assert not bool(ref.valid[7])
+            if layout == "ragged":
+                got = run("cuda", mode, prob, extra, logprobs=lp, max_num_draft=W - 1)
+            else:
+                kw = dict(mode=mode, backend="cuda", **extra)
+                if mode == "probabilistic":
+                    kw["draft_logits"] = dl
+                fn = ops.verify_with_logprobs if lp else ops.verify
+                got = fn(tl, ids, prob["seed"], prob["offset"], **kw)
+            assert_same(ref, got, lp_tol=1e-3)
+
+
 def _tied_problem(n_list, V, dtype, seed):
     """Logits with many exact ties (integers in [-4, 0], some rows N(0, 2)) so that top-k / top-p
     boundaries fall inside tied groups and the radix select has to descend to the id bits; a NaN

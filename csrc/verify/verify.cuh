@@ -119,6 +119,10 @@ struct VerifyParams {
   int32_t* flist;            // [bs] requests the first final pass sends to the exact path
   unsigned int* fcount;      // their number (zeroed by the pos kernel); flist null: one-pass
                              // order, the resolve kernel runs for every request
+  int32_t* stop;             // [bs] or null: the pos kernel's position-major order with skips
+                             // (one CTA per position only; zeroed by the launcher). stop[i] =
+                             // W - d for the earliest position d of request i whose coin the pos
+                             // kernel has decided as not accepted so far (0 = none yet)
 };
 
 // ------------------------------------------------------------------------------------------
@@ -719,28 +723,63 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
   __shared__ Slot1 slot1;
   __shared__ Slot2 slot2;
   __shared__ SlotOn slot_on;
+  __shared__ int sh_skip;
   const unsigned cs = G::size();
   const unsigned rank = G::rank();
-  const int64_t row = int64_t(blockIdx.x / cs);
+  // the block's index in launch order (the row itself unless position-major, below)
+  const int64_t vrow = int64_t(blockIdx.x / cs);
   // zero the final kernel's candidate slots / arrival counters (the final kernel runs after
   // this one on the same stream): replaces two memsets. Rows >= R_t exist only if R_t < bs.
-  if (rank == 0 && threadIdx.x == 0 && row < p.bs && p.cand != nullptr) {
-    p.cand[row] = 0ull;
-    p.count[row] = 0u;
-    p.rcount[row] = 0u;
+  if (rank == 0 && threadIdx.x == 0 && vrow < p.bs && p.cand != nullptr) {
+    p.cand[vrow] = 0ull;
+    p.count[vrow] = 0u;
+    p.rcount[vrow] = 0u;
   }
-  if (rank == 0 && threadIdx.x == 0 && p.racc != nullptr) {   // per target row
-    p.racc[2 * row] = 0ull;
-    p.racc[2 * row + 1] = 0ull;
+  // per target row (the position-major grid may have more blocks than racc has rows)
+  if (rank == 0 && threadIdx.x == 0 && p.racc != nullptr &&
+      vrow < (p.R_t > p.bs ? p.R_t : int64_t(p.bs))) {
+    p.racc[2 * vrow] = 0ull;
+    p.racc[2 * vrow + 1] = 0ull;
   }
-  if (row == 0 && rank == 0 && threadIdx.x == 0 && p.fcount != nullptr) *p.fcount = 0u;
-  if (row >= p.R_t) return;  // uniform over the cluster
-  int i, j;
-  locate_target_row(p, row, i, j);
-  const int n = int(p.cu[i + 1] - p.cu[i]);
-  if (j > n) {  // padding row of the padded layout (uniform over the cluster)
-    if (rank == 0 && threadIdx.x == 0) p.pos[row].status = 0;
-    return;
+  if (vrow == 0 && rank == 0 && threadIdx.x == 0 && p.fcount != nullptr) *p.fcount = 0u;
+  int64_t row;
+  int i, j, n;
+  if (!CLUSTER && p.stop != nullptr) {
+    // Position-major (one CTA per position, a grid of bs * W blocks, more than one wave): block
+    // b is position j = b / bs of request i = b % bs, so the blocks of later positions start
+    // after earlier positions' blocks have finished. A position after one whose coin this
+    // kernel already decided as not accepted (rejected or bad: the walk stops there) is never
+    // read by anyone: skip it, reading none of its logits. The decision is uniform over the
+    // block (thread 0 reads stop[i] once); a position is skipped only after a rejection at an
+    // earlier position, so every position up to the first one without the accept bit that is
+    // not kUnsure is computed, which is all that the walks (first_failed, the resolve and final
+    // kernels, logprobs) read. Which positions are skipped depends on timing; the tokens do not.
+    const int64_t W = int64_t(p.max_n) + 1;
+    j = int(vrow / p.bs);
+    i = int(vrow - int64_t(j) * p.bs);
+    if (j >= W) return;
+    n = int(p.cu[i + 1] - p.cu[i]);
+    if (j > n) {  // padded layout: padding row; ragged: no such row
+      if (threadIdx.x == 0 && (p.flags & kPadded)) p.pos[target_row(p, i, j)].status = 0;
+      return;
+    }
+    row = target_row(p, i, j);
+    if (threadIdx.x == 0) {
+      const int s = *reinterpret_cast<volatile int*>(&p.stop[i]);
+      sh_skip = s > 0 && int64_t(j) > W - s;
+      if (sh_skip) p.pos[row].status = 0;   // never read; not left stale either
+    }
+    __syncthreads();
+    if (sh_skip) return;
+  } else {
+    row = vrow;
+    if (row >= p.R_t) return;  // uniform over the cluster
+    locate_target_row(p, row, i, j);
+    n = int(p.cu[i + 1] - p.cu[i]);
+    if (j > n) {  // padding row of the padded layout (uniform over the cluster)
+      if (rank == 0 && threadIdx.x == 0) p.pos[row].status = 0;
+      return;
+    }
   }
   const bool has_d = !(p.flags & kNgram) && j < n;
   const int64_t ds = draft_slot(p, i, j);
@@ -996,6 +1035,10 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     }
     st.status = status;
     p.pos[row] = st;
+    // position-major: a coin decided as not accepted (or a bad row) ends the request's walk
+    // here; later positions' blocks that have not started yet skip their rows
+    if (!CLUSTER && p.stop != nullptr && j < n && !(status & (kAccept | kUnsure)))
+      atomicMax(&p.stop[i], p.max_n + 1 - j);
   }
 }
 
@@ -2400,10 +2443,24 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     }
     VerifyParams pp = p;
     pp.chunk = chunk_of(cs_pos);
+    // Position-major order with skips (verify_pos_kernel): only where one CTA per position
+    // leaves blocks for a later wave (else every position runs at once and none can be
+    // skipped), and the bs * W grid has no more than a quarter of empty blocks (ragged).
+    const int64_t vgrid = int64_t(p.bs) * (int64_t(p.max_n) + 1);
+    bool pm = p.stop != nullptr && cs_pos == 1 && rows > res[0] && vgrid >= rows &&
+              vgrid <= rows + rows / 4;
+    if (tuning_enabled() && getenv("TS_VERIFY_NOSKIP") != nullptr) pm = false;
+    if (pm) {
+      e = cudaMemsetAsync(pp.stop, 0, size_t(p.bs) * sizeof(int32_t), stream);
+      if (e != cudaSuccess) return e;
+    } else {
+      pp.stop = nullptr;
+    }
     e = cs_pos > 1 ? launch_maybe_cluster(kc, true, cs_pos, rows * cs_pos, stream, pp)
-                   : launch_maybe_cluster(k1, false, 1, rows, stream, pp);
+                   : launch_maybe_cluster(k1, false, 1, pm ? vgrid : rows, stream, pp);
     if (e != cudaSuccess) return e;
     p.chunk = pp.chunk;
+    p.stop = nullptr;   // the later kernels do not use it
   }
   const int64_t res_r = int64_t(resident_per_sm(verify_resolve_kernel<T, VEC>)) * sms;
   const int64_t res_f = int64_t(resident_per_sm(verify_final_kernel<T, VEC>)) * sms;

@@ -172,7 +172,8 @@ void verify_probabilistic(const at::Tensor& target_logits,
   // request if there are fewer rows: the pos kernel zeroes one per row CTA)
   const int64_t rows = std::max<int64_t>(R_t, bs);
   const int64_t state_at = bs * 32, racc_at = state_at + bs * fsplits * 16;
-  at::Tensor fws = at::empty({racc_at + rows * 16}, tgt.options().dtype(at::kByte));
+  const int64_t stop_at = racc_at + rows * 16;   // the pos kernel's skip words (4 B / request)
+  at::Tensor fws = at::empty({stop_at + bs * 4}, tgt.options().dtype(at::kByte));
   uint8_t* fb = static_cast<uint8_t*>(fws.data_ptr());
   FinalWs fw{};
   fw.cand = reinterpret_cast<unsigned long long*>(fb);
@@ -182,6 +183,7 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.fcount = reinterpret_cast<unsigned int*>(fb + bs * 20);
   fw.state = reinterpret_cast<float4*>(fb + state_at);
   p.racc = reinterpret_cast<unsigned long long*>(fb + racc_at);
+  p.stop = reinterpret_cast<int32_t*>(fb + stop_at);
   fw.splits = fsplits;
   // top-k / top-p: the radix thresholds' workspace (not needed by the bisection oracle)
   ThrWs tw{};
