@@ -1,7 +1,8 @@
 """Small ops.verify workload for compute-sanitizer (memcheck / racecheck) on the CUDA kernels:
 fast rows, filtered (exact-path) rows, greedy rows, ngram, with and without logprobs (the two
 kernel orders), the testing knobs that force the exact paths, clusters
-(V >= 32768) and single CTAs, aligned and unaligned rows, bf16 and fp32; each result is
+(V >= 32768) and single CTAs, the pos kernel's position-major order with skips (case 4),
+aligned and unaligned rows, bf16 and fp32; each result is
 compared with the reference (token identity).
 
     compute-sanitizer --tool memcheck python tools/sanitize_verify.py [case ...] [--temp-only]
@@ -51,7 +52,10 @@ def run(prob, mode, backend, extra, lp=True):
 def main() -> int:
     bad = 0
     cases = [([3, 0, 2], 4099, torch.float32, False), ([2, 5], 40000, torch.bfloat16, False),
-             ([1, 3], 40000, torch.bfloat16, True), ([4], 1003, torch.float16, True)]
+             ([1, 3], 40000, torch.bfloat16, True), ([4], 1003, torch.float16, True),
+             # 800 positions of one CTA each (more than one wave): the pos kernel's
+             # position-major order with skips
+             ([3] * 200, 1003, torch.float32, False)]
     pick = [int(a) for a in sys.argv[1:] if a.isdigit()]
     temp_only = "--temp-only" in sys.argv
     filters_only = "--filters-only" in sys.argv
