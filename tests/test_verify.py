@@ -626,26 +626,38 @@ def test_gpu_batch_over_1024():
             assert_same(ref, run(b, mode, prob, extra, logprobs=False))
 
 
+# (bs, n_i choices, V, dtype): one CTA per position (V = 1000 fp32: 5600 rows of one CTA, 528
+# resident on an H100 / H200), and clusters of 2 (V = 151936 bf16: for 606 rows the launcher's
+# model picks s = 2, 1212 CTAs in three waves of 528, on those GPUs; elsewhere the sizes may
+# differ, and the identity still holds)
+SKIP_SHAPES = {"single": (1200, (4, 3), 1000, torch.float32),
+               "cluster": (70, (8, 7), 151936, torch.bfloat16)}
+
+
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", sorted(SKIP_SHAPES))
 @pytest.mark.parametrize("layout", ["ragged", "padded"])
 @pytest.mark.parametrize("shift", [0.0, 3e4])
-def test_gpu_position_major_skips(layout, shift):
-    """Where one CTA per position leaves blocks for a later wave, the CUDA pos kernel runs in
-    position-major order and skips (reads nothing of) positions after one whose coin it has
-    already decided as not accepted, or whose row is bad (verify_pos_kernel, p.stop). Here 1200
-    requests x 5 positions at V = 1000 (one CTA per position: 6000 blocks, against 528
-    resident on an H100 / H200) with n_i of 3 or 4 (the ragged grid bs x W is at most a quarter
+def test_gpu_position_major_skips(kind, layout, shift):
+    """Where the pos kernel's grid leaves blocks for a later wave, it runs in position-major
+    order and skips (reads nothing of) positions after one whose coin it has already decided as
+    not accepted, or whose row is bad (verify_pos_kernel, p.stop; in a cluster the decision is
+    taken once and shared). Ragged n_i of two values (the bs x W grid is at most a quarter
     empty, so the launcher takes that order) and the padded layout (NaN padding rows). Tokens
     and logprobs must equal the reference's whatever was skipped: a NaN row at a first position
     (bad: the walk stops there), greedy and min-p rows (the exact two-pass path), logprobs on
-    and off, and logits shifted by 3e4 (wide error bounds: many kUnsure coins, which must not
-    end a walk; tokens only)."""
+    and off, and undecided (kUnsure) coins, which must not end a walk: fp32 logits shifted by
+    3e4 (wide error bounds; tokens only) and the exact-coins knob (every coin undecided)."""
     if "cuda" not in _backends():
         pytest.skip("needs the CUDA extension")
-    bs, W = 1200, 5
-    n_list = [4 if i % 3 else 3 for i in range(bs)]
-    prob = make_problem(n_list, 1000, torch.float32, seed=97, agree=0.5, noise=0.5)
+    bs, ns, V, dtype = SKIP_SHAPES[kind]
+    if shift and dtype != torch.float32:
+        pytest.skip("bf16 logits near 3e4 are multiples of 128: the exact-coins knob below "
+                    "covers undecided coins instead")
+    W = max(ns) + 1
+    n_list = [ns[0] if i % 3 else ns[1] for i in range(bs)]
+    prob = make_problem(n_list, V, dtype, seed=97, agree=0.5, noise=0.5)
     prob["target_logits"] += shift
     prob["draft_logits"] += shift
     cu = prob["cu_num_draft"].cpu()
@@ -661,15 +673,22 @@ def test_gpu_position_major_skips(layout, shift):
             # the case exercises early rejections (what gets skipped) and the bad request
             assert float((ref.num_accepted.cpu() < torch.tensor(n_list)).float().mean()) > 0.3
             assert not bool(ref.valid[7])
-            if layout == "ragged":
-                got = run("cuda", mode, prob, extra, logprobs=lp, max_num_draft=W - 1)
-            else:
-                kw = dict(mode=mode, backend="cuda", **extra)
-                if mode == "probabilistic":
-                    kw["draft_logits"] = dl
-                fn = ops.verify_with_logprobs if lp else ops.verify
-                got = fn(tl, ids, prob["seed"], prob["offset"], **kw)
-            assert_same(ref, got, lp_tol=1e-3)
+            # the exact-coins knob: every coin that needs the sums is kUnsure (only bad rows and
+            # p(x) = 0 are decided rejections in the pos kernel)
+            for knob in ((False, True) if shift == 0.0 and not lp else (False,)):
+                ov._EXACT_COINS_FOR_TESTING = knob
+                try:
+                    if layout == "ragged":
+                        got = run("cuda", mode, prob, extra, logprobs=lp, max_num_draft=W - 1)
+                    else:
+                        kw = dict(mode=mode, backend="cuda", **extra)
+                        if mode == "probabilistic":
+                            kw["draft_logits"] = dl
+                        fn = ops.verify_with_logprobs if lp else ops.verify
+                        got = fn(tl, ids, prob["seed"], prob["offset"], **kw)
+                finally:
+                    ov._EXACT_COINS_FOR_TESTING = False
+                assert_same(ref, got, lp_tol=1e-3)
 
 
 def _tied_problem(n_list, V, dtype, seed):

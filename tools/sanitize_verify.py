@@ -1,7 +1,7 @@
 """Small ops.verify workload for compute-sanitizer (memcheck / racecheck) on the CUDA kernels:
 fast rows, filtered (exact-path) rows, greedy rows, ngram, with and without logprobs (the two
 kernel orders), the testing knobs that force the exact paths, clusters
-(V >= 32768) and single CTAs, the pos kernel's position-major order with skips (case 4),
+(V >= 32768) and single CTAs, the pos kernel's position-major order with skips (cases 4, 5),
 aligned and unaligned rows, bf16 and fp32; each result is
 compared with the reference (token identity).
 
@@ -55,7 +55,10 @@ def main() -> int:
              ([1, 3], 40000, torch.bfloat16, True), ([4], 1003, torch.float16, True),
              # 800 positions of one CTA each (more than one wave): the pos kernel's
              # position-major order with skips
-             ([3] * 200, 1003, torch.float32, False)]
+             ([3] * 200, 1003, torch.float32, False),
+             # 606 positions in clusters of 2 (1212 CTAs, three waves on an H100 / H200): the
+             # same order in the cluster kernel (the skip decision shared through DSMEM)
+             ([8, 7] * 35, 151936, torch.bfloat16, False)]
     pick = [int(a) for a in sys.argv[1:] if a.isdigit()]
     temp_only = "--temp-only" in sys.argv
     filters_only = "--filters-only" in sys.argv

@@ -120,7 +120,7 @@ struct VerifyParams {
   unsigned int* fcount;      // their number (zeroed by the pos kernel); flist null: one-pass
                              // order, the resolve kernel runs for every request
   int32_t* stop;             // [bs] or null: the pos kernel's position-major order with skips
-                             // (one CTA per position only; zeroed by the launcher). stop[i] =
+                             // (zeroed by the launcher). stop[i] =
                              // W - d for the earliest position d of request i whose coin the pos
                              // kernel has decided as not accepted so far (0 = none yet)
 };
@@ -744,32 +744,36 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
   if (vrow == 0 && rank == 0 && threadIdx.x == 0 && p.fcount != nullptr) *p.fcount = 0u;
   int64_t row;
   int i, j, n;
-  if (!CLUSTER && p.stop != nullptr) {
-    // Position-major (one CTA per position, a grid of bs * W blocks, more than one wave): block
-    // b is position j = b / bs of request i = b % bs, so the blocks of later positions start
-    // after earlier positions' blocks have finished. A position after one whose coin this
-    // kernel already decided as not accepted (rejected or bad: the walk stops there) is never
-    // read by anyone: skip it, reading none of its logits. The decision is uniform over the
-    // block (thread 0 reads stop[i] once); a position is skipped only after a rejection at an
-    // earlier position, so every position up to the first one without the accept bit that is
-    // not kUnsure is computed, which is all that the walks (first_failed, the resolve and final
-    // kernels, logprobs) read. Which positions are skipped depends on timing; the tokens do not.
+  if (p.stop != nullptr) {
+    // Position-major (a grid of bs * W rows of cs CTAs, more than one wave): row block b is
+    // position j = b / bs of request i = b % bs, so the blocks of later positions start after
+    // earlier positions' blocks have finished. A position after one whose coin this kernel
+    // already decided as not accepted (rejected or bad: the walk stops there) is never read by
+    // anyone: skip it, reading none of its logits. The decision is uniform over the cluster
+    // (one read of stop[i], by rank 0's thread 0); a position is skipped only after a
+    // rejection at an earlier position, so every position up to the first one without the
+    // accept bit that is not kUnsure is computed, which is all that the walks (first_failed,
+    // the resolve and final kernels, logprobs) read. Which positions are skipped depends on
+    // timing; the tokens do not.
     const int64_t W = int64_t(p.max_n) + 1;
     j = int(vrow / p.bs);
     i = int(vrow - int64_t(j) * p.bs);
-    if (j >= W) return;
+    if (j >= W) return;   // uniform over the cluster
     n = int(p.cu[i + 1] - p.cu[i]);
-    if (j > n) {  // padded layout: padding row; ragged: no such row
-      if (threadIdx.x == 0 && (p.flags & kPadded)) p.pos[target_row(p, i, j)].status = 0;
+    if (j > n) {  // padded layout: padding row; ragged: no such row (uniform over the cluster)
+      if (rank == 0 && threadIdx.x == 0 && (p.flags & kPadded))
+        p.pos[target_row(p, i, j)].status = 0;
       return;
     }
     row = target_row(p, i, j);
-    if (threadIdx.x == 0) {
+    if constexpr (CLUSTER) G::sync();   // every peer has started: its shared memory exists
+    if (rank == 0 && threadIdx.x == 0) {
       const int s = *reinterpret_cast<volatile int*>(&p.stop[i]);
-      sh_skip = s > 0 && int64_t(j) > W - s;
-      if (sh_skip) p.pos[row].status = 0;   // never read; not left stale either
+      const int k = s > 0 && int64_t(j) > W - s;
+      if (k) p.pos[row].status = 0;   // never read; not left stale either
+      for (unsigned q = 0; q < cs; ++q) *G::map(&sh_skip, q) = k;
     }
-    __syncthreads();
+    G::sync();   // the decision is visible to every thread of every CTA of the cluster
     if (sh_skip) return;
   } else {
     row = vrow;
@@ -1037,7 +1041,7 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     p.pos[row] = st;
     // position-major: a coin decided as not accepted (or a bad row) ends the request's walk
     // here; later positions' blocks that have not started yet skip their rows
-    if (!CLUSTER && p.stop != nullptr && j < n && !(status & (kAccept | kUnsure)))
+    if (p.stop != nullptr && j < n && !(status & (kAccept | kUnsure)))
       atomicMax(&p.stop[i], p.max_n + 1 - j);
   }
 }
@@ -2443,11 +2447,13 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     }
     VerifyParams pp = p;
     pp.chunk = chunk_of(cs_pos);
-    // Position-major order with skips (verify_pos_kernel): only where one CTA per position
-    // leaves blocks for a later wave (else every position runs at once and none can be
-    // skipped), and the bs * W grid has no more than a quarter of empty blocks (ragged).
+    // Position-major order with skips (verify_pos_kernel): only where the grid leaves blocks
+    // for a later wave (else every position runs at once and none can be skipped), and the
+    // bs * W grid has no more than a quarter of empty rows (ragged).
     const int64_t vgrid = int64_t(p.bs) * (int64_t(p.max_n) + 1);
-    bool pm = p.stop != nullptr && cs_pos == 1 && rows > res[0] && vgrid >= rows &&
+    const int lcs = cs_pos >= 16 ? 4 : cs_pos >= 8 ? 3 : cs_pos >= 4 ? 2 : cs_pos >= 2 ? 1 : 0;
+    const int64_t wave = cs_pos > 1 ? cap(res[lcs]) : res[0];
+    bool pm = p.stop != nullptr && rows * cs_pos > wave && vgrid >= rows &&
               vgrid <= rows + rows / 4;
     if (tuning_enabled() && getenv("TS_VERIFY_NOSKIP") != nullptr) pm = false;
     if (pm) {
@@ -2456,8 +2462,9 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     } else {
       pp.stop = nullptr;
     }
-    e = cs_pos > 1 ? launch_maybe_cluster(kc, true, cs_pos, rows * cs_pos, stream, pp)
-                   : launch_maybe_cluster(k1, false, 1, pm ? vgrid : rows, stream, pp);
+    const int64_t grows = pm ? vgrid : rows;
+    e = cs_pos > 1 ? launch_maybe_cluster(kc, true, cs_pos, grows * cs_pos, stream, pp)
+                   : launch_maybe_cluster(k1, false, 1, grows, stream, pp);
     if (e != cudaSuccess) return e;
     p.chunk = pp.chunk;
     p.stop = nullptr;   // the later kernels do not use it
