@@ -691,6 +691,46 @@ def test_gpu_position_major_skips(kind, layout, shift):
                 assert_same(ref, got, lp_tol=1e-3)
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", sorted(SKIP_SHAPES))
+def test_gpu_position_major_graph_replay(kind):
+    """The skip words are zeroed by a memset node of the captured graph: replays with new
+    offsets (other coins, other rejections, other skips) equal eager calls, and a replay is
+    not steered by the skips of the replay before it."""
+    if "cuda" not in _backends():
+        pytest.skip("needs the CUDA extension")
+    bs, ns, V, dtype = SKIP_SHAPES[kind]
+    n_list = [ns[0] if i % 3 else ns[1] for i in range(bs)]
+    prob = make_problem(n_list, V, dtype, seed=131, agree=0.5, noise=0.5)
+    extra = params(bs, "temp")
+    seed, off = prob["seed"].clone(), prob["offset"].clone()
+    kw = dict(backend="cuda", cu_num_draft=prob["cu_num_draft"], max_num_draft=max(ns),
+              draft_logits=prob["draft_logits"], **extra)
+
+    def call():
+        return ops.verify(prob["target_logits"], prob["draft_token_ids"], seed, off, **kw)
+
+    call()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    accepted = set()
+    for step in range(4):
+        graph.replay()
+        eager = call()
+        torch.cuda.synchronize()
+        assert_same(eager, out)
+        accepted.add(tuple(out.num_accepted.cpu().tolist()))
+        off.add_(1 + step)
+    assert len(accepted) == 4   # the offsets changed the outcome every time
+
+
 def _tied_problem(n_list, V, dtype, seed):
     """Logits with many exact ties (integers in [-4, 0], some rows N(0, 2)) so that top-k / top-p
     boundaries fall inside tied groups and the radix select has to descend to the id bits; a NaN
