@@ -2,14 +2,18 @@
 launcher allows it) against the same kernel without skips (tuning hook TS_VERIFY_NOSKIP), on the
 bench's problems: whole calls, CUDA-graph replay, cold L2 (the bench's timing helper).
 
-    python tools/verify_ab_skip.py [--rounds R] [--cs K] bs,n,V,dtype ...
+    python tools/verify_ab_skip.py [--rounds R] [--cs K | --cs-list 0,1,2] [--same-draft]
+                                   bs,n,V,dtype ...
 
-Per shape and round, each setting is captured into its own graph and timed in turn (so the
-spread between rounds shows the noise); the tokens of the two settings must be identical (the
-skips never change a token: they only leave out positions after a decided rejection). --cs K
-forces the pos kernel's cluster size (TS_VERIFY_CS; 1 = one CTA per position, the only size
-that skips). Also printed: the positions a lazy walk needs (sum over requests of min(accepted
-+ 1, n + 1)) as a share of all positions: what skipping could save at most. CSV on stdout."""
+Per shape, cluster size and round, each setting is captured into its own graph and timed in
+turn (so the spread between rounds shows the noise); the tokens of the two settings must be
+identical (the skips never change a token: they only leave out positions after a decided
+rejection). --cs K / --cs-list force the pos kernel's cluster size (TS_VERIFY_CS; 0 = the
+launcher's pick); the order (and so skipping) is used only where the grid exceeds one wave.
+--same-draft: the draft logits are the target's (q = p), so every draft is accepted and nothing
+can be skipped -- the order's worst case. Also printed: the positions a lazy walk needs (sum
+over requests of min(accepted + 1, n + 1)) as a share of all positions: what skipping could
+save at most. CSV on stdout."""
 import argparse
 import os
 
@@ -28,20 +32,35 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cs", type=int, default=0)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--same-draft", action="store_true",
+                    help="draft logits = the target's (q = p: every draft is accepted, so "
+                         "nothing can be skipped: the worst case of the order)")
+    ap.add_argument("--cs-list", default=None,
+                    help="comma list of cluster sizes to force in turn (0 = the pick)")
     ap.add_argument("shapes", nargs="+")
     a = ap.parse_args()
-    os.environ["TS_VERIFY_CS"] = str(a.cs)
+    sizes = [int(x) for x in a.cs_list.split(",")] if a.cs_list else [a.cs]
     call = _ours("cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
-          f"git {os.environ.get('TS_GIT_SHA', '?')} cs={a.cs} (0 = the launcher's pick)")
+          f"git {os.environ.get('TS_GIT_SHA', '?')} cs={sizes} (0 = the launcher's pick)"
+          f"{' same-draft (q = p)' if a.same_draft else ''}")
     print("bs,n,V,dtype,cs,round,skip_us,noskip_us,skip/noskip,needed_positions_share,"
           "same_tokens", flush=True)
     for c in a.shapes:
         bs, n, V, dt = c.split(",")
         bs, n, V = int(bs), int(n), int(V)
         pb = Problem(bs, n, V, DT[dt], torch.device("cuda"))
-        toks = {}
-        for r in range(1, a.rounds + 1):
+        if a.same_draft:
+            from tokenspeed_kernel.bench.verify import TEMP
+            from tokenspeed_kernel.ops import sampling as S
+            pb.drf = pb.tgt.view(bs, n + 1, V)[:, :n].reshape(bs * n, V).clone()
+            rows = torch.arange(bs * n, device=pb.drf.device)
+            pb.ids = S.sample(pb.drf, rows + 99991, torch.zeros_like(rows),
+                              temperature=torch.full((bs * n,), TEMP, device=pb.drf.device),
+                              validate=False).tokens
+        for size, r in [(z, r) for z in sizes for r in range(1, a.rounds + 1)]:
+            os.environ["TS_VERIFY_CS"] = str(size)
+            toks = {}
             us = {}
             for setting in ("skip", "noskip"):
                 if setting == "noskip":
@@ -59,7 +78,7 @@ def main():
             needed = float(torch.clamp(acc + 1, max=n + 1).sum()) / (bs * (n + 1))
             same = int(torch.equal(toks["skip"][0], toks["noskip"][0]) and
                        torch.equal(toks["skip"][1], toks["noskip"][1]))
-            print(f"{bs},{n},{V},{dt},{a.cs},{r},{us['skip']:.1f},{us['noskip']:.1f},"
+            print(f"{bs},{n},{V},{dt},{size},{r},{us['skip']:.1f},{us['noskip']:.1f},"
                   f"{us['skip'] / us['noskip']:.3f},{needed:.3f},{same}", flush=True)
         del pb
         torch.cuda.empty_cache()

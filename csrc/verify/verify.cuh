@@ -120,9 +120,9 @@ struct VerifyParams {
   unsigned int* fcount;      // their number (zeroed by the pos kernel); flist null: one-pass
                              // order, the resolve kernel runs for every request
   int32_t* stop;             // [bs] or null: the pos kernel's position-major order with skips
-                             // (zeroed by the launcher). stop[i] =
-                             // W - d for the earliest position d of request i whose coin the pos
-                             // kernel has decided as not accepted so far (0 = none yet)
+                             // (zeroed by the launcher); stop[i] = W - d for the earliest
+                             // position d of request i whose coin the pos kernel has decided as
+                             // not accepted so far (0 = none yet)
 };
 
 // ------------------------------------------------------------------------------------------
