@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -1013,3 +1014,36 @@ def test_verify_tokens_tool(tmp_path):
     diff = subprocess.run([sys.executable, tool, "cmp", a, b], env=env, capture_output=True,
                           text=True)
     assert diff.returncode == 1 and "DIFFER in 1 requests" in diff.stdout, diff.stdout
+
+
+def test_verify_ab_skip_summary_and_plot(tmp_path):
+    """tools/verify_ab_skip.py --plot: per (drafts, shape) of the launcher's own cluster size,
+    the mean skip / noskip ratio over the rounds of the last commit that measured it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "verify_ab_skip", Path(__file__).resolve().parents[1] / "tools" / "verify_ab_skip.py")
+    ab = importlib.util.module_from_spec(spec)
+    had = "TOKENSPEED_VERIFY_TUNING" in os.environ
+    spec.loader.exec_module(ab)   # the tool turns the launcher's tuning hook on for its runs
+    if not had:
+        os.environ.pop("TOKENSPEED_VERIFY_TUNING", None)
+    cols = "bs,n,V,dtype,cs,round,skip_us,noskip_us,skip/noskip,needed_positions_share,same_tokens"
+    p = tmp_path / "ab.csv"
+    p.write_text("# NVIDIA Test GPU (1x); torch\n"
+                 f"git,kernels,drafts,{cols}\n"
+                 "old,k,bench,256,8,151936,bf16,0,1,60,100,0.600,0.23,1\n"   # superseded
+                 "new,k,bench,256,8,151936,bf16,0,1,60,100,0.700,0.23,1\n"
+                 "new,k,bench,256,8,151936,bf16,0,2,60,100,0.800,0.23,1\n"
+                 "new,k,bench,256,8,151936,bf16,8,1,60,100,0.100,0.23,1\n"   # forced size
+                 "new,k,same,256,8,151936,bf16,0,1,60,100,1.030,1.00,1\n")
+    rows = ab.summarize(str(p))
+    assert [(r["drafts"], r["git"], round(r["ratio"], 3), r["needed"]) for r in rows] == [
+        ("bench", "new", 0.75, 0.23), ("same", "new", 1.03, 1.0)]
+    # the tool's own output (no leading columns) reads the same way
+    q = tmp_path / "raw.csv"
+    q.write_text(f"# x\n{cols}\n64,8,151936,fp32,0,1,1,1,0.660,0.24,1\n")
+    assert [round(r["ratio"], 2) for r in ab.summarize(str(q))] == [0.66]
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "ab.png"
+    ab.plot(str(p), str(png))
+    assert png.stat().st_size > 1000

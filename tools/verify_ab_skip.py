@@ -4,6 +4,7 @@ bench's problems: whole calls, CUDA-graph replay, cold L2 (the bench's timing he
 
     python tools/verify_ab_skip.py [--rounds R] [--cs K | --cs-list 0,1,2] [--same-draft]
                                    bs,n,V,dtype ...
+    python tools/verify_ab_skip.py --plot CSV PNG     # render a CSV (CPU)
 
 Per shape, cluster size and round, each setting is captured into its own graph and timed in
 turn (so the spread between rounds shows the noise); the tokens of the two settings must be
@@ -16,6 +17,7 @@ over requests of min(accepted + 1, n + 1)) as a share of all positions: what ski
 save at most. CSV on stdout."""
 import argparse
 import os
+import re
 
 os.environ["TOKENSPEED_VERIFY_TUNING"] = "1"
 
@@ -25,6 +27,59 @@ from tokenspeed_kernel.bench.timing import measure  # noqa: E402
 from tokenspeed_kernel.bench.verify import Problem, _ours  # noqa: E402
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def summarize(csv_path):
+    """Rows of the launcher's own cluster size (cs 0) of an A/B CSV (this tool's columns, with
+    or without the committed file's leading git / kernels / drafts columns): per (drafts,
+    shape), the mean skip / noskip ratio over the rounds of the last commit that measured it,
+    and the share of positions a lazy walk needs."""
+    import csv
+    with open(csv_path) as fh:
+        lines = [ln for ln in fh if not ln.startswith("#")]
+    last = {}
+    for r in csv.DictReader(lines):
+        if int(r["cs"]) != 0:
+            continue
+        key = (r.get("drafts", "bench"), int(r["bs"]), int(r["n"]), int(r["V"]), r["dtype"])
+        git = r.get("git", "")
+        if key not in last or last[key][0] != git:
+            last[key] = (git, [])
+        last[key][1].append((float(r["skip/noskip"]), float(r["needed_positions_share"])))
+    out = []
+    for (drafts, bs, n, V, dt), (git, xs) in sorted(last.items()):
+        out.append({"drafts": drafts, "shape": f"bs {bs} n {n} V {V} {dt}", "git": git,
+                    "ratio": sum(x[0] for x in xs) / len(xs), "needed": xs[0][1]})
+    return out
+
+
+def plot(csv_path, png_path):
+    """Horizontal bars: time with skips / without, per shape (the launcher's pick), the bench's
+    drafts and every draft accepted side by side; the needed share of positions as a marker."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = summarize(csv_path)
+    with open(csv_path) as fh:
+        title = re.split(r" \(|;|,", fh.readline().lstrip("# "))[0].strip()
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.6))
+    labels = [f"{r['shape']} ({'bench drafts' if r['drafts'] == 'bench' else 'all accepted'})"
+              for r in rows]
+    y = list(range(len(rows)))
+    ax.barh(y, [r["ratio"] for r in rows],
+            color=["tab:blue" if r["drafts"] == "bench" else "tab:gray" for r in rows])
+    ax.plot([r["needed"] for r in rows], y, "k|", markersize=12, label="positions needed (share)")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(y)
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time with skips / without (graph replay, cold L2)")
+    ax.set_title(f"verify pos kernel: position-major skips\n{title}", fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=130)
+    plt.close(fig)
+    return rows
 
 
 def main():
@@ -37,8 +92,16 @@ def main():
                          "nothing can be skipped: the worst case of the order)")
     ap.add_argument("--cs-list", default=None,
                     help="comma list of cluster sizes to force in turn (0 = the pick)")
-    ap.add_argument("shapes", nargs="+")
+    ap.add_argument("--plot", nargs=2, metavar=("CSV", "PNG"),
+                    help="render an A/B CSV (no GPU needed) and exit")
+    ap.add_argument("shapes", nargs="*")
     a = ap.parse_args()
+    if a.plot:
+        for r in plot(*a.plot):
+            print(f"{r['drafts']:5s} {r['shape']:32s} {r['ratio']:.3f} needed {r['needed']:.3f}")
+        return
+    if not a.shapes:
+        ap.error("give shapes bs,n,V,dtype (or --plot CSV PNG)")
     sizes = [int(x) for x in a.cs_list.split(",")] if a.cs_list else [a.cs]
     call = _ours("cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
