@@ -732,6 +732,58 @@ def test_gpu_position_major_graph_replay(kind):
     assert len(accepted) == 4   # the offsets changed the outcome every time
 
 
+_SKIP_CHILD = r"""
+import sys, torch
+from tokenspeed_kernel import ops
+bs, n, V, dt = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), getattr(torch, sys.argv[4])
+g = torch.Generator(device="cuda").manual_seed(5)
+tgt = (torch.randn(bs * (n + 1), V, device="cuda", generator=g) * 3).to(dt)
+drf = (torch.randn(bs * n, V, device="cuda", generator=g) * 3).to(dt)   # unrelated drafts
+ids = torch.randint(0, V, (bs * n,), device="cuda", generator=g)
+cu = torch.arange(bs + 1, device="cuda") * n
+out = ops.verify(tgt, ids, torch.arange(bs, device="cuda"),
+                 torch.zeros(bs, dtype=torch.int64, device="cuda"), cu_num_draft=cu,
+                 draft_logits=drf, temperature=torch.full((bs,), 0.8, device="cuda"),
+                 max_num_draft=n)
+torch.cuda.synchronize()
+print("tokens", out.tokens.cpu().tolist(), out.num_accepted.cpu().tolist())
+"""
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", sorted(SKIP_SHAPES))
+def test_gpu_position_major_skips_happen(kind):
+    """The skips happen (so the identity tests above test them): through the launcher's
+    tuning hook (read once per process, hence a child process), with the list statistics on,
+    one call with drafts unrelated to the target (almost every first coin rejects) counts the
+    pos-kernel blocks that skipped -- more than zero with the order, zero without it
+    (TS_VERIFY_NOSKIP) -- and both give the same tokens. The cluster size is forced (1 / 2)
+    so that the grid exceeds one wave on any GPU of up to ~600 resident CTAs."""
+    import re
+    import subprocess
+    import sys
+    if "cuda" not in _backends():
+        pytest.skip("needs the CUDA extension")
+    bs, ns, V, dtype = SKIP_SHAPES[kind]
+    args = [sys.executable, "-c", _SKIP_CHILD, str(bs), str(max(ns)), str(V),
+            str(dtype).split(".")[-1]]
+    res = {}
+    for noskip in (False, True):
+        env = dict(os.environ, TOKENSPEED_VERIFY_TUNING="1", TS_VERIFY_LISTSTATS="1",
+                   TS_VERIFY_CS="1" if kind == "single" else "2")
+        if noskip:
+            env["TS_VERIFY_NOSKIP"] = "1"
+        p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        m = re.findall(r"verify_list_stats .* skipped=(\d+)", p.stderr)
+        assert len(m) == 1, p.stderr[-2000:]
+        res[noskip] = (int(m[0]), p.stdout)
+    rows = bs * (max(ns) + 1)
+    assert 0 < res[False][0] < rows and res[True][0] == 0, (res[False][0], res[True][0])
+    assert res[False][1] == res[True][1]
+
+
 def _tied_problem(n_list, V, dtype, seed):
     """Logits with many exact ties (integers in [-4, 0], some rows N(0, 2)) so that top-k / top-p
     boundaries fall inside tied groups and the radix select has to descend to the id bits; a NaN

@@ -59,8 +59,9 @@ enum : uint32_t {
 };
 // [0] kUnsure coin at the deciding position, [1] bounds too wide (or a testing flag),
 // [2] score intervals that did not decide, [3] positions whose exact sums the resolve kernel (or
-// the fused listed kernel) computed (per listed request). Written only with kListStats.
-static __device__ unsigned int g_verify_list_stats[4];
+// the fused listed kernel) computed (per listed request), [4] positions the pos kernel skipped
+// (position-major order). Written only with kListStats.
+static __device__ unsigned int g_verify_list_stats[5];
 // kUnsure: the approximate sums could not decide the coin (the resolve kernel does, exactly).
 // kExactS: S_t / S_q are the exact fixed-point sums (else approximations, see verify_pos_kernel).
 enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8, kUnsure = 16, kExactS = 32 };
@@ -770,7 +771,10 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     if (rank == 0 && threadIdx.x == 0) {
       const int s = *reinterpret_cast<volatile int*>(&p.stop[i]);
       const int k = s > 0 && int64_t(j) > W - s;
-      if (k) p.pos[row].status = 0;   // never read; not left stale either
+      if (k) {
+        p.pos[row].status = 0;   // never read; not left stale either
+        if (p.flags & kListStats) atomicAdd(&g_verify_list_stats[4], 1u);
+      }
       for (unsigned q = 0; q < cs; ++q) *G::map(&sh_skip, q) = k;
     }
     G::sync();   // the decision is visible to every thread of every CTA of the cluster

@@ -211,15 +211,16 @@ void verify_probabilistic(const at::Tensor& target_logits,
               cudaGetErrorString(err));
   if (list_stats) {
     // tuning hook only (tools/verify_listed.py): a host sync, then one line on stderr
-    unsigned int c[4] = {0, 0, 0, 0}, fc = 0;
-    const unsigned int z[4] = {0, 0, 0, 0};
+    unsigned int c[5] = {0, 0, 0, 0, 0}, fc = 0;
+    const unsigned int z[5] = {0, 0, 0, 0, 0};
     TORCH_CHECK(cudaStreamSynchronize(stream) == cudaSuccess &&
                     cudaMemcpyFromSymbol(c, g_verify_list_stats, sizeof(c)) == cudaSuccess &&
                     cudaMemcpy(&fc, p.fcount, sizeof(fc), cudaMemcpyDeviceToHost) == cudaSuccess &&
                     cudaMemcpyToSymbol(g_verify_list_stats, z, sizeof(z)) == cudaSuccess,
                 "verify list statistics: a CUDA call failed");
-    fprintf(stderr, "verify_list_stats listed=%u unsure=%u wide=%u interval=%u positions=%u\n",
-            p.flist != nullptr && !(p.flags & kLogprobs) ? fc : 0u, c[0], c[1], c[2], c[3]);
+    fprintf(stderr,
+            "verify_list_stats listed=%u unsure=%u wide=%u interval=%u positions=%u skipped=%u\n",
+            p.flist != nullptr && !(p.flags & kLogprobs) ? fc : 0u, c[0], c[1], c[2], c[3], c[4]);
   }
 }
 
