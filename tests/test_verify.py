@@ -635,6 +635,15 @@ SKIP_SHAPES = {"single": (1200, (4, 3), 1000, torch.float32),
                "cluster": (70, (8, 7), 151936, torch.bfloat16)}
 
 
+def _skip_problem(kind, seed):
+    """SKIP_SHAPES[kind] as a ragged problem (n_i of its two values; at most a quarter of the
+    bs x W grid empty): (problem, n_list, W, dtype)."""
+    bs, ns, V, dtype = SKIP_SHAPES[kind]
+    n_list = [ns[0] if i % 3 else ns[1] for i in range(bs)]
+    prob = make_problem(n_list, V, dtype, seed=seed, agree=0.5, noise=0.5)
+    return prob, n_list, max(ns) + 1, dtype
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", sorted(SKIP_SHAPES))
@@ -652,13 +661,11 @@ def test_gpu_position_major_skips(kind, layout, shift):
     3e4 (wide error bounds; tokens only) and the exact-coins knob (every coin undecided)."""
     if "cuda" not in _backends():
         pytest.skip("needs the CUDA extension")
-    bs, ns, V, dtype = SKIP_SHAPES[kind]
-    if shift and dtype != torch.float32:
+    if shift and SKIP_SHAPES[kind][3] != torch.float32:
         pytest.skip("bf16 logits near 3e4 are multiples of 128: the exact-coins knob below "
                     "covers undecided coins instead")
-    W = max(ns) + 1
-    n_list = [ns[0] if i % 3 else ns[1] for i in range(bs)]
-    prob = make_problem(n_list, V, dtype, seed=97, agree=0.5, noise=0.5)
+    prob, n_list, W, _ = _skip_problem(kind, 97)
+    bs = len(n_list)
     prob["target_logits"] += shift
     prob["draft_logits"] += shift
     cu = prob["cu_num_draft"].cpu()
@@ -701,12 +708,10 @@ def test_gpu_position_major_graph_replay(kind):
     not steered by the skips of the replay before it."""
     if "cuda" not in _backends():
         pytest.skip("needs the CUDA extension")
-    bs, ns, V, dtype = SKIP_SHAPES[kind]
-    n_list = [ns[0] if i % 3 else ns[1] for i in range(bs)]
-    prob = make_problem(n_list, V, dtype, seed=131, agree=0.5, noise=0.5)
-    extra = params(bs, "temp")
+    prob, n_list, W, _ = _skip_problem(kind, 131)
+    extra = params(len(n_list), "temp")
     seed, off = prob["seed"].clone(), prob["offset"].clone()
-    kw = dict(backend="cuda", cu_num_draft=prob["cu_num_draft"], max_num_draft=max(ns),
+    kw = dict(backend="cuda", cu_num_draft=prob["cu_num_draft"], max_num_draft=W - 1,
               draft_logits=prob["draft_logits"], **extra)
 
     def call():

@@ -757,9 +757,8 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     // the resolve and final kernels, logprobs) read. Which positions are skipped depends on
     // timing; the tokens do not.
     const int64_t W = int64_t(p.max_n) + 1;
-    j = int(vrow / p.bs);
+    j = int(vrow / p.bs);   // < W: the grid is bs * W rows
     i = int(vrow - int64_t(j) * p.bs);
-    if (j >= W) return;   // uniform over the cluster
     n = int(p.cu[i + 1] - p.cu[i]);
     if (j > n) {  // padded layout: padding row; ragged: no such row (uniform over the cluster)
       if (rank == 0 && threadIdx.x == 0 && (p.flags & kPadded))
@@ -2455,9 +2454,9 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     // for a later wave (else every position runs at once and none can be skipped), and the
     // bs * W grid has no more than a quarter of empty rows (ragged).
     const int64_t vgrid = int64_t(p.bs) * (int64_t(p.max_n) + 1);
-    const int lcs = cs_pos >= 16 ? 4 : cs_pos >= 8 ? 3 : cs_pos >= 4 ? 2 : cs_pos >= 2 ? 1 : 0;
-    const int64_t wave = cs_pos > 1 ? cap(res[lcs]) : res[0];
-    bool pm = p.stop != nullptr && rows * cs_pos > wave && vgrid >= rows &&
+    int l = 0;   // res[] index of the size: log2 (a forced size is rounded down)
+    while (l < 4 && (2 << l) <= cs_pos) ++l;
+    bool pm = p.stop != nullptr && rows * cs_pos > res[l] && vgrid >= rows &&
               vgrid <= rows + rows / 4;
     if (tuning_enabled() && getenv("TS_VERIFY_NOSKIP") != nullptr) pm = false;
     if (pm) {
