@@ -98,11 +98,10 @@ def _kept(logits, tokens_per_request=1, **kw):
     T, k, p, mp, _, _ = ref._gather_params(R, tokens_per_request, kw.get("temperature"),
                                            kw.get("top_k"), kw.get("top_p"), kw.get("min_p"),
                                            zero, zero, dev)
-    greedy = ~(T > 0)
-    x = logits.float() * prims.inv_temperature(T)[:, None]
-    kept, _, order = ref.kept_mask(x, torch.where(greedy, torch.zeros_like(k), k),
-                                   torch.where(greedy, torch.ones_like(p), p),
-                                   torch.where(greedy, torch.zeros_like(mp), mp))
+    z, y, _, greedy, _ = ref.process(logits, T)
+    kept, order = ref.kept_mask(z, y, torch.where(greedy, torch.zeros_like(k), k),
+                                torch.where(greedy, torch.ones_like(p), p),
+                                torch.where(greedy, torch.zeros_like(mp), mp))
     first = torch.zeros_like(kept).scatter(1, order[:, :1], True)
     return torch.where(greedy[:, None], first, kept)
 
@@ -423,7 +422,8 @@ def test_sample_support(backend, filters):
 
 def test_sample_special_values(backend):
     """NaN / +inf / all -inf rows are invalid (token 0, valid False, NaN logprobs); -inf entries
-    are legal; other rows are undisturbed. Also +inf produced by temperature scaling."""
+    are legal; other rows are undisturbed. A huge finite logit stays valid at any temperature
+    (y is relative to the row max: z / T overflowing to +inf does not matter)."""
     gen = _gen(23)
     R, V = 8, 77
     z = _logits(R, V, gen)
@@ -431,7 +431,7 @@ def test_sample_special_values(backend):
     z[2, 70] = float("inf")
     z[3, :] = float("-inf")
     z[4, ::2] = float("-inf")                      # legal
-    z[5, 0] = 3e38                                 # finite, but x = z / 0.5 overflows to +inf
+    z[5, 0] = 3e38                                 # finite; z / 0.5 would overflow, y does not
     z[6, 3] = float("-inf")
     z[6, 4] = float("nan")                         # invalid even if greedy
     T = torch.ones(R, device=DEVICE)
@@ -440,13 +440,14 @@ def test_sample_special_values(backend):
     seed, offset = _seeds(R, gen)
     kw = dict(temperature=T, top_p=torch.full((R,), 0.9, device=DEVICE))
     out = ops.sample_with_logprobs(z, seed, offset, backend=backend, **kw)
-    bad = [1, 2, 3, 5, 6]
-    good = [0, 4, 7]
+    bad = [1, 2, 3, 6]
+    good = [0, 4, 5, 7]
     assert out.valid.tolist() == [r in good for r in range(R)]
     assert out.tokens[bad].tolist() == [0] * len(bad)
     assert torch.isnan(out.logprobs[bad]).all() and torch.isnan(out.processed_logprobs[bad]).all()
     assert torch.isfinite(out.logprobs[good]).all()
     assert (z[4, out.tokens[4]] > float("-inf")).item()
+    assert out.tokens[5] == 0      # every other y overflows to -inf: the max token
     alone = ops.sample(z[good], seed[good], offset[good], backend=backend,
                        **{k: v[good] for k, v in kw.items()}).tokens
     assert torch.equal(out.tokens[good], alone)
@@ -750,6 +751,165 @@ def test_triton_prims_bit_exact():
 
 
 # ---------------------------------------------------------------------------------------------
+# the Triton sampler's paths (triton/sampling.py): each one taken on purpose, same tokens
+# ---------------------------------------------------------------------------------------------
+# K3 reports per row (``_TEST_CONFIG["stats"]``) mode + 16 * (exact pass taken); modes:
+GREEDY, PLAIN, WINDOW, TOPR, DIRECT, EXACT = 0, 1, 2, 3, 4, 16
+
+
+@pytest.fixture
+def tri():
+    """The Triton sampler module; its launch-config overrides are reset afterwards."""
+    skip_unless_backend("triton")
+    from tokenspeed_kernel.triton import sampling as tri_mod
+    yield tri_mod
+    tri_mod._TEST_CONFIG = None
+
+
+def _tri_run(tri, z, kw, cfg, tpr=1, seed=None, gen=None):
+    """Triton (launch config ``cfg``) == the reference: tokens, valid and logprobs. Returns the
+    per-row path codes (see above)."""
+    gen = gen or _gen(99)
+    n = z.shape[0] // tpr
+    if seed is None:
+        seed, offset = _seeds(n, gen)
+    else:
+        seed, offset = seed
+    kw = {k: v.to(DEVICE) for k, v in kw.items()}
+    tri._TEST_CONFIG = dict(cfg, stats=True)
+    got = tri.sample(z, seed, offset, kw.get("temperature"), kw.get("top_k"), kw.get("top_p"),
+                     kw.get("min_p"), tpr, True)
+    stats = tri._LAST_STATS.cpu()
+    tri._TEST_CONFIG = None
+    want = _ref(z, seed, offset, tokens_per_request=tpr, **kw)
+    assert torch.equal(got[0], want[0]), (cfg, got[0].tolist(), want[0].tolist())
+    assert torch.equal(got[1], want[1])
+    v = want[1]
+    torch.testing.assert_close(got[2][v], want[2][v], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[3][v], want[3][v], atol=1e-4, rtol=1e-4)
+    assert torch.isnan(got[2][~v]).all() and torch.isnan(got[3][~v]).all()
+    return stats
+
+
+def _full(R, v, dtype=torch.float32):
+    return torch.full((R,), v, dtype=dtype)
+
+
+def test_triton_plain_paths(tri):
+    """Temperature-only rows: the pruned single pass + gap test decides random rows (several
+    chunks per row, many tiles per chunk: tiles are skipped); the exact pass decides rows whose
+    gap test fails: |z / T| beyond 2^14, 1/T overflowing to +inf, and a constructed near tie
+    (two tokens whose exact scores are equal up to rounding)."""
+    gen = _gen(101)
+    R, V = 6, 1001
+    cfg = dict(BLOCK=64, S1=3)
+    z = _logits(R, V, gen, scale=4.0)
+    assert (_tri_run(tri, z, dict(temperature=_full(R, 0.8)), cfg, gen=gen) == PLAIN).all()
+    assert (_tri_run(tri, z, {}, cfg, gen=gen) == PLAIN).all()          # T not given: 1
+    big = z * 1e30
+    assert (_tri_run(tri, big, dict(temperature=_full(R, 1.0)), cfg, gen=gen) == PLAIN + EXACT).all()
+    tiny = torch.tensor([1e-30, 1e-39, 1e-30, 1e-39, 2.0, 1.0])       # 1e-39: 1/T = +inf
+    st = _tri_run(tri, z, dict(temperature=tiny), cfg, gen=gen)
+    assert (st[:4] == PLAIN + EXACT).all() and (st[4:] == PLAIN).all()
+    # near tie: token a at 0, token b at G_b - G_a below it -> equal exact scores up to rounding
+    seed, offset = _seeds(R, gen)
+    ids = torch.arange(V, device=DEVICE)
+    G = prims.gumbel_from_bits(prims.philox_bits(seed[:, None], offset[:, None], ids[None, :], 0))
+    zt = torch.full((R, V), -60.0, device=DEVICE)
+    for r in range(R):
+        a, b = sorted(torch.topk(G[r], 2).indices.tolist())   # two large G: both can win
+        zt[r, a] = 0.0
+        zt[r, b] = (G[r, a] - G[r, b]).item()
+        if zt[r, b] > 0:                                    # keep token a the max
+            zt[r, a], zt[r, b] = -zt[r, b].item(), 0.0
+    st = _tri_run(tri, zt, dict(temperature=_full(R, 1.0)), cfg, seed=(seed, offset))
+    assert (st == PLAIN + EXACT).all(), st
+
+
+def test_triton_window_paths(tri):
+    """min-p rows: window candidates of one chunk, of many chunks (compacted in K3 several
+    entries at a time), and a chunk whose candidates overflow its slot (flat rows: the exact
+    pass)."""
+    gen = _gen(102)
+    R, V = 5, 2000
+    z = _logits(R, V, gen, scale=3.0)
+    kw = dict(temperature=_full(R, 0.9), min_p=_full(R, 0.2))
+    assert (_tri_run(tri, z, kw, dict(BLOCK=256), gen=gen) == WINDOW).all()
+    assert (_tri_run(tri, z, kw, dict(BLOCK=64, S1=40, NW=1024, NC=16), gen=gen) == WINDOW).all()
+    flat = _logits(R, V, gen, scale=0.01)
+    st = _tri_run(tri, flat, kw, dict(BLOCK=64, S1=40, NW=1024, NC=16), gen=gen)
+    assert (st == WINDOW + EXACT).all(), st
+    ties = torch.zeros(R, V, device=DEVICE)                    # every value tied: window = row
+    assert (_tri_run(tri, ties, kw, dict(BLOCK=64, S1=2, NW=1024), gen=gen) == WINDOW + EXACT).all()
+
+
+@pytest.mark.parametrize("S1", [1, 2, 4, 8])
+def test_triton_topr_chunks(tri, S1):
+    """top-k / top-p rows through the per-lane top-4 candidates: one chunk, two, and 4 / 8
+    chunks (super-lanes of 4 lanes merged before the slot), with slots smaller than the chunk's
+    exact prefix (the sorted top of the union is written instead); min-p on top; int-valued
+    rows (ties across the candidate boundaries). Peaked rows are decided from the candidates."""
+    gen = _gen(103 + S1)
+    R, V = 6, 2000
+    z = _logits(R, V, gen, scale=6.0)
+    zi = _logits(R, V, gen, kind="int")
+    k = torch.tensor([1, 5, 20, 0, 0, 30], dtype=torch.int32)
+    p = torch.tensor([0.9, 1.0, 0.5, 0.6, 0.8, 0.7])
+    mp = torch.tensor([0.0, 0.1, 0.0, 0.05, 0.0, 0.0])
+    T = _full(R, 0.8)
+    bt = 64 if S1 < 4 else 128
+    for cfg in (dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, NP=1024),
+                dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=32, NP=32 * S1)):  # slot 32
+        for zz, kw in ((z, dict(temperature=T, top_p=p)),
+                       (z, dict(temperature=T, top_k=k, top_p=p, min_p=mp)),
+                       (zi, dict(temperature=T, top_k=k, top_p=p))):
+            st = _tri_run(tri, zz, kw, cfg, gen=gen)
+            k_on = (k > 0) if "top_k" in kw else torch.zeros(R, dtype=torch.bool)
+            mode = torch.where(k_on | (p < 1), TOPR, PLAIN)
+            mode = torch.where(k_on & (k > cfg["KCAP"]), DIRECT + EXACT, mode).int()
+            if zz is z:   # peaked rows: decided from the candidates
+                assert torch.equal(st, mode), (cfg, list(kw), st)
+            else:         # ties: the exact prefix may end before the kept set
+                assert torch.equal(st & 15, mode & 15), (cfg, list(kw), st)
+
+
+def test_triton_topr_fallbacks(tri):
+    """Rows the candidates cannot decide go to the exact pass: top-p on flat rows keeping more
+    than KCAP tokens, top-k beyond the exact prefix, and (DIRECT) k > KCAP; mixed per row with
+    greedy, temperature-only and min-p rows in one batch, tokens_per_request > 1."""
+    gen = _gen(111)
+    R, V = 8, 2000
+    flat = _logits(R, V, gen, scale=0.05)
+    st = _tri_run(tri, flat, dict(temperature=_full(R, 1.0), top_p=_full(R, 0.9)),
+                  dict(KCAP=32, KSLOT=32, NP=256), gen=gen)
+    assert (st == TOPR + EXACT).all(), st
+    st = _tri_run(tri, flat, dict(temperature=_full(R, 1.0), top_k=_full(R, 100, torch.int32)),
+                  dict(KCAP=32, KSLOT=32, NP=256), gen=gen)
+    assert (st == DIRECT + EXACT).all(), st
+    # one request of 2 rows per mode
+    z = _logits(R, V, gen, scale=3.0)
+    T = torch.tensor([0.0, 1.0, 0.7, 0.9])
+    k = torch.tensor([5, 0, 0, 100], dtype=torch.int32)
+    p = torch.tensor([0.5, 1.0, 1.0, 0.9])
+    mp = torch.tensor([0.5, 0.0, 0.1, 0.0])
+    st = _tri_run(tri, z, dict(temperature=T, top_k=k, top_p=p, min_p=mp),
+                  dict(KCAP=32, KSLOT=64, NP=256, BLOCK=64, BLOCK_T=64, S1=2), tpr=2, gen=gen)
+    assert st.tolist() == [GREEDY] * 2 + [PLAIN] * 2 + [WINDOW] * 2 + [DIRECT + EXACT] * 2
+
+
+@pytest.mark.parametrize("i", range(12))
+def test_triton_fuzz_split_configs(tri, i):
+    """The fuzz cases (odd V, V = 1, bf16 / fp16, -inf / NaN / +inf entries, all -inf rows,
+    strided rows, tokens_per_request > 1, partial parameter sets, logprobs) through small tiles
+    and several chunks per row (the interpreter's default config has one chunk per row)."""
+    z, seed, offset, tpr, kw = _fuzz_case(200 + i)
+    cfg = [dict(BLOCK=16, BLOCK_T=16, S1=3, KCAP=16, KSLOT=16, NP=256),
+           dict(BLOCK=32, BLOCK_T=16, S1=8, KCAP=32, KSLOT=32, NP=256, S2=2),
+           dict(BLOCK=64, BLOCK_T=64, S1=2, KCAP=64, KSLOT=64, NP=256, S2=3)][i % 3]
+    _tri_run(tri, z, kw, cfg, tpr=tpr, seed=(seed, offset))
+
+
+# ---------------------------------------------------------------------------------------------
 # CPU reference vs GPU reference, CUDA graphs, torch.library / torch.compile integration
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
@@ -786,11 +946,10 @@ def test_reference_cpu_vs_gpu():
     diff = (cpu != gpu.cpu()).nonzero()[:, 0]
     assert len(diff) <= max(2, R // 1000), f"{len(diff)} rows differ"
     if len(diff):
-        T = kw["temperature"][diff]
-        x = z[diff] * prims.inv_temperature(T)[:, None]
+        _, y, _, _, _ = ref.process(z[diff], kw["temperature"][diff])
         ids = torch.arange(V)
         bits = prims.philox_bits(seed[diff][:, None], offset[diff][:, None], ids[None, :], 0)
-        score = x + prims.gumbel_from_bits(bits)
+        score = y + prims.gumbel_from_bits(bits)
         a = score.gather(1, cpu[diff][:, None])
         b = score.gather(1, gpu.cpu()[diff][:, None])
         assert ((a - b).abs() <= 4 * torch.finfo(torch.float32).eps * a.abs().clamp_min(1)).all()

@@ -18,7 +18,10 @@ The cases (chosen to put the boundaries where samplers get them wrong):
   integer-valued logits: kept = the lowest ids of the tied group);
 * -inf entries (probability 0, never drawn);
 * top_p = 0.01 on a flat row (a few tokens survive), k = 1, k = V (= off), min_p near 1;
-* greedy (T = 0, a tie at the maximum).
+* greedy (T = 0, a tie at the maximum);
+* magnitude: equal logits at 1e7 / -1e30, ulp ladders at |z / T| ~ 1e30 (with and without
+  filters), T = 1e-6 on [10, 9.999999] (exact: 0.7218 / 0.2782), T = 0.01 on logits of 30..100,
+  and a subnormal T whose 1/T overflows (uniform over the tied maxima).
 """
 from __future__ import annotations
 
@@ -86,6 +89,47 @@ def _greedy():
     return z, dict(temperature=0.0, top_k=3, top_p=0.5)
 
 
+def _ulp_ladder(base, n, steps_per_unit, seed):
+    """n float32 logits just below ``base`` (z_i = base - j_i ulps) and T such that one ulp is
+    1 / steps_per_unit of a unit of z / T: magnitudes |z / T| ~ base * steps_per_unit / ulp."""
+    b = np.float32(base)
+    ulp = np.float32(abs(np.spacing(b)))
+    j = torch.randint(0, 4 * steps_per_unit, (1, n), generator=_gen(seed)).numpy()
+    z = torch.tensor(b - j.astype(np.float32) * ulp, dtype=torch.float32)
+    return z, float(ulp) * steps_per_unit
+
+
+def _huge_ladder():
+    # |z / T| ~ 1e30: z near 1e30, a unit of z / T = 4 ulps (7.6e22 each)
+    z, T = _ulp_ladder(1e30, 40, 4, 21)
+    return z, dict(temperature=T)
+
+
+def _huge_ladder_filtered():
+    z, T = _ulp_ladder(-3e29, 48, 3, 22)
+    return z, dict(temperature=T, top_k=9, top_p=0.85, min_p=0.02)
+
+
+def _tiny_temperature():
+    # the documented example: logits [10, 9.999999] at T = 1e-6; the exact answer for these
+    # float32 inputs is softmax((z - zmax) / T) = [0.7218, 0.2782]
+    return torch.tensor([[10.0, 9.999999]]), dict(temperature=1e-6)
+
+
+def _near_greedy():
+    # T = 0.01 on logits of 30..100: |z / T| up to 1e4, where fl32(z / T + G) quantizes the noise
+    z = torch.rand(1, 64, generator=_gen(23)) * 70 + 30
+    z[0, :8] = z[0, :8].max() - torch.rand(8, generator=_gen(24)) * 0.03
+    return z, dict(temperature=0.01)
+
+
+def _subnormal_temperature():
+    # 1/T overflows float32: the T -> 0 limit, uniform over the tied maxima (ids 3, 9, 17)
+    z = _randn(24, 25, 1.0)
+    z[0, [3, 9, 17]] = 5.0
+    return z, dict(temperature=1e-40)
+
+
 CASES = {
     "temperature": lambda: (_randn(48, 1, 1.5), dict(temperature=0.7)),
     "top_k": lambda: (_randn(48, 2, 1.5), dict(top_k=7)),
@@ -104,6 +148,14 @@ CASES = {
     "k_V": lambda: (_randn(48, 9, 1.5), dict(top_k=48, temperature=1.1)),
     "min_p_near_1": _min_p_near_1,
     "greedy": _greedy,
+    # exact at every magnitude (randomness contract: scores relative to the row max)
+    "equal_1e7": lambda: (torch.full((1, 2), 1e7), dict(temperature=1.0)),
+    "equal_1e30": lambda: (torch.full((1, 3), -1e30), dict(temperature=1.0)),
+    "huge_ladder": _huge_ladder,
+    "huge_ladder_filtered": _huge_ladder_filtered,
+    "tiny_temperature": _tiny_temperature,
+    "near_greedy": _near_greedy,
+    "subnormal_temperature": _subnormal_temperature,
 }
 DETERMINISTIC = {"k_1", "greedy"}
 
@@ -184,6 +236,21 @@ def test_expected_kept_sets():
     assert 2 <= len(support("top_p_0.01")) <= 10
     assert support("greedy").tolist() == [10]
     assert len(support("k_V")) == 48
+    assert support("subnormal_temperature").tolist() == [3, 9, 17]
+
+
+def test_magnitude_cases_are_nontrivial():
+    """The magnitude cases really sit at |z / T| >> 1 with an O(1) spread of z / T, and their
+    exact probabilities are the float64 softmax of (z - zmax) / T (guards the cases)."""
+    for case in ("huge_ladder", "huge_ladder_filtered", "near_greedy", "tiny_temperature"):
+        z, kw = CASES[case]()
+        x = z.double() / kw["temperature"]
+        assert x.abs().max() > 1e3, case
+        probs = ref.probabilities(z, **_param_tensors(kw, 1, "cpu"))[0]
+        assert (probs > 0.01).sum() >= 2, case
+    z, kw = _tiny_temperature()
+    probs = ref.probabilities(z, **_param_tensors(kw, 1, "cpu"))[0]
+    assert abs(probs[0].item() - 0.7218) < 1e-3
 
 
 @pytest.mark.parametrize("be", ["triton", "cuda"])

@@ -194,6 +194,68 @@ def test_verify_invalid_rows():
             assert_same(ref, run(b, mode, prob))
 
 
+# (dtype, scale, shift, temperatures): logits * scale + shift, per-request temperatures. The
+# processed logits are relative to the row max (docs/DESIGN.md), so none of these rows is
+# invalid and every backend decides from y = (z - zmax) / T: z / T up to ~1e8 (fp32), the
+# temperatures scaled with the logits (y of order 1: real sampling at |z| ~ 1e6), tiny ones
+# (near-greedy: y ~ -1e7), T = 1e-38 (z / T overflows float32: y = 0 at the maxima, <= -1e38
+# elsewhere) and T = 1e-45 (1 / T = +inf: y = 0 / -inf). 16-bit rows: |z / T| beyond the CUDA
+# pos kernel's FFMA form (kFfmaRcMax). Ties: logits rounded to the dtype's grid at that magnitude.
+LARGE_CASES = [
+    (torch.float32, 1e4, 1e6, [1e4, 2e4, 7e3, 1e-3, 1e-38, 1e-45]),
+    (torch.float32, 1.0, 3e7, [1.0, 4.0, 0.5, 8.0, 1e-38, 2.0]),
+    (torch.bfloat16, 3e2, 3e4, [3e2, 6e2, 2e2, 1e-2, 1e-38, 1e-45]),
+    (torch.float16, 3e2, 3e4, [3e2, 5e2, 1e-45, 2e2, 1e-38, 1.0]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(LARGE_CASES)))
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram"])
+def test_verify_large_logits_and_tiny_temperatures(mode, case):
+    """Every backend emits the reference's tokens at large |z| and |z / T| (identity, with and
+    without logprobs; CUDA also with every coin and every residual token through the exact
+    path); no row is invalid, even where z / T overflows float32; the rows with T <= 1e-38 emit
+    a maximal logit (p is uniform over the row's maxima)."""
+    dtype, scale, shift, temps = LARGE_CASES[case]
+    n_list = [3, 1, 2, 0, 4, 2]
+    V = 1000 if HAS_CUDA else 301
+    prob = make_problem(n_list, V, torch.float32, seed=900 + case, agree=0.7, noise=0.3)
+    for key in ("target_logits", "draft_logits"):
+        prob[key] = (prob[key] * scale + shift).to(dtype)
+    extra = {"temperature": torch.tensor(temps, dtype=torch.float32, device=DEV)}
+    zmax = max(abs(shift) + 20 * scale, 1.0)
+    ulp = zmax * 2.0 ** -23 if dtype == torch.float32 else zmax * 2.0 ** -7
+    for lp in (True, False):
+        ref = run("reference", mode, prob, extra, logprobs=lp)
+        assert bool(ref.valid.all())
+        tl = prob["target_logits"].float().cpu()
+        cu = prob["cu_num_draft"].cpu()
+        for i, T in enumerate(temps):
+            f = int(ref.num_accepted[i])
+            if T <= 1e-38:
+                row = tl[int(cu[i]) + i + f]
+                assert row[int(ref.tokens[i, f])] == row.max()
+        outs = [run(b, mode, prob, extra, logprobs=lp) for b in _backends()[1:]]
+        if "cuda" in _backends():
+            for knob in ("_EXACT_COINS_FOR_TESTING", "_EXACT_RESIDUAL_FOR_TESTING"):
+                setattr(ov, knob, True)
+                try:
+                    outs.append(run("cuda", mode, prob, extra, logprobs=lp))
+                finally:
+                    setattr(ov, knob, False)
+        for out in outs:
+            assert torch.equal(ref.tokens.cpu(), out.tokens.cpu()), (ref.tokens, out.tokens)
+            assert torch.equal(ref.num_accepted.cpu(), out.num_accepted.cpu())
+            assert torch.equal(ref.valid.cpu(), out.valid.cpu())
+            if lp:
+                # raw logprobs are float sums at |z| ~ shift: a few ulps of it apart; processed
+                # ones are relative to the max (-inf where T = 1e-45 and a token is not maximal)
+                torch.testing.assert_close(out.logprobs.cpu(), ref.logprobs.cpu(),
+                                           atol=8 * ulp + 1e-3, rtol=1e-4)
+                torch.testing.assert_close(out.processed_logprobs.cpu(),
+                                           ref.processed_logprobs.cpu(), atol=2e-3, rtol=1e-4)
+
+
 def test_reference_probabilistic_top_k_top_p_kept_sets():
     """Reference probabilistic verify with top-k / top-p: every emitted token is in the
     sampler's kept set (reference.sampling.kept_mask) of its position."""
@@ -231,9 +293,9 @@ def test_triton_kept_thresholds_match_kept_mask():
     p = torch.tensor([1.0, 0.9, 0.5, 0.3, 0.999, 1.0, 0.05, 1.0])
     zd, Td, kd, pd = (t.to(DEV) for t in (z, T, k, p))
     thr = tv.kept_thresholds(zd, Td, kd, pd).cpu()
-    x = z * prims.inv_temperature(T)[:, None]
-    kept, _, _ = rs.kept_mask(x, k.long(), p, torch.zeros(R))
-    key = prims.key56(x, torch.arange(V)[None, :])
+    zf, y, _, _, _ = rs.process(z, T)
+    kept, _ = rs.kept_mask(zf, y, k.long(), p, torch.zeros(R))
+    key = prims.key56(zf, torch.arange(V)[None, :])     # keys of the raw logits
     assert torch.equal(key >= thr[:, None], kept)
 
 
@@ -588,8 +650,10 @@ def test_gpu_approximate_coins_decide_like_exact(mode, shift):
     send the undecided ones through the exact sums. Forcing every coin and token through the
     exact sums (exact coins), or every approximately decided token through the exact second pass
     after its scan (exact residual), must not change a token, and all must equal the reference.
-    The error bound grows with |max logit|: shifted logits make many decisions take the exact
-    path. Logprobs calls take the one-pass order (resolve kernel first). Batches of 8 and 40
+    The error bound does not depend on the logits' magnitude (the processed logits are relative
+    to the row max); shifted logits check the decisions at |z| ~ 3e4 / 3e5, where a max-free
+    float form would lose bits. Logprobs calls take the one-pass order (resolve kernel first).
+    Batches of 8 and 40
     requests: at bs <= 32 (sm_90) the listed requests take the fused cluster kernel, above it the
     resolve kernel and the second pass."""
     if "cuda" not in _backends():
@@ -657,8 +721,8 @@ def test_gpu_position_major_skips(kind, layout, shift):
     empty, so the launcher takes that order) and the padded layout (NaN padding rows). Tokens
     and logprobs must equal the reference's whatever was skipped: a NaN row at a first position
     (bad: the walk stops there), greedy and min-p rows (the exact two-pass path), logprobs on
-    and off, and undecided (kUnsure) coins, which must not end a walk: fp32 logits shifted by
-    3e4 (wide error bounds; tokens only) and the exact-coins knob (every coin undecided)."""
+    and off, and undecided (kUnsure) coins, which must not end a walk: the exact-coins knob
+    (every coin undecided); also fp32 logits shifted by 3e4 (tokens only)."""
     if "cuda" not in _backends():
         pytest.skip("needs the CUDA extension")
     if shift and SKIP_SHAPES[kind][3] != torch.float32:

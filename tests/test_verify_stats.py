@@ -19,6 +19,12 @@ Cases (why):
 * ``same``: q == p: everything is accepted, the last token is the bonus sample.
 * ``greedy``: T = 0 (argmax emitted at every position).
 * ``topk_topp``: top-k + top-p kept sets.
+* ``large``: logits near 1e7 (integers, float32-exact) at T = 3: |z / T| ~ 3.3e6, where a score
+  fl(z / T + G) would round the noise to multiples of 0.25; the processed logits are relative to
+  the row max (docs/DESIGN.md), so p is the softmax of the exact (z - zmax) / T.
+* ``overflow``: integer logits with tied maxima at T = 1e-38: z / T overflows float32 (such a row
+  was invalid before the scores became relative to the max), (z - zmax) / T is 0 at the maxima
+  and <= -1e38 elsewhere: p (and q) are uniform over the tied maxima, every row valid.
 """
 from __future__ import annotations
 
@@ -61,6 +67,14 @@ def _logits(case: str):
         kw = {"temperature": 0.0}
     elif case == "topk_topp":
         kw = {"temperature": 0.9, "top_k": 20, "top_p": 0.8}
+    elif case == "large":
+        zt = 1e7 + torch.round(zt * 3.0)     # integers within ~+-25 of 1e7: exact in float32
+        zq = 1e7 + torch.round(zq * 3.0)
+        kw = {"temperature": 3.0}
+    elif case == "overflow":
+        zt = torch.round(zt).clamp(-5, 2)     # several tokens tie at the max of each row
+        zq = torch.round(zq).clamp(-5, 2)
+        kw = {"temperature": 1e-38}
     return zt, zq, kw
 
 
@@ -162,7 +176,8 @@ def _backend_list():
     return ["reference", "triton", "cuda"]
 
 
-CASES = ["random", "holes", "minp", "disjoint", "same", "greedy", "topk_topp"]
+CASES = ["random", "holes", "minp", "disjoint", "same", "greedy", "topk_topp", "large",
+         "overflow"]
 
 
 @pytest.mark.parametrize("backend", _backend_list())

@@ -127,6 +127,12 @@ __device__ __forceinline__ int64_t top_p_limit(float p, int64_t s) {
 __device__ __forceinline__ float inv_temperature(float t) {
   return t > 0.0f ? __fdiv_rn(1.0f, t) : 1.0f;
 }
+// The processed logit y = fl(fl(z - zmax) * inv_t), 0 where z == zmax (reference
+// prims.centered): relative to the row max, never NaN for inv_t = +inf (docs/DESIGN.md).
+__device__ __forceinline__ float centered(float z, float zmax, float inv_t) {
+  const float d = fsub(z, zmax);
+  return d == 0.0f ? 0.0f : fmul(d, inv_t);
+}
 
 // exact Gumbel score of token id; "better" = larger score, then lower id
 struct Scored { float score; uint32_t id; };

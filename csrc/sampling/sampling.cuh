@@ -39,8 +39,8 @@ enum RowMode : int { kGreedy = 0, kPlain = 1, kTopK = 2, kGeneric = 3 };
 // left to the caller.
 // F_NO_LIST (tests): the radix levels never compact (Workspace::list unused).
 // F_NO_EXCL (tests / A-B): level 0 of a top-p row histograms every key (no excluded bins).
-// F_EXCL_TEST (tests): level 0 excludes the bins below m - 2 instead of the proven bound, so the
-// boundary often falls among them and the redo path runs.
+// F_EXCL_TEST (tests): level 0 excludes the bins below y = -2 (z = zmax - 2 T) instead of the
+// proven bound, so the boundary often falls among them and the redo path runs.
 enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
                    F_GENERIC = 32, F_THRESHOLDS = 64, F_NO_LIST = 128, F_NO_EXCL = 256,
                    F_EXCL_TEST = 512 };
@@ -76,11 +76,11 @@ struct Partial {
 };
 
 struct RowState {
-  unsigned long long prefix, lower, target, thr;
+  unsigned long long prefix, lower, target, thr;   // key56 of the raw logits z
   int phase, level, mode;
   unsigned int nact;             // keys active at this level (prefix and >= lower), if known
   unsigned int arrive, ncand;    // arrival counter; keys appended to the row's list
-  float m, L;
+  float m, L;                    // m: the raw row max zmax (masses of y = centered(z, m, 1/T))
   int noexcl;                    // level 0 of top-p: redo without excluded bins (level_decide)
 };
 
@@ -522,6 +522,9 @@ __device__ __forceinline__ const T* row_logits(const Params& p, int row) {
 
 // The global histograms (Workspace::hcnt / hmass) merge the splits of a row; with one split per
 // row the CTA decides from its shared-memory histogram and they are not allocated.
+// The levels' keys are key56 of the raw logits z and their masses mass_fixed(y) of the processed
+// logits y = centered(z, zmax, 1/T) (docs/DESIGN.md): pass 0's Partial::max56 must be the max
+// key of z (its value is zmax, RowState::m).
 // Rows whose logits are invalid (NaN, +inf, no finite value: pass 0's flag and max) get no
 // threshold (phase 2, thr 0): their token is decided by the invalid-row rule, and a total mass
 // of 0 would leave the boundary search without a bucket.
@@ -693,13 +696,19 @@ __device__ __forceinline__ void load_batch(const T* rowp, int b0, int end, bool 
 
 // Level 0 of a top-p row without top-k: the keys of bins below excl_bin lie below the top-p
 // boundary, so only their total mass matters (it goes to bin 0, level_decide). The cut is
-// x < m + ln(1 - p) - ln(V) - 1: an excluded key's mass is below 2^38 (1 - p) / (e V), all V of
-// them hold less than (1 - p) 2^38 / e <= (1 - p) S / e < S - P' (the max key alone has mass
-// 2^38 <= S; P' = trunc(p S)), so the boundary bucket is at or above the cut's bin.
-// level_decide checks that anyway and has level 0 redone in full otherwise (a top-p row
-// without top-k needs at most 5 of the 10 launches, 6 with the redo). 0 = no excluded bins.
-__device__ __forceinline__ unsigned level0_excl_bin(float m, float top_p, int vocab, bool test) {
-  const float cut = test ? m - 2.0f : m + logf(1.0f - top_p) - logf(float(vocab)) - 1.0f;
+// y < ln(1 - p) - ln(V) - 1, taken to the keys' z as z < zmax + (ln(1 - p) - ln(V) - 1) / invT
+// (a bin below the cut's bin holds only z below that float; up to its rounding, by at most half
+// an ulp of zmax, their y lie below the y cut): an excluded key's mass is then below
+// 2^38 (1 - p) / (e V), all V of them hold less than (1 - p) 2^38 / e <= (1 - p) S / e < S - P'
+// (the max key alone has mass 2^38 <= S; P' = trunc(p S)), so the boundary bucket is at or above
+// the cut's bin. Nothing relies on that: level_decide checks it and has level 0 redone in full
+// otherwise (the cut only has to be a good guess: a top-p row without top-k needs at most 5 of
+// the 10 launches, 6 with the redo). 0 = no excluded bins. m: zmax; test: the cut at y = -2
+// (forces redos).
+__device__ __forceinline__ unsigned level0_excl_bin(float m, float inv_t, float top_p, int vocab,
+                                                    bool test) {
+  const float ycut = test ? -2.0f : logf(1.0f - top_p) - logf(float(vocab)) - 1.0f;
+  const float cut = m + ycut / inv_t;   // inv_t = +inf: the cut at zmax (y = -inf below it)
   if (!(cut > -INFINITY)) return 0u;
   return key32(cut) >> 20;   // the level-0 digit (top 12 bits of key56 = of key32)
 }
@@ -707,16 +716,16 @@ __device__ __forceinline__ unsigned level0_excl_bin(float m, float top_p, int vo
 // Histogram cnt keys q[0..cnt) (cnt <= 32, warp-uniform) of one warp's level-0 queue: a warp
 // match per 32 keys instead of one per 4 elements; on a list, append them (warp-aggregated).
 __device__ __forceinline__ void level0_flush(LevelSmem& sm, const unsigned long long* q, int cnt,
-                                             float m, unsigned long long* list, int list_cap,
-                                             unsigned int* ncand) {
+                                             float m, float inv_t, unsigned long long* list,
+                                             int list_cap, unsigned int* ncand) {
   const int lane = threadIdx.x & 31;
   const bool v = lane < cnt;
   const unsigned long long k = v ? q[lane] : 0ull;
   const unsigned d = unsigned(k >> 44);
   const unsigned grp = __match_any_sync(0xffffffffu, v ? d : 0x10000u + lane);
   if (v && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
-  if (v) {   // key56_value gives back x (-0 as +0: the same x - m <= 0)
-    const int64_t e = mass_fixed_nonpos(fsub(key56_value(k), m));
+  if (v) {   // key56_value gives back z (-0 as +0: the same y up to the sign of a zero)
+    const int64_t e = mass_fixed_nonpos(centered(key56_value(k), m, inv_t));
     if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
   }
   if (list != nullptr) {
@@ -752,7 +761,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
   const unsigned int nact = stp->nact;
   const int shift = level_shift(level), bits = level_bits(level);
   const unsigned long long pmask = level == 0 ? 0ull : (~0ull << (shift + bits)) & ((1ull << 56) - 1);
-  const float m = stp->m;
+  const float m = stp->m;   // zmax
   const int nb = 1 << bits;
   unsigned long long* list = (ws.list != nullptr && !(p.flags & F_NO_LIST))
                                  ? ws.list + int64_t(row) * ws.list_cap : nullptr;
@@ -763,7 +772,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
   const unsigned excl_bin =
       (phase == 1 && level == 0 && lower == 0 && !rp.k_on && !compact && !stp->noexcl &&
        !(p.flags & F_NO_EXCL))
-          ? level0_excl_bin(m, rp.top_p, p.vocab, (p.flags & F_EXCL_TEST) != 0) : 0u;
+          ? level0_excl_bin(m, rp.inv_t, rp.top_p, p.vocab, (p.flags & F_EXCL_TEST) != 0) : 0u;
   for (int i = threadIdx.x; i < nb; i += blockDim.x) { sm.cnt[i] = 0; sm.mass[i] = 0; }
   __syncthreads();
 
@@ -771,8 +780,8 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
   const T* rowp = row_logits<T>(p, row);
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) % (4 * sizeof(T))) == 0;
   const int lane = threadIdx.x & 31;
-  // Float pretest of "active": key >= lower and key & pmask == prefix put key32(x) in
-  // [lo56 >> 24, hi56 >> 24], and key32 is monotone (-0 as +0), so x lies in [xlo, xhi] (bounds
+  // Float pretest of "active": key >= lower and key & pmask == prefix put key32(z) in
+  // [lo56 >> 24, hi56 >> 24], and key32 is monotone (-0 as +0), so z lies in [xlo, xhi] (bounds
   // that are NaN patterns widen to -inf / +inf; rows with NaN never reach the levels). A superset
   // of the active keys; only elements that pass it build their 64-bit key and take the exact test.
   const unsigned long long lo56 = prefix > lower ? prefix : lower;
@@ -783,7 +792,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
   if (excl_bin) {
     // Level 0 with excluded bins (every key is active: lower = 0, no prefix). A loop of its own,
     // so that the general scan below compiles as before. The 4 masses of a vector first,
-    // branch-free (x <= m: y <= 0), so that their chains interleave.
+    // branch-free (y <= 0, or -inf past end), so that their chains interleave.
     unsigned long long xacc = 0;
     int qn = 0;   // warp-uniform
     unsigned long long* wq = sm.q[threadIdx.x >> 5];
@@ -793,17 +802,14 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
-        float x[4];
         unsigned long long es[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          x[j] = fmul(z[u][j], rp.inv_t);
-          es[j] = (unsigned long long)mass_fixed_nonpos(fsub(x[j], m));
-        }
+        for (int j = 0; j < 4; ++j)
+          es[j] = (unsigned long long)mass_fixed_nonpos(centered(z[u][j], m, rp.inv_t));
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const bool in = i0 + j < end;
-          const uint32_t k32 = key32(x[j]);
+          const uint32_t k32 = key32(z[u][j]);
           const bool cand = in && (k32 >> 20) >= excl_bin;
           if (in && !cand) xacc += es[j];
           const unsigned bal = __ballot_sync(0xffffffffu, cand);
@@ -811,7 +817,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
           qn += __popc(bal);
           if (qn >= 32) {
             __syncwarp();
-            level0_flush(sm, wq + (qn - 32), 32, m, list, ws.list_cap, &stp->ncand);
+            level0_flush(sm, wq + (qn - 32), 32, m, rp.inv_t, list, ws.list_cap, &stp->ncand);
             qn -= 32;
             __syncwarp();
           }
@@ -819,7 +825,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
       }
     }
     __syncwarp();
-    if (qn) level0_flush(sm, wq, qn, m, list, ws.list_cap, &stp->ncand);
+    if (qn) level0_flush(sm, wq, qn, m, rp.inv_t, list, ws.list_cap, &stp->ncand);
     for (int o = 16; o; o >>= 1) xacc += __shfl_xor_sync(0xffffffffu, xacc, o);
     if (lane == 0 && xacc) smem_add_u64(&sm.mass[0], xacc);
   } else {
@@ -830,13 +836,9 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
-      float x[4];
       bool pre = false;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        x[j] = fmul(z[u][j], rp.inv_t);
-        pre |= x[j] >= xlo && x[j] <= xhi;
-      }
+      for (int j = 0; j < 4; ++j) pre |= z[u][j] >= xlo && z[u][j] <= xhi;
       // after level 0 (and in phase 1 after a top-k) few elements match the prefix: warps with
       // none skip the keys, the match and the atomics (the loop is uniform over the block)
       if (!__any_sync(0xffffffffu, pre)) continue;
@@ -844,7 +846,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
       bool act[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        k[j] = key56(key32(x[j]), uint32_t(i0 + j));
+        k[j] = key56(key32(z[u][j]), uint32_t(i0 + j));
         act[j] = (i0 + j < end) && k[j] >= lower && (k[j] & pmask) == prefix;
       }
 #pragma unroll
@@ -854,7 +856,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
         const unsigned grp = __match_any_sync(0xffffffffu, act[j] ? d : 0x10000u + lane);
         if (act[j] && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
         if (act[j] && phase == 1) {
-          int64_t e = mass_fixed(fsub(x[j], m));
+          int64_t e = mass_fixed(centered(z[u][j], m, rp.inv_t));
           if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
         }
         if (compact) {   // warp-aggregated append (positions past list_cap: counted, not written)
@@ -917,8 +919,8 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
         if (k < low2 || (k & pm2) != pre2) continue;
         const unsigned d = unsigned((k >> sh2) & uint64_t(nb2 - 1));
         atomicAdd(&sm.cnt[d], 1u);
-        if (phase == 1) {   // key56_value gives back x (-0 as +0: the same x - m)
-          const int64_t e = mass_fixed(fsub(key56_value(k), m));
+        if (phase == 1) {   // key56_value gives back z (-0 as +0: the same y)
+          const int64_t e = mass_fixed(centered(key56_value(k), m, rp.inv_t));
           if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
         }
       }

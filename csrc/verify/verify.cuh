@@ -1,6 +1,9 @@
 // Speculative-decoding verify kernels (torch-free). Spec: python/tokenspeed_kernel/reference/verify.py,
 // contract: docs/VERIFY.md. Every float op that decides a token is an explicit round-to-nearest
 // intrinsic (softmath.cuh); masses, normalizers and the accept / residual tests are exact integers.
+// Processed logits are relative to the raw row max (docs/DESIGN.md, randomness contract):
+// y = fl(fl(z - zmax) * invT), 0 at the max (ycen below); keys (top-k / top-p order, greedy
+// argmax) are of the raw logits z.
 //
 // Probabilistic / ngram mode (docs/VERIFY.md has the details):
 //   1. verify_pos_kernel: cs CTAs (a thread-block cluster when cs > 1) per target row (=
@@ -69,7 +72,7 @@ enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8, kUnsure = 16, 
 constexpr int kThreads = 256;
 constexpr int kMaxCluster = 16;   // 8 (portable) where 16 cannot be scheduled
 constexpr float kMassCut = -26.5f;      // mass_fixed(y) == 0 for all float32 y < -26.34
-constexpr float kGumbelSpan = 19.5f;    // G in [-2.8116, 16.6356]
+constexpr float kGumbelSpan = 19.5f;    // G in [-2.8116, 16.6356]: y < -19.45 never wins
 constexpr float kLn2Pow38 = 26.33959286127792f;
 
 // Per target row (position) statistics written by pass kernel, read by the final kernel.
@@ -77,8 +80,8 @@ struct PosStats {
   int64_t S_t, S_q;       // fixed-point mass sums of the kept sets (target, draft); exact iff
                           // status & kExactS, else within the coin's error bound
   int64_t e_p, e_q;       // exact masses of the draft token (target, draft)
-  int64_t thr_t, thr_q;   // top-k / top-p kept-set thresholds (key56; 0 = none)
-  float m_t, m_q;         // processed row max
+  int64_t thr_t, thr_q;   // top-k / top-p kept-set thresholds (key56 of z; 0 = none)
+  float zmax_t, zmax_q;   // raw row max (float32 logits; y = ycen(z, zmax, invT))
   float lse_t;            // raw log-sum-exp of the target row (logprobs only)
   float lp_x, plp_x;      // logprobs of the position's draft token (logprobs only)
   int32_t arg_t, arg_q;   // lowest id of the raw max (greedy rows)
@@ -292,6 +295,15 @@ struct Grp {
 };
 
 // Row-level exact arithmetic
+// The processed logit y = centered(z, zmax, inv_t) (softmath.cuh, reference prims.centered) for
+// z <= zmax (every non-NaN z of a row whose max is zmax), up to the sign of a zero y, in one
+// FMNMX instead of a compare and a select: fl(fl(z - zmax) * inv_t) is <= 0 (or -0), and NaN only
+// for z == zmax with inv_t = +inf, where centered gives 0 and fminf(NaN, 0) = 0. No decision sees
+// the sign of a zero y (centered itself gives -0 where the product underflows): mass_fixed,
+// soft_exp_neg and every comparison treat -0 as +0, and a score's key32 maps -0 to +0.
+__device__ __forceinline__ float ycen(float z, float zmax, float inv_t) {
+  return fminf(fmul(fsub(z, zmax), inv_t), 0.0f);
+}
 __device__ __forceinline__ int64_t mass_at(float y) {
   return (y >= kMassCut) ? mass_fixed(y) : 0;
 }
@@ -341,12 +353,13 @@ __device__ __forceinline__ RowParams row_params(const VerifyParams& p, int i) {
   r.L = soft_ln(r.mp_on ? mp : 1.0f);
   return r;
 }
-// The sampler's kept set: greedy -> the max key; else min-p and key56 >= thr (top-k / top-p).
-__device__ __forceinline__ bool kept_at(const RowParams& rp, int64_t id, int32_t arg, float x,
+// The sampler's kept set: greedy -> the max key; else min-p on y and key56(z, id) >= thr (top-k
+// / top-p, keys of the raw logit z).
+__device__ __forceinline__ bool kept_at(const RowParams& rp, int64_t id, int32_t arg, float z,
                                         float y, int64_t thr) {
   if (rp.greedy) return id == int64_t(arg);
   if (rp.mp_on && !(y >= rp.L)) return false;
-  return thr == 0 || int64_t(key56(key32(x), uint32_t(id))) >= thr;
+  return thr == 0 || int64_t(key56(key32(z), uint32_t(id))) >= thr;
 }
 
 // Request of a target row and its position (ragged: binary search over cu[i] + i).
@@ -475,9 +488,12 @@ __device__ __forceinline__ float ex2_approx(float x) {
 // ref = the running max (0 before the first finite max; only -inf / NaN were summed then).
 // NaN anywhere makes s NaN (ex2(NaN) = NaN, sticky through sums and rescales).
 // 16-bit logits (FF): a term's argument is fma(z, c, -rc) with rc = ref * c rounded up
-// (online_rc; one FFMA instead of a subtract and a multiply; coin_margin counts its error) while
-// |rc| <= 2^100, else (z - ref) * c: an overflowing rc could give inf - inf = NaN, which would
-// flag a valid row. fp32 logits always use (z - ref) * c.
+// (online_rc; one FFMA instead of a subtract and a multiply) while |rc| <= kFfmaRcMax, else
+// (z - ref) * c. The FFMA form's error is absolute, 2u |ref c| (rc's rounding), so it is used only
+// where that is small (coin_margin counts 2u kFfmaRcMax): at |zmax / T| up to ~177, i.e. the
+// usual logits and temperatures; beyond, the exact subtract-multiply form keeps the bound
+// independent of the logits' magnitude (and an overflowing rc could give inf - inf = NaN, which
+// would flag a valid row). fp32 logits always use (z - ref) * c.
 struct Online {
   float mx;
   int32_t arg;
@@ -498,9 +514,10 @@ __device__ __forceinline__ void online_init(Online& o) {
 }
 // rc rounded up (c > 0): z <= ref gives z c <= ref c <= rc, so every argument fma(z, c, -rc) is
 // <= 0 (ex2.approx is checked on [-126, 0]) and the max's own term is at most 1.
+constexpr float kFfmaRcMax = 256.0f;
 __device__ __forceinline__ float online_rc(float ref, float c) {
   const float r = __fmul_ru(ref, c);
-  return fabsf(r) <= 1.2676506e30f ? r : NAN;   // 2^100
+  return fabsf(r) <= kFfmaRcMax ? r : NAN;
 }
 // U x K elements, element (u, k) has id idx + u * step + k (ids increase with (u, k)).
 // The max is a tree and the terms are summed per u, then the U partial sums as a tree, then into
@@ -643,37 +660,68 @@ __device__ __forceinline__ void block_sum_f2(float& a, float& b, BlockScratch& s
   for (int k = 0; k < kThreads / 32; ++k) { a += s.f[k]; b += __int_as_float(int(s.l[k])); }
 }
 
+// Vectors of each row in flight per thread on the pos kernel's fast path (online_chunk's U):
+// fp32 4 (64 / 80 registers without / with clusters: 4 / 3 CTAs/SM); 16-bit types 2 (64
+// registers, 4 CTAs/SM, pos_min_blocks; with 4 vectors they needed 120 registers, 2 CTAs/SM,
+// measured slower at most shapes). coin_margin counts the online blocks from it.
+template <typename T>
+constexpr int pos_pu() { return sizeof(T) == 4 ? 4 : 2; }
+
 // Relative error bound of the approximate sum: |S~ - S| <= delta * S, where S is the exact
 // fixed-point sum (a row without min-p / top-k / top-p, so every element is kept) and
-// S~ = s * 2^38 (s: the online sum above, normalized to the row's raw max). Terms (u = 2^-24,
-// y = processed logit - m, every term counted relative to S >= 2^38, the max's own term):
+// S~ = s * 2^38 (s: the online sum above, normalized to the row's raw max zmax), for rows of T
+// read in vectors of VEC by the pos kernel (PU = pos_pu<T>() vectors per online block) with
+// chunk elements per CTA, a finite c = fl(invT * fl(log2 e)) and invT >= 2^-120 (the pos kernel
+// sends other rows, T < ~4.2e-39 or T > ~1.3e36, to the exact path: then an element with
+// A >= -26.5 has |z - zmax| <= 26.5 * 2^120, so no difference overflows, c is normal, and an
+// element whose difference overflows has A < -256). Per element, with u = 2^-24 and
+// A = (z - zmax) invT the real centered logit (invT the float 1/T), the exact term is
+// mass_fixed(y) with y = fl(fl(z - zmax) invT), and the approximate one a product of ex2.approx
+// results; both are compared with 2^38 e^A. An element has mass only if y >= -26.34, so
+// |A| <= 26.4 (y = A (1 + e), |e| <= 2.01u, below); every term is counted relative to
+// S >= 2^38 (the max's own mass, y = 0):
 //  * soft_exp_neg vs e^y: <= 2^-23.2 relative (checked for every float32 y in [-27, -2^-24],
-//    tools/check_verify_margin.py);
-//  * y vs the real (z - zmax) * inv_t: |error| <= (2|m| + 2|y|) u, y >= -26.5 for kept terms;
-//  * the online arguments (z - ref) * c and the rescales (ref - ref') * c: relative 3u each,
-//    and the arguments of one term are all <= 0 and add up to (z - zmax) c, so <= 3u * 38.3 * 2
-//    in log2 units in all, i.e. <= 85u relative;
-//  * a term's argument taken as fma(z, c, -rc), rc = ref c rounded up (Online; |rc| <= 2^100):
-//    off by <= 2u |ref c| + 1.01 u (ref - z) c <= 2u |zmax c| + 2.02 u (zmax - z) c in log2
-//    units (ref <= zmax, so |ref| <= |zmax| + (zmax - ref)); (zmax - z) c <= 38.3 above the mass
-//    cut and |zmax c| = |m| log2(e) (1 + u): <= 1.01 u (2 |m| + 54) relative (ln 2 cancels
-//    log2 e). Below the cut a term grows by at most 2^(2u |zmax c|) <= 2 while |m| <= 5e6
-//    (larger |m| make the bound >= 0.5: every decision is exact), inside the V * 1e-11 budget;
+//    tools/check_verify_margin.py); budgeted 2^-23;
+//  * y vs A: two roundings (a subnormal z - zmax is exact, a subnormal product is off by at most
+//    2^-150), |y - A| <= (2u + u^2) |A| <= 52.8u: <= 54.5u relative. Independent of the logits'
+//    magnitude: y is relative to the max;
+//  * the online arguments: a term's own (z - ref) c and its rescales (ref - ref') c (in the
+//    thread, the block and the cluster combine) are each a subtraction and a multiplication
+//    (relative 2u + u^2), all <= 0 (ref never decreases, z <= ref), and they add up to
+//    (z - zmax) c, so their rounding errors add up to <= (2u + u^2) |(z - zmax) c|; and c
+//    differs from invT log2(e) by the roundings of log2(e) and of the product (relative
+//    2u + u^2): <= 4.02u |A| log2(e) in log2 units, i.e. <= 107u relative (a subnormal product
+//    is off by at most 2^-150);
+//  * 16-bit rows (FF): a term's own argument taken as fma(z, c, -rc) with rc = ref c rounded up
+//    (Online) is off by rc - ref c in [0, 2u |rc|] (plus one rounding instead of two, inside
+//    the above), and |rc| <= kFfmaRcMax = 256 where that form is used (online_rc): <= 512.1u in
+//    log2 units, <= 360u relative;
 //  * ex2.approx.ftz: 2^-22.73 relative at most (measured for every float32 x in [-126, 0] on an
 //    H200 by tools/check_verify_margin.py; budgeted 2^-20), one per term plus one per rescale on
-//    its path: a thread rescales at most once per online block of >= 4 elements (plus the
-//    tail's single elements), then once in the block and once in the cluster combine:
-//    <= nb + 3 calls, nb = nt / 4 + 16, nt = elements per thread;
-//  * float32 sums and products of positive terms: <= (2 nt + 30) u;
-//  * truncation to 2^-38 and terms below the mass cut (y < -26.5, e^y < 3.2e-12): V * 1e-11.
-// The bound used is twice the sum of these.
-__device__ __forceinline__ double coin_margin(float m, int64_t chunk, int V) {
+//    its path: a thread rescales at most once per online block -- blocks of PU * VEC elements in
+//    the main loop, then at most PU - 1 blocks of one vector and VEC - 1 single elements -- then
+//    once in the block and once in the cluster combine: <= nb + 3 calls with
+//    nb = nt / (PU VEC) + PU + VEC, nt = elements per thread (<= chunk / 256 + 16). Arguments
+//    below -126 flush: only terms below the mass cut;
+//  * float32 sums and products of positive terms: a term passes through <= 5 tree additions in
+//    its block, <= nb additions into and nb rescales of the running sum, the block-level rescale,
+//    5 + 8 additions of the block sum and the cluster-level rescale (then double sums): relative
+//    <= (2 nb + 24) u;
+//  * truncation to 2^-38 (massy elements) and elements without mass (y < -26.34: A < -26.33, so
+//    2^38 e^A < 1.01 and the approximate term likewise): < 3.7e-12 of the max's mass per element,
+//    budgeted V * 1e-11.
+// The bound used is twice the sum of these (covering the step from relative-to-2^38 e^A to
+// relative-to-S and the second-order terms).
+template <typename T, int VEC>
+__device__ __forceinline__ double coin_margin(int64_t chunk, int V) {
+  constexpr bool FF = sizeof(T) == 2;
+  constexpr int PU = pos_pu<T>();
   const double u = 5.9604644775390625e-08;
-  const double nt = double(chunk) / kThreads + 16.0;   // elements per thread, at most
-  const double nb = nt / 4.0 + 16.0;                     // online blocks (rescales), at most
-  const double d = 1.1920928955078125e-07 + (2.0 * fabs(double(m)) + 54.0) * 1.01 * u + 85.0 * u +
-                   (2.0 * fabs(double(m)) + 54.0) * 1.01 * u + (nb + 3.0) * 9.5367431640625e-07 +
-                   (2.0 * nt + 30.0) * u + double(V) * 1e-11;
+  const double nt = double(chunk) / kThreads + 16.0;        // elements per thread, at most
+  const double nb = nt / double(PU * VEC) + double(PU + VEC); // online blocks (rescales), at most
+  const double d = 1.1920928955078125e-07 + 54.5 * u + 107.0 * u + (FF ? 360.0 * u : 0.0) +
+                   (nb + 3.0) * 9.5367431640625e-07 + (2.0 * nb + 24.0) * u +
+                   double(V) * 1e-11;
   return 2.0 * d;
 }
 
@@ -798,8 +846,12 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
   const int64_t thr_q = (p.thr && has_d) ? p.thr[p.R_t + ds] : 0;
   const int64_t start = int64_t(rank) * p.chunk;
   const int64_t end = start + p.chunk < p.V ? start + p.chunk : int64_t(p.V);
-  // fast path: every element is kept (no min-p / top-k / top-p) or greedy (S = 2^38)
-  const bool fast = rp.greedy || (!rp.mp_on && thr_t == 0 && thr_q == 0);
+  // fast path: every element is kept (no min-p / top-k / top-p) or greedy (S = 2^38); the
+  // online sums need a finite c = invT log2(e) and invT >= 2^-120 (coin_margin; T in
+  // [~4.2e-39, ~1.3e36], else the exact path)
+  const float c = rp.inv_t * kLog2e;
+  const bool fast = rp.greedy || (!rp.mp_on && thr_t == 0 && thr_q == 0 && c < INFINITY &&
+                                  rp.inv_t >= 0x1p-120f);
   // The coin's inputs (draft token, its logits, the accept word) are loaded by the thread that
   // decides the coin: the id now, the rest right after its loop, so that these dependent loads
   // overlap the reductions instead of following them.
@@ -819,13 +871,11 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
 
   MaxArg g[2] = {{-INFINITY, INT32_MAX}, {-INFINITY, INT32_MAX}};
   bool gnan[2] = {false, false};
-  float m[2];
   bool bad[2];
   long long S[2] = {0, 0};          // exact path
   double St_a = 0.0, Sq_a = 0.0;    // fast path: approximate S (units of 1, i.e. S / 2^38)
   float set = 0.0f;                 // raw sum-exp relative to the raw max (logprobs)
   if (fast) {
-    const float c = rp.inv_t * kLog2e;
     Online o[2];
     online_init(o[0]);
     online_init(o[1]);
@@ -876,7 +926,7 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
           acc += __shfl_xor_sync(0xffffffffu, acc, o);
           accr += __shfl_xor_sync(0xffffffffu, accr, o);
         }
-        gnan[r] = acc != acc;   // NaN in the row (or +inf: then m is +inf and the row is bad too)
+        gnan[r] = acc != acc;   // NaN in the row (or +inf: then zmax is +inf, a bad row too)
         if (r == 0) { St_a = acc; set = float(accr); }
         else Sq_a = acc;
       }
@@ -911,10 +961,7 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
       }
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      m[r] = fmul(g[r].v, rp.inv_t);
-      bad[r] = gnan[r] || m[r] == INFINITY || m[r] == -INFINITY;
-    }
+    for (int r = 0; r < 2; ++r) bad[r] = gnan[r] || g[r].v == INFINITY || g[r].v == -INFINITY;
     // ---- exact path, pass 2 (L2): fixed-point mass of the kept set, raw sum-exp ----
     float se[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -923,13 +970,12 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
       if (bad[r]) continue;
       long long s_acc = 0;
       float e_acc = 0.0f;
-      const float mr = m[r], zm = g[r].v;
+      const float zm = g[r].v;
       const int32_t arg = g[r].id;
       const int64_t th = r ? thr_q : thr_t;
       for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t id, float z) {
-        const float x = fmul(z, rp.inv_t);
-        const float y = fsub(x, mr);
-        if (y >= kMassCut && kept_at(rp, id, arg, x, y, th)) s_acc += mass_fixed(y);
+        const float y = ycen(z, zm, rp.inv_t);
+        if (y >= kMassCut && kept_at(rp, id, arg, z, y, th)) s_acc += mass_fixed(y);
         if (logprobs) e_acc += __expf(z - zm);
       });
       block_sum2(s_acc, e_acc, scratch);
@@ -955,11 +1001,9 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
   // every peer's shared memory has been read: only rank 0's thread 0 goes on
   G::sync();
   if (rank == 0 && threadIdx.x == 0) {
+    // invalid: a NaN or +inf logit, or no finite one (the reference's rule, on the raw logits)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      m[r] = fmul(g[r].v, rp.inv_t);   // max of fl(z * invT) == fl(max z * invT): monotone
-      bad[r] = gnan[r] || m[r] == INFINITY || m[r] == -INFINITY;
-    }
+    for (int r = 0; r < 2; ++r) bad[r] = gnan[r] || g[r].v == INFINITY || g[r].v == -INFINITY;
     const bool exactS = !fast || rp.greedy;
     int64_t St, Sq;
     if (rp.greedy) {
@@ -979,8 +1023,8 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     st.e_q = 0;
     st.thr_t = thr_t;
     st.thr_q = thr_q;
-    st.m_t = m[0];
-    st.m_q = m[1];
+    st.zmax_t = g[0].v;
+    st.zmax_q = g[1].v;
     st.arg_t = g[0].id;
     st.arg_q = g[1].id;
     st.lse_t = g[0].v + logf(set);
@@ -993,14 +1037,12 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
       int64_t ep = 0, eq = (p.flags & kNgram) ? 1 : 0;
       if (x_in) {
         const float zt = zt_x;
-        const float xt = fmul(zt, rp.inv_t);
-        const float yt = fsub(xt, m[0]);
-        if (yt >= kMassCut && kept_at(rp, x, g[0].id, xt, yt, thr_t)) ep = mass_fixed(yt);
+        const float yt = ycen(zt, g[0].v, rp.inv_t);
+        if (yt >= kMassCut && kept_at(rp, x, g[0].id, zt, yt, thr_t)) ep = mass_fixed(yt);
         if (has_d) {
           const float zq = zq_x;
-          const float xq = fmul(zq, rp.inv_t);
-          const float yq = fsub(xq, m[1]);
-          if (yq >= kMassCut && kept_at(rp, x, g[1].id, xq, yq, thr_q)) eq = mass_fixed(yq);
+          const float yq = ycen(zq, g[1].v, rp.inv_t);
+          if (yq >= kMassCut && kept_at(rp, x, g[1].id, zq, yq, thr_q)) eq = mass_fixed(yq);
         }
         if (logprobs) {
           st.lp_x = zt - st.lse_t;
@@ -1023,8 +1065,8 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
       } else {
         // S_t in [St_a / (1 + dt), St_a / (1 - dt)] * 2^38, same for S_q (ngram: S_q = 1 exactly)
         const bool ng = p.flags & kNgram;
-        const double dt = coin_margin(m[0], p.chunk, p.V);
-        const double dq = ng ? 0.0 : coin_margin(m[1], p.chunk, p.V);
+        const double dt = coin_margin<T, VEC>(p.chunk, p.V);
+        const double dq = ng ? 0.0 : coin_margin<T, VEC>(p.chunk, p.V);
         const double sq = ng ? 1.0 / 274877906944.0 : Sq_a;
         const double L = double(U) * double(eq) * St_a;
         const double R = 16777216.0 * double(ep) * sq;
@@ -1065,13 +1107,13 @@ __device__ __forceinline__ int first_failed(const VerifyParams& p, int i, int j0
   return n;
 }
 
-// Exact fixed-point mass sums of [start, end) of a fast row (every element kept): y < -64
-// (and -inf) gives 0 inside soft_exp_neg, and mass_fixed(y) = 0 for every y < -26.34, so no
-// cut is needed. TWO: the target and the draft row of the same position in one loop (twice the
-// loads in flight).
+// Exact fixed-point mass sums of [start, end) of a fast row (every element kept; za / zb the
+// rows' raw maxima): y < -64 (and -inf) gives 0 inside soft_exp_neg, and mass_fixed(y) = 0 for
+// every y < -26.34, so no cut is needed. TWO: the target and the draft row of the same position
+// in one loop (twice the loads in flight).
 template <typename T, int VEC, bool TWO>
 __device__ __forceinline__ void chunk_masses(const T* a, const T* b, int64_t start, int64_t end,
-                                             float inv_t, float ma, float mb, long long& sa,
+                                             float inv_t, float za, float zb, long long& sa,
                                              long long& sb) {
   constexpr int U = VEC >= 8 ? 2 : 4;   // 16 elements per row and iteration
   const int64_t step = int64_t(kThreads) * VEC;
@@ -1087,15 +1129,15 @@ __device__ __forceinline__ void chunk_masses(const T* a, const T* b, int64_t sta
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        sa += mass_fixed(fsub(fmul(va[u][k], inv_t), ma));
-        if (TWO) sb += mass_fixed(fsub(fmul(vb[u][k], inv_t), mb));
+        sa += mass_fixed(ycen(va[u][k], za, inv_t));
+        if (TWO) sb += mass_fixed(ycen(vb[u][k], zb, inv_t));
       }
   }
   for (; idx < end; idx += step) {
 #pragma unroll 1
     for (int k = 0; k < VEC && idx + k < end; ++k) {
-      sa += mass_fixed(fsub(fmul(to_f<T>(a[idx + k]), inv_t), ma));
-      if (TWO) sb += mass_fixed(fsub(fmul(to_f<T>(b[idx + k]), inv_t), mb));
+      sa += mass_fixed(ycen(to_f<T>(a[idx + k]), za, inv_t));
+      if (TWO) sb += mass_fixed(ycen(to_f<T>(b[idx + k]), zb, inv_t));
     }
   }
 }
@@ -1125,8 +1167,10 @@ __device__ __forceinline__ void block_masses(const VerifyParams& p, const RowPar
                                              long long& St, long long& Sq, BlockScratch& scratch) {
   St = 0;
   Sq = 0;
-  if (ngram) chunk_masses<T, VEC, false>(trow, trow, start, end, rp.inv_t, ps.m_t, ps.m_q, St, Sq);
-  else chunk_masses<T, VEC, true>(trow, drow, start, end, rp.inv_t, ps.m_t, ps.m_q, St, Sq);
+  if (ngram)
+    chunk_masses<T, VEC, false>(trow, trow, start, end, rp.inv_t, ps.zmax_t, ps.zmax_q, St, Sq);
+  else
+    chunk_masses<T, VEC, true>(trow, drow, start, end, rp.inv_t, ps.zmax_t, ps.zmax_q, St, Sq);
   block_sum_i64x2(St, Sq, scratch);
 }
 
@@ -1245,7 +1289,7 @@ __global__ void __launch_bounds__(kThreads, 3) verify_resolve_kernel(const Verif
 // ------------------------------------------------------------------------------------------
 // kernel 0 (only with top-k / top-p): kept-set threshold of every target and draft row
 // ------------------------------------------------------------------------------------------
-// kept = {key56(x, id) >= thr}: top-k, then top-p on the top-k fixed-point mass
+// kept = {key56(z, id) >= thr}: top-k, then top-p on the top-k fixed-point mass
 // (reference.sampling.kept_mask). Rows are numbered target rows [0, R_t), then draft rows;
 // a row is active if the walk can reach its position (target j <= n_i, draft j < n_i).
 template <typename T>
@@ -1280,9 +1324,11 @@ __device__ __forceinline__ ThrParams thr_params(const VerifyParams& p, int i, co
 // The default: the sampler's radix select (sampling::launch_levels: 12 + 4 x 11 bits of the
 // key, by count for top-k, then by fixed-point mass for top-p; each level one pass over the
 // filtered rows split over `splits` CTAs per row, the last CTA of a row deciding). This kernel
-// is its pass 0: per (split, row) the max key56 of x = z / T and the invalid flag (NaN, +inf),
-// and row_req[r] = the row's request, or -1 for rows without an active top-k / top-p (the
-// levels skip them and write thr 0). Invalid rows get thr 0 (the walk stops at them anyway).
+// is its pass 0: per (split, row) the max key56 of the raw logits z (the levels' keys; its value
+// is the row max zmax that their masses mass_fixed(y) are relative to) and the invalid flag (NaN,
+// +inf), and row_req[r] = the row's request, or -1 for rows without an active top-k / top-p
+// (the levels skip them and write thr 0). Invalid rows (also those without a finite logit:
+// max56 of -inf, generic_init) get thr 0 (the walk stops at them anyway).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) verify_thr_max_kernel(const VerifyParams p,
                                                                   const int64_t row0,
@@ -1307,9 +1353,8 @@ __global__ void __launch_bounds__(kThreads) verify_thr_max_kernel(const VerifyPa
   bool bad = false;
   if (start < end)
     for_chunk<T, VEC>(row, start, end, [&](int64_t id, float z) {
-      const float x = fmul(z, rp.inv_t);
-      if (x != x || x == INFINITY) bad = true;
-      else if (x > acc.v) { acc.v = x; acc.id = int32_t(id); }
+      if (z != z || z == INFINITY) bad = true;
+      else if (z > acc.v) { acc.v = z; acc.id = int32_t(id); }
     });
   const MaxArg a = block_max_arg(acc, scratch);
   const bool inv = block_any(bad, scratch);
@@ -1349,13 +1394,13 @@ __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const Verify
   });
   const MaxArg a = block_max_arg(acc, scratch);
   const bool nan = block_any(isnan_, scratch);
-  const float m = fmul(a.v, rp.inv_t);
-  if (nan || m == INFINITY || m == -INFINITY) {  // invalid row: the walk stops there anyway
+  const float zm = a.v;
+  if (nan || zm == INFINITY || zm == -INFINITY) {  // invalid row: the walk stops there anyway
     if (threadIdx.x == 0) p.thr[r] = 0;
     return;
   }
-  auto key_of = [&](int64_t id, float z) -> int64_t {
-    return int64_t(key56(key32(fmul(z, rp.inv_t)), uint32_t(id)));
+  auto key_of = [&](int64_t id, float z) -> int64_t {   // keys of the raw logits
+    return int64_t(key56(key32(z), uint32_t(id)));
   };
   int64_t t_k = 0;
   if (k_on) {
@@ -1375,7 +1420,7 @@ __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const Verify
     long long sk = 0;
     float unused = 0.0f;
     for_chunk<T, VEC>(row, 0, p.V, [&](int64_t id, float z) {
-      if (key_of(id, z) >= t_k) sk += mass_at(fsub(fmul(z, rp.inv_t), m));
+      if (key_of(id, z) >= t_k) sk += mass_at(ycen(z, zm, rp.inv_t));
     });
     block_sum2(sk, unused, scratch);
     const int64_t lim = top_p_limit(tp, sk);
@@ -1385,7 +1430,7 @@ __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const Verify
       long long gsum = 0;
       for_chunk<T, VEC>(row, 0, p.V, [&](int64_t id, float z) {
         const int64_t kk = key_of(id, z);
-        if (kk > mid && kk >= t_k) gsum += mass_at(fsub(fmul(z, rp.inv_t), m));
+        if (kk > mid && kk >= t_k) gsum += mass_at(ycen(z, zm, rp.inv_t));
       });
       block_sum2(gsum, unused, scratch);
       if (gsum < lim) hi = mid; else lo = mid;
@@ -1655,8 +1700,8 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     bool send = st.status & kUnsure;
     if (!send && !(st.status & kExactS)) {
       approx = true;
-      dt = coin_margin(st.m_t, p.chunk, p.V);
-      dq = ngram ? 0.0 : coin_margin(st.m_q, p.chunk, p.V);
+      dt = coin_margin<T, VEC>(p.chunk, p.V);
+      dq = ngram ? 0.0 : coin_margin<T, VEC>(p.chunk, p.V);
       send = dt >= 0.25 || dq >= 0.25 || logprobs || (p.flags & kExactCoins);
     }
     if (send) {
@@ -1740,18 +1785,18 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
 #endif
 
   if (bonus) {
-    // the sampler: argmax over the kept set of x + G(seed, offset + n, id, stream 0)
-    const float span = kGumbelSpan + fabsf(st.m_t) * 9.5367431640625e-07f;
-    // bound without the noise: x (G <= gumbel_ub(w); fadd is monotone); -inf: not kept
+    // the sampler: argmax over the kept set of fl(y + G(seed, offset + n, id, stream 0)). A token
+    // with y < -kGumbelSpan cannot win: the max token (arg_t, y = 0, kept by every filter) scores
+    // G >= -2.8116, and fl(y + G) <= fl(-19.5 + 16.6356) < -2.86 (fadd is monotone).
+    // bound without the noise: y (G <= gumbel_ub(w); fadd is monotone); -inf: not kept
     auto base_of = [&](int64_t id, float z, float) -> float {
-      const float x = fmul(z, rp.inv_t);
-      const float y = fsub(x, st.m_t);
-      return (y >= -span && kept_at(rp, id, st.arg_t, x, y, st.thr_t)) ? x : -INFINITY;
+      const float y = ycen(z, st.zmax_t, rp.inv_t);
+      return (y >= -kGumbelSpan && kept_at(rp, id, st.arg_t, z, y, st.thr_t)) ? y : -INFINITY;
     };
     auto slow = [&](int64_t id, uint32_t w) {
-      const float x = fmul(to_f<T>(trow[id]), rp.inv_t);
-      if (!may_win(fadd(x, gumbel_ub(w)))) return;   // the shared bound may have risen
-      const float s = fadd(x, gumbel_from_bits(w));
+      const float y = ycen(to_f<T>(trow[id]), st.zmax_t, rp.inv_t);
+      if (!may_win(fadd(y, gumbel_ub(w)))) return;   // the shared bound may have risen
+      const float s = fadd(y, gumbel_from_bits(w));
       best = best_of(best, Cand{s, int32_t(id)});
       publish(s);
     };
@@ -1764,9 +1809,8 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     // bound without the kept-set test, branch-free
     const bool plain = !rp.greedy && !rp.mp_on && st.thr_t == 0;
     auto base_plain = [&](int64_t, float z, float) -> float {
-      const float x = fmul(z, rp.inv_t);
-      const float y = fsub(x, st.m_t);
-      return (y >= -span) ? x : -INFINITY;
+      const float y = ycen(z, st.zmax_t, rp.inv_t);
+      return (y >= -kGumbelSpan) ? y : -INFINITY;
     };
     if (start < end) {
       if (plain)
@@ -1796,7 +1840,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     // ln_ub(A) <= ubc (fmul / fadd are monotone; the 0.01 covers their rounding).
     auto ubc_of = [&](float yt) { return fmul(fadd(fmul(yt, kLog2e), bl_sq), 0.6932f); };
     // One FFMA bounding ubc_of from above for every yt in [kMassCut, 0] (the scan's bases; yt <= 0
-    // since m_t is the max of the same x): with C = 0.6932f, L = kLog2e, |yt L| <= 38.3 and
+    // since zmax_t is the max of the same row): with C = 0.6932f, L = kLog2e, |yt L| <= 38.3 and
     // bl_sq <= 103.01, the three roundings of ubc_of add at most 2^-24 (38.3 C + 103.01 C + 72)
     // < 1.1e-5 to C (L yt + bl_sq), and the FFMA's rounding takes at most 2^-24 * 72 < 4.3e-6
     // from ubc_a yt + ubc_b; ubc_a <= C L (yt <= 0) and ubc_b >= C bl_sq + 3e-5 cover both.
@@ -1804,24 +1848,21 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     const float ubc_b = __double2float_ru(double(0.6932f) * double(bl_sq) + 3e-5);
     // bound without the noise: ubc(yt) >= ln_ub(A); -inf: not in the residual's support
     auto base_of = [&](int64_t id, float z, float zq) -> float {
-      const float xt = fmul(z, rp.inv_t);
-      const float yt = fsub(xt, st.m_t);
-      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return -INFINITY;
+      const float yt = ycen(z, st.zmax_t, rp.inv_t);
+      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, z, yt, st.thr_t)) return -INFINITY;
       if (!ngram) {
         // Not in the residual's support when p(id) <= q(id) by a clear margin: with
         // yq >= -12, eq >= 2^38 e^yq (1 - 2^-23) - 1 >= 2^38 e^yq (1 - 1e-6), so
         // yt + ln S_q - ln S_t < yq - 1e-4 implies ep S_q < eq S_t, i.e. N <= 0.
-        const float xq = fmul(zq, rp.inv_t);
-        const float yq = fsub(xq, st.m_q);
+        const float yq = ycen(zq, st.zmax_q, rp.inv_t);
         if (yq >= -12.0f && fadd(yt, dS) < fsub(yq, 1e-4f) &&
-            kept_at(rp, id, st.arg_q, xq, yq, st.thr_q))
+            kept_at(rp, id, st.arg_q, zq, yq, st.thr_q))
           return -INFINITY;
       }
       return ubc_of(yt);
     };
     auto slow = [&](int64_t id, uint32_t w) {
-      const float xt = fmul(to_f<T>(trow[id]), rp.inv_t);
-      const float yt = fsub(xt, st.m_t);
+      const float yt = ycen(to_f<T>(trow[id]), st.zmax_t, rp.inv_t);
       // 1 <= N <= A, so soft_ln(f32(N)) <= ln_ub(A) <= ubc; G <= gumbel_ub(w)
       if (!may_win(fadd(ubc_of(yt), gumbel_ub(w)))) return;
       const int64_t ep = mass_fixed(yt);
@@ -1831,9 +1872,9 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
       if (ngram) {
         eq = (id == xd) ? 1 : 0;
       } else {
-        const float xq = fmul(to_f<T>(drow[id]), rp.inv_t);
-        const float yq = fsub(xq, st.m_q);
-        eq = (yq >= kMassCut && kept_at(rp, id, st.arg_q, xq, yq, st.thr_q)) ? mass_fixed(yq) : 0;
+        const float zq = to_f<T>(drow[id]);
+        const float yq = ycen(zq, st.zmax_q, rp.inv_t);
+        eq = (yq >= kMassCut && kept_at(rp, id, st.arg_q, zq, yq, st.thr_q)) ? mass_fixed(yq) : 0;
       }
       const u128 B = u128(uint64_t(eq)) * Sp;
       if (A > B) {
@@ -1875,10 +1916,10 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     // early returns cost a divergence region per element -- with the one-FFMA bound above, which
     // is >= base_of's ubc_of)
     auto base_plain = [&](int64_t, float z, float zq) -> float {
-      const float yt = fsub(fmul(z, rp.inv_t), st.m_t);
+      const float yt = ycen(z, st.zmax_t, rp.inv_t);
       bool out = !(yt >= kMassCut);
       if (!ngram) {
-        const float yq = fsub(fmul(zq, rp.inv_t), st.m_q);
+        const float yq = ycen(zq, st.zmax_q, rp.inv_t);
         out = out | ((yq >= -12.0f) & (fadd(yt, dS) < fsub(yq, 1e-4f)));
       }
       const float ub = __fmaf_rn(yt, ubc_a, ubc_b);   // >= ubc_of(yt), see above
@@ -1961,9 +2002,8 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     Cand fb{-INFINITY, INT32_MAX};
     blk = 0xffffffffu;
     for_chunk<T, VEC>(trow, 0, p.V, [&](int64_t id, float z) {
-      const float xt = fmul(z, rp.inv_t);
-      const float yt = fsub(xt, st.m_t);
-      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, xt, yt, st.thr_t)) return;
+      const float yt = ycen(z, st.zmax_t, rp.inv_t);
+      if (!(yt >= kMassCut) || !kept_at(rp, id, st.arg_t, z, yt, st.thr_t)) return;
       const int64_t ep = mass_fixed(yt);
       if (ep == 0) return;
       const float s = fadd(soft_ln(wide_to_f32(u128(uint64_t(ep)))), noise(id, kStreamResample));
@@ -1980,7 +2020,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
       const float z = to_f<T>(trow[tok]);
       p.lp[o] = z - st.lse_t;
       p.plp[o] = rp.greedy ? 0.0f
-                           : fsub(fmul(z, rp.inv_t), st.m_t) - (logf(float(st.S_t)) - kLn2Pow38);
+                           : ycen(z, st.zmax_t, rp.inv_t) - (logf(float(st.S_t)) - kLn2Pow38);
     }
   }
 }
@@ -2429,10 +2469,7 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   // 1. statistics: cs_pos CTAs (a cluster) per row
   {
     const int64_t rows = p.R_t > p.bs ? p.R_t : int64_t(p.bs);
-    // fp32: 4 vectors per row in flight (64 / 80 registers without / with clusters: 4 / 3
-    // CTAs/SM); 16-bit types: 2 (64 registers, 4 CTAs/SM, pos_min_blocks; with 4 vectors they
-    // needed 120 registers, 2 CTAs/SM, measured slower at most shapes)
-    constexpr int PU = sizeof(T) == 4 ? 4 : 2;
+    constexpr int PU = pos_pu<T>();   // vectors per row in flight (coin_margin counts on it)
     auto k1 = verify_pos_kernel<T, VEC, false, PU>;
     auto kc = verify_pos_kernel<T, VEC, true, PU>;
     const int cs_max = clusters ? max_cluster(kc) : 1;   // (sets the non-portable attribute)

@@ -2,8 +2,8 @@
 
 Providers (each verified on the same inputs before it is timed; a wrong one is never timed):
 
-* ``ours-cuda``   ``ops.sample(backend="cuda")``   per-row tensors, ``validate=False``,
-  ``top_k_max=50`` when top-k is on (what a decode loop under a CUDA graph passes);
+* ``ours-cuda``   ``ops.sample(backend="cuda")``   per-row tensors, ``validate=False`` (what a
+  decode loop under a CUDA graph passes);
 * ``ours-triton`` ``ops.sample(backend="triton")`` same arguments;
 * ``torch``       vLLM's plain-torch path: ``logits.float() / T``, sort-based top-k / top-p
   (ascending sort, threshold gather, softmax + cumsum, scatter back), min-p on softmax probs,
@@ -128,8 +128,7 @@ class RefSets:
     """What the reference decides for one (logits, params) pair, computed in row chunks."""
 
     def __init__(self, logits: torch.Tensor, P: Params, mode: str, prescaled: bool = False):
-        from ..reference import prims
-        from ..reference.sampling import kept_mask
+        from ..reference.sampling import kept_mask, process
         self.logits, self.P, self.mode, self.prescaled = logits, P, mode, prescaled
         B, V = logits.shape
         dev = logits.device
@@ -143,7 +142,7 @@ class RefSets:
             self.greedy = torch.argmax((z == m).to(torch.int8), dim=1)
             return
         T = torch.ones_like(P.T) if prescaled else P.T
-        self.x = z * prims.inv_temperature(T)[:, None]
+        _, self.x, _, _, _ = process(logits, T)     # y = (z - zmax) / T: the kept-set values
         if mode == "temp":
             self.thr = self.x.min(dim=1).values
             return
@@ -159,9 +158,9 @@ class RefSets:
         inf = torch.tensor(float("inf"), device=dev)
         for a in range(0, B, step):
             b = min(B, a + step)
-            xc = self.x[a:b]
-            self.kept[a:b] = kept_mask(xc, k[a:b], p[a:b], mp[a:b])[0]
-            loose = kept_mask(xc, k[a:b], p_loose[a:b], mp_loose[a:b])[0]
+            xc, zc = self.x[a:b], z[a:b]
+            self.kept[a:b] = kept_mask(zc, xc, k[a:b], p[a:b], mp[a:b])[0]
+            loose = kept_mask(zc, xc, k[a:b], p_loose[a:b], mp_loose[a:b])[0]
             self.thr[a:b] = torch.where(loose, xc, inf).min(dim=1).values
 
     def ref_tokens(self, rows: torch.Tensor) -> torch.Tensor:
@@ -250,7 +249,7 @@ def _ours_call(backend: str):
 
     def call(x, P):
         return ops.sample(x, P.seed, P.offset, temperature=P.T, top_k=P.k, top_p=P.p,
-                          min_p=P.mp, backend=backend, validate=False, top_k_max=P.k_max)
+                          min_p=P.mp, backend=backend, validate=False)
     return call
 
 

@@ -11,20 +11,24 @@ import torch
 
 from . import _common as C
 
-# flag bits shared with csrc/sampling/sampling_ops.cu
-F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS, F_GENERIC = 1, 2, 4, 8, 16, 32
+# flag bits shared with csrc/sampling/sampler.cuh (the sampler kernel)
+F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
+# Testing only (tests/test_sampling_cuda.py): force the CUDA sampler's rare paths on every row so
+# that tests can compare them with the reference: F_FORCE_GENERIC (exact cluster-wide radix
+# thresholds instead of the candidate lists), F_FORCE_EXACT (the exact pass instead of the
+# streamed gap test for temperature-only rows), F_NO_RESIDENT (never stage the row chunk in
+# shared memory). The tokens must not change. Set ``_CUDA_TEST_FLAGS`` to an OR of them.
+F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT = 64, 128, 256
+_CUDA_TEST_FLAGS = 0
+
+# The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
+# own testing flags (ops/verify.py passes them): F_NO_LIST never compacts a level's active keys
+# into the row's list; F_NO_EXCL histograms every key at level 0 of a top-p row; F_EXCL_TEST
+# excludes the bins below m - 2 so that the redo path runs. The thresholds must not change.
 F_NO_LIST, F_NO_EXCL, F_EXCL_TEST = 128, 256, 512
-# Testing / A-B only: the CUDA radix levels (sampler top-p / top-k > 256 / min-p rows, and the
-# verify family's top-k / top-p thresholds) never compact a level's active keys into the row's
-# list: every level reads the whole row again (the tokens must not change).
 _NO_LEVEL_LIST_FOR_TESTING = False
-# Testing / A-B only: level 0 of a CUDA top-p row (no top-k) histograms every key instead of
-# only summing the keys provably below the top-p boundary (docs/DESIGN.md, "Excluded bins").
 _NO_LEVEL_EXCL_FOR_TESTING = False
-# Testing only: level 0 excludes the bins below m - 2 (not a proven bound), so the boundary
-# often falls among them and the level is redone in full (the tokens must not change).
 _LEVEL_EXCL_TEST_FOR_TESTING = False
-FAST_TOP_K_MAX = 256   # csrc/sampling/sampling.cuh kTopKCap: top-k fast path bound
 
 
 class SampleOutput(NamedTuple):
@@ -58,20 +62,14 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
     seed, offset, temperature, top_k, top_p, min_p = C.sampling_params(
         n, dev, seed, offset, temperature, top_k, top_p, min_p)
     backend = C.pick_backend(backend, dev, "sample")
-    generic = None
     if validate and not C.is_tracing() and n > 0:
-        generic = _check_values(vocab, temperature, top_k, top_p, min_p)
-    if generic is None:  # not inspected: trust the caller's promise, else be conservative
-        if top_k_max is not None:
-            C.check(isinstance(top_k_max, int) and 0 < top_k_max, "top_k_max",
-                    f"must be a positive int, got {top_k_max!r}")
-            generic = top_k is None and (top_p is not None or min_p is not None)
-            generic = generic or top_k_max > FAST_TOP_K_MAX
-        else:
-            generic = top_p is not None or min_p is not None or top_k is not None
+        _check_values(temperature, top_p, min_p)
+    if top_k_max is not None:
+        C.check(isinstance(top_k_max, int) and not isinstance(top_k_max, bool) and 0 < top_k_max,
+                "top_k_max", f"must be a positive int, got {top_k_max!r}")
     flags = ((F_TEMP if temperature is not None else 0) | (F_TOPK if top_k is not None else 0)
              | (F_TOPP if top_p is not None else 0) | (F_MINP if min_p is not None else 0)
-             | (F_GENERIC if generic else 0) | _level_test_flags())
+             | _CUDA_TEST_FLAGS)
     return seed, offset, temperature, top_k, top_p, min_p, backend, flags
 
 
@@ -82,22 +80,12 @@ def _level_test_flags() -> int:
             | (F_EXCL_TEST if _LEVEL_EXCL_TEST_FOR_TESTING else 0))
 
 
-def _check_values(vocab, temperature, top_k, top_p, min_p) -> bool:
-    """Range checks with one host sync; returns whether any row needs the generic CUDA path."""
-    dev = next((t.device for t in (temperature, top_k, top_p, min_p) if t is not None), None)
-    if dev is None:
-        return False
+def _check_values(temperature, top_p, min_p) -> None:
+    """Range checks of the parameter values, with one host sync."""
     checks = C.param_range_checks(temperature, top_p, min_p)
-    f = torch.zeros((), dtype=torch.bool, device=dev)
-    sampled = (temperature > 0) if temperature is not None else ~f
-    k_on = (top_k > 0) & (top_k < vocab) if top_k is not None else f
-    p_on = (top_p < 1) if top_p is not None else f
-    mp_on = (min_p > 0) if min_p is not None else f
-    big_k = k_on & (top_k > FAST_TOP_K_MAX) if top_k is not None else f
-    generic = (sampled & (big_k | (~k_on & (p_on | mp_on)))).any()
-    vals = torch.stack([c[2] for c in checks] + [generic]).tolist()
-    C.raise_failed_checks(checks, vals[:-1])
-    return bool(vals[-1])
+    if checks:
+        vals = torch.stack([c[2] for c in checks]).tolist()
+        C.raise_failed_checks(checks, vals)
 
 
 def _run(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
@@ -145,12 +133,8 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
     backend : "auto" | "cuda" | "triton" | "reference".
     validate : range-check parameter values (one host sync; skipped under CUDA-graph capture and
         torch.compile).
-    top_k_max : optional promise, used when values are not inspected (``validate=False`` or
-        CUDA-graph capture): every active ``k`` is <= ``top_k_max``, and every row that uses
-        top-p or min-p also has an active top-k. With ``top_k_max <= 256`` the CUDA backend then
-        skips its generic multi-pass path (top-p / min-p without top-k, or k > 256). A row that
-        breaks the promise is marked invalid (``valid = False``, token 0), never sampled
-        inexactly.
+    top_k_max : accepted for compatibility (a positive int); no backend needs it: the CUDA
+        kernel picks each row's path on the device (one launch, any k).
 
     Returns
     -------

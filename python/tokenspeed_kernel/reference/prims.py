@@ -214,7 +214,20 @@ def top_p_limit(top_p: torch.Tensor, total_mass: torch.Tensor) -> torch.Tensor:
 
 
 def inv_temperature(t: torch.Tensor) -> torch.Tensor:
-    """fl32(1 / T) with IEEE division; 1 for greedy rows (T == 0)."""
+    """fl32(1 / T) with IEEE division; 1 for greedy rows (T == 0). +inf for T < ~2.9e-39."""
     t = t.to(torch.float32)
     one = torch.ones((), dtype=torch.float32, device=t.device)
     return torch.where(t > 0, one / torch.where(t > 0, t, one), one)
+
+
+def centered(z: torch.Tensor, zmax: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
+    """The processed logit ``y = fl32(fl32(z - zmax) * inv_t)``, and ``y = 0`` where
+    ``z == zmax`` (so a 1/T that overflowed to +inf gives 0 / -inf, the T -> 0 limit, not NaN).
+
+    ``z`` float32 [..., V], ``zmax`` / ``inv_t`` float32 broadcastable to it. ``y <= 0``; the
+    max token has ``y = 0``. Relative to the row max, so the scores ``y + G`` keep the Gumbel
+    noise at every logit magnitude and temperature (docs/DESIGN.md, randomness contract).
+    """
+    d = z.to(torch.float32) - zmax
+    y = d * inv_t
+    return torch.where(d == 0, torch.zeros_like(y), y)

@@ -5,14 +5,15 @@ Layout (ragged): request ``i`` has ``n_i = cu[i+1] - cu[i]`` draft tokens
 position n_i is the bonus position) and its draft logits rows ``cu[i] + j`` (j < n_i).
 The padded form of ``ops.verify`` is converted to this one before the reference runs.
 
-Every row is processed like the sampler (``reference.sampling``): ``x = fl32(z) * fl32(1/T)``,
-then top-k -> top-p -> min-p give the kept set ``K`` (``sampling.kept_mask``). A greedy request
-(T = 0) keeps only the max key (value descending, id ascending), i.e. it behaves as ``T = 1,
-top_k = 1``. The draft rows use the same parameters as the target rows.
+Every row is processed like the sampler (``reference.sampling.process``): the processed logit
+``y = fl32(fl32(z - zmax) * fl32(1/T))`` (0 at the max), then top-k -> top-p -> min-p give the
+kept set ``K`` (``sampling.kept_mask``, keys on the raw logits). A greedy request (T = 0) keeps
+only the max key (value descending, id ascending), i.e. it behaves as ``T = 1, top_k = 1``. The
+draft rows use the same parameters as the target rows.
 
 Probabilities are exact rationals of fixed-point masses (docs/VERIFY.md):
 
-    e_i = [i in K] * mass_fixed(x_i - m)      (int64, trunc(soft_exp_neg(x_i - m) * 2**38))
+    e_i = [i in K] * mass_fixed(y_i)          (int64, trunc(soft_exp_neg(y_i) * 2**38))
     S   = sum_i e_i                          (exact int64, <= V * 2**38 <= 2**62)
     p_i = e^p_i / S_p,   q_i = e^q_i / S_q   (ngram mode: q = one-hot at the draft token)
 
@@ -107,27 +108,25 @@ def row_params(req: torch.Tensor, temperature, top_k, top_p, min_p):
 
 
 def process_rows(z: torch.Tensor, T, k, p, mp):
-    """Processed rows: (x, kept, m, e, S, invalid, greedy).
+    """Processed rows: (y, kept, e, S, invalid, greedy).
 
-    x float32 [R, V]; kept bool [R, V]; m = max x; e int64 masses on the kept set; S = sum e.
+    y float32 [R, V] (``sampling.process``); kept bool [R, V]; e int64 masses on the kept set;
+    S = sum e.
     """
     R, V = z.shape
-    greedy = ~(T > 0)
-    x = z.to(torch.float32) * prims.inv_temperature(T)[:, None]
-    invalid = (torch.isnan(x).any(1) | (x == float("inf")).any(1)
-               | ~(x > float("-inf")).any(1))
+    zf, y, _, greedy, invalid = ref_sampling.process(z, T)
     k = torch.where(greedy, torch.ones_like(k), k)
     p = torch.where(greedy, torch.ones_like(p), p)
     mp = torch.where(greedy, torch.zeros_like(mp), mp)
     if R == 0:
         z0 = torch.zeros((0,), dtype=torch.int64, device=z.device)
-        return (x, torch.zeros_like(x, dtype=torch.bool), x.new_zeros((0,)),
-                torch.zeros_like(x, dtype=torch.int64), z0, invalid, greedy)
-    kept, m, _ = ref_sampling.kept_mask(x, k, p, mp)
-    e = torch.where(kept, prims.mass_fixed(x - m[:, None]), torch.zeros((), dtype=torch.int64,
-                                                                       device=z.device))
+        return (y, torch.zeros_like(y, dtype=torch.bool),
+                torch.zeros_like(y, dtype=torch.int64), z0, invalid, greedy)
+    kept, _ = ref_sampling.kept_mask(zf, y, k, p, mp)
+    e = torch.where(kept, prims.mass_fixed(y), torch.zeros((), dtype=torch.int64,
+                                                             device=z.device))
     S = e.sum(1)
-    return x, kept, m, e, S, invalid, greedy
+    return y, kept, e, S, invalid, greedy
 
 
 def _layout(cu: torch.Tensor):
@@ -157,7 +156,7 @@ def _first_failure(ok_flat, req_d, pos_d, n, bs, max_n):
     return torch.minimum(first.min(1).values, n)
 
 
-def _finish(bs, max_n, n, f, tok_final, valid, draft_ids, cu, t_start, z_t, x_t, kept_t, m_t,
+def _finish(bs, max_n, n, f, tok_final, valid, draft_ids, cu, t_start, z_t, y_t, kept_t,
             greedy_t):
     """tokens [bs, max_n+1] (accepted drafts, the final token, then -1) and their logprobs."""
     dev = z_t.device
@@ -177,11 +176,11 @@ def _finish(bs, max_n, n, f, tok_final, valid, draft_ids, cu, t_start, z_t, x_t,
     tokens = torch.where(at, tok_final[:, None], tokens)
     rows = (t_start[:, None] + torch.minimum(col[None, :], n[:, None])).reshape(-1)
     tk = tokens.reshape(-1).clamp(0, V - 1)
-    kept_exp = torch.where(kept_t, torch.exp(x_t - m_t[:, None]), torch.zeros_like(x_t))
+    kept_exp = torch.where(kept_t, torch.exp(y_t), torch.zeros_like(y_t))
     lognorm = torch.log(kept_exp.sum(1))
     lse_raw = torch.logsumexp(z_t.to(torch.float32), dim=1)
     lp = (z_t.to(torch.float32)[rows, tk] - lse_raw[rows]).reshape(bs, W)
-    plp = (x_t[rows, tk] - m_t[rows] - lognorm[rows]).reshape(bs, W)
+    plp = (y_t[rows, tk] - lognorm[rows]).reshape(bs, W)
     plp = torch.where(greedy_t[rows].reshape(bs, W), torch.zeros_like(plp), plp)
     emitted = acc | at
     zero = torch.zeros((), dtype=torch.float32, device=dev)
@@ -244,7 +243,7 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, cu_num_dr
     draft_ids = draft_token_ids.to(dev).to(torch.int64).reshape(-1)
     z_t = target_logits
     T_t, k_t, p_t, mp_t = row_params(req_t, temperature, top_k, top_p, min_p)
-    x_t, kept_t, m_t, e_t, S_t, inv_t, greedy_t = process_rows(z_t, T_t, k_t, p_t, mp_t)
+    y_t, kept_t, e_t, S_t, inv_t, greedy_t = process_rows(z_t, T_t, k_t, p_t, mp_t)
     row_d_t = t_start[req_d] + pos_d                  # target row of each draft position
 
     if mode == "strict":
@@ -260,7 +259,7 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, cu_num_dr
         tok_final = tok_rows[final_t]
         valid = ok_rows[final_t]
         tokens, lp, plp = _finish(bs, max_n, n, f, tok_final, valid, draft_ids, cu, t_start, z_t,
-                                  x_t, kept_t, m_t, greedy_t)
+                                  y_t, kept_t, greedy_t)
         return tokens, f, valid, lp, plp
 
     # ---- probabilistic / ngram ----
@@ -272,7 +271,7 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, cu_num_dr
     if mode == "probabilistic":
         assert draft_logits is not None, "draft_logits required in probabilistic mode"
         T_d, k_d, p_d, mp_d = row_params(req_d, temperature, top_k, top_p, min_p)
-        _, _, _, e_q, S_q, inv_q, _ = process_rows(draft_logits, T_d, k_d, p_d, mp_d)
+        _, _, e_q, S_q, inv_q, _ = process_rows(draft_logits, T_d, k_d, p_d, mp_d)
         eq_x = torch.where(in_range, e_q.gather(1, xc[:, None])[:, 0], zero)
         Sq = S_q
     else:
@@ -311,8 +310,8 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, cu_num_dr
             Sq_r = torch.ones_like(S_t[rows])
         tok_final[res] = residual_sample(e_t[rows], eq, S_t[rows], Sq_r, seed[res],
                                          offset[res] + f[res])
-    tokens, lp, plp = _finish(bs, max_n, n, f, tok_final, valid, draft_ids, cu, t_start, z_t, x_t,
-                              kept_t, m_t, greedy_t)
+    tokens, lp, plp = _finish(bs, max_n, n, f, tok_final, valid, draft_ids, cu, t_start, z_t, y_t,
+                              kept_t, greedy_t)
     return tokens, f, valid, lp, plp
 
 
@@ -328,7 +327,7 @@ def target_probabilities(target_logits, cu_num_draft, temperature=None, top_k=No
 def fixed_point_probabilities(logits, req, temperature=None, top_k=None, top_p=None, min_p=None):
     """p_i = e_i / S as float64 [rows, V]: the distribution verify's accept/resample use."""
     T, k, p, mp = row_params(req, temperature, top_k, top_p, min_p)
-    _, _, _, e, S, _, _ = process_rows(logits, T, k, p, mp)
+    _, _, e, S, _, _ = process_rows(logits, T, k, p, mp)
     return e.double() / S.double()[:, None]
 
 

@@ -227,3 +227,11 @@ def inv_temperature(t):
     t = t.to(tl.float32)
     pos = t > 0.0
     return tl.where(pos, tl.math.div_rn(1.0 + tl.zeros_like(t), tl.where(pos, t, 1.0)), 1.0)
+
+
+@triton.jit
+def centered(z, zmax, inv_t):
+    """Processed logit ``y = fl32(fl32(z - zmax) * inv_t)``, 0 where ``z == zmax`` (reference
+    ``prims.centered``): relative to the row max, never NaN for ``inv_t = +inf``."""
+    d = z.to(tl.float32) - zmax
+    return tl.where(d == 0.0, 0.0, d * inv_t)

@@ -1,32 +1,90 @@
 """Triton sampler: exact Gumbel-max over the temperature -> top-k -> top-p -> min-p kept set.
 
-Same tokens as ``tokenspeed_kernel.reference.sampling.sample`` bit for bit (same Philox words,
-same float32 op sequences from ``triton/prims.py``, same integer / fixed-point filter decisions);
-runs on the GPU and on the CPU under ``TRITON_INTERPRET=1``. Kernels are launched with
-``enable_fp_fusion=False`` (no FMA contraction).
+Same tokens as ``tokenspeed_kernel.reference.sampling.sample`` bit for bit (contract "v2",
+docs/DESIGN.md): the same Philox words, the same float32 op sequences (``triton/prims.py``;
+every kernel is launched with ``enable_fp_fusion=False``) and the same integer / fixed-point
+filter decisions. Faster arithmetic is used only to *skip* work or to *pick* a winner where a
+proven bound shows that the exact rule gives the same token; everything else is exact. Runs on
+the GPU and on the CPU under ``TRITON_INTERPRET=1``. Stateless, no host sync, CUDA-graph safe
+(grids depend only on shapes and on which parameters are given), no workspace zeroing, and no
+recompilation on parameter values or batch size (constexprs: which parameters are given,
+logprobs on/off, tile sizes).
 
-Design (simple and exact; this is the fallback, not the fast path):
+Notation per row: z = raw logits (float32), zmax = max z, t = fl32(1/T), y = centered(z, zmax,
+t) (<= 0), G = Gumbel noise of (seed, offset, id), score s = fl32(y + G); order = key56(z, id)
+descending (value descending, id ascending).
 
-* a program handles ``ROWS`` rows (1 for large vocabularies on the GPU; several for small ones,
-  and many under the interpreter, whose cost is per operation) in ``[ROWS, BLOCK]`` tiles: any V,
-  any row stride, logits read natively as fp32 / bf16 / fp16;
-* the total order (value descending, id ascending) is the row-local compact key
-  ``key = key32(x) * V + (V - 1 - id)``: order-preserving and unique like key56, but its range
-  is 2^32 * V instead of 2^56, which saves search passes;
-* pass 1: max / min key per row (the max key gives the greedy token and the row max ``m``),
-  the invalid flags (NaN, +inf, no finite logit) and, for logprobs, the raw max;
-* every filter is a threshold on the key: top-k keeps ``key >= t_k``, ``t_k`` = the k-th
-  largest key; top-p keeps ``key >= t_p``, ``t_p`` = the largest t whose fixed-point mass
-  ``sum(mass_fixed(x - m) : key >= max(t, t_k))`` reaches ``max(1, trunc(p * S_K))`` -- the
-  reference's "mass before the token < P'" rule on the sorted row. Both are found by an
-  (NT+1)-ary search over the key range: each pass counts (or sums the mass of) the keys at NT
-  thresholds at once (about 10-13 passes with NT = 16). All decisions are integer, hence
-  identical to the reference's sort + cumsum;
-* final pass: Gumbel argmax of ``x + G(seed, offset, id)`` (ties: lowest id) over ``key >= t``
-  and the min-p condition ``x - m >= soft_ln(min_p)``, plus the log-sum-exps of the logprobs.
+Three launches (the second only when top_p is given)::
 
-Greedy rows (T == 0) take the max key (lowest id among ties) and join no search. A program
-searches only while one of its rows still needs it. No host sync: CUDA-graph safe.
+  K1 partial   grid (rows, S1)  one streaming pass over a chunk of the row (S1 chunks per row)
+  K2 mass      grid (rows, S2)  top-p rows without top-k only: exact sum of mass_fixed(y)
+  K3 finalize  grid (rows,)     merges the chunks, decides, writes token / valid / logprobs
+
+S1 (S2) is chosen on the host from the batch size and the SM count so that small batches still
+fill the GPU (B = 1: up to one 2048-element chunk per program); rows with a filter that needs a
+sorted candidate set (top-k / top-p) use at most 8 chunks (their candidates are merged in K3).
+
+Per row the mode is decided on the device from the row's parameters (all kernels agree):
+
+* GREEDY (T == 0) and every row: K1 keeps per lane (element position of the tile) the running
+  max of z with its lowest id, a NaN flag, and with logprobs an online log-sum-exp of z (and of
+  y for PLAIN rows). Invalid rows (NaN, +inf or no finite z) and the greedy token come from
+  these alone. Per element: ~8 operations.
+* PLAIN (temperature only): K1 evaluates, per element, a = fl32(z * t) and the Philox word (one
+  Philox4x32-10 call per 4 tokens, lanes interleaved), u = uniform(word), and a pruning test
+  ``u >= exp(-exp(-(beta - 0.07 - a))) - 2^-13`` (fast exp) against beta, the best h of the
+  chunk so far. Only a tile (2048 elements) that has a passing element evaluates the exact
+  G = gumbel_from_bits for all its elements and the approximate score h = fl32(a + G); per lane
+  the best h (with id) and the second best are kept. Random rows evaluate ~H(n) of n tiles of
+  a chunk. K3 merges the chunks' best / second-best h and takes the best h's token when
+  ``A = |fl32(zmax * t)| <= 2^14`` and ``h_best - h_second > 2E = (A + 256) * 2^-21``.
+  **Bound.** With u = 2^-24 and Y = (z - zmax) t real, for every token with |Y| <= 64:
+  |y - Y| <= (2u + u^2)|Y|, |a - z t| <= u(A + |Y|), and the roundings of s = fl(y + G) and
+  h = fl(a + G) add u(|Y| + 16.7) and u(A + |Y| + 16.7) (G is the same float32 in both); so
+  |s - (h - zmax t)| <= u(2A + 5|Y| + 34) + O(u^2 A) <= E. Tokens with Y < -64 have
+  s < -47 < s(max token) >= -2.82 and h - zmax t < -47 + 2uA < h(max token) - zmax t, so they
+  are neither the exact winner nor the h-argmax. Hence h_best - h_second > 2E makes the
+  h-argmax the unique exact argmax (strictly larger s than every other token). Pruned tokens
+  have h < beta - 0.05 <= h_best - 0.05, so a chunk that pruned reports
+  max(second best, beta - 0.05) as its second best; 0.05 > 2E for A <= 2^14. The test is
+  conservative there: G is increasing in u (checked over all 2^23 values of u; the float32 G
+  is within 5.4e-7 of -ln(-ln u)); the hardware exps err by < 2^-13 in the threshold (|d exp(
+  -exp(-D))/dD| <= 1/e); and the float32 rounding of D and of h adds < 0.01 for |a|, |beta|
+  <= A + 64 (tokens farther below cannot reach beta - 0.05), inside the 0.02 slack. A row
+  that fails the test (a near tie: ~1e-4 of random rows; |z t| > 2^14; t = +inf) is decided by
+  K3's exact pass (below).
+* WINDOW (min-p without top-k / top-p): kept <=> y >= L = soft_ln(min_p) implies
+  z >= zmax - W with W = fl(|L| / t) (1 + 2^-16) (|y| >= |z - zmax| t (1 - u)^2). K1 keeps the
+  running max m of the chunk (tile max first) and appends every finite z >= m - W - |m| 2^-20
+  (<= the real m - W after rounding) to the chunk's candidate slot (cumsum compaction); the
+  slot then holds every token of the chunk with z >= zmax - W. K3 filters the slots exactly
+  (y >= L with the true zmax) and draws the Gumbel-max over them. A slot that overflows sends
+  the row to the exact pass. Per element: ~12 operations, no Philox.
+* TOPR (top-k and / or top-p, any min-p): K1 keeps per lane of a 1024-lane tile the 4 largest
+  keys (value, id) it has seen (insertion network, ~22 operations per element; a lane sees ids
+  in increasing order, so strict float ``>`` gives the key order). Every token of the chunk
+  missing from the lanes' union has a key below tau = max over lanes of the lane's 4th key, so
+  the union's keys >= tau are an exact prefix of the chunk's order; K1 writes them to the slot
+  (when more than fit: the union is sorted and the slot's top entries with tau = the last
+  one). K3 takes P = {slot entries >= max tau} (an exact prefix of the row's order), its top
+  KCAP = 256 keys sorted (``tl.topk``), fixed-point masses, S_K (top-k on: over P; top-k off:
+  K2's exact row sum), the top-p / min-p prefix and the Gumbel-max over the kept prefix. The
+  decision is exact when the kept prefix provably ends inside P: P holds every finite token,
+  or top-k is on with k <= |P|, or the last entry of P is not kept (and S_K is known).
+  Otherwise (k > |P|, flat rows), and directly for k > KCAP (DIRECT rows), K3 runs the exact
+  pass.
+* Exact pass (K3, one program per row, the rare path): compact key key32(z) * V + (V-1-id);
+  (NT+1)-ary threshold searches (16 thresholds per pass over the row) for top-k (count) and
+  top-p (fixed-point mass over the top-k set), then one Gumbel pass over the kept keys with
+  exact scores; tiles whose kept max y + 16.7 is below the best score skip Philox.
+
+Logprobs: raw = z_tok - zmax - ln(sum exp(z - zmax)) from K1's per-lane online sums; processed
+= y_tok - ln(sum over the kept set of exp(y)) from K1's sums (PLAIN), the kept candidates (K3)
+or the exact pass; greedy rows 0; invalid rows NaN (float sums: ~1e-6 relative, not bitwise).
+
+Under ``TRITON_INTERPRET=1`` (cost per operation) tiles are as large as the row (up to 4096 /
+1024 elements) and every row is one chunk; ``_TEST_CONFIG`` overrides tile sizes, caps and
+chunk counts so that tests reach every path on small rows.
 """
 from __future__ import annotations
 
@@ -39,195 +97,734 @@ import triton.language as tl
 
 from . import prims as P
 
-NT = 16  # thresholds per search pass (17-ary search)
+# row modes
+GREEDY = tl.constexpr(0)
+PLAIN = tl.constexpr(1)
+WINDOW = tl.constexpr(2)
+TOPR = tl.constexpr(3)
+DIRECT = tl.constexpr(4)
+
+# PLAIN pruning / gap test (module docstring: "Bound")
+PRUNE_C = tl.constexpr(0.03)          # margin 0.02 + slack 0.01 subtracted from beta
+PRUNE_MARGIN = tl.constexpr(0.02)     # pruned tokens: h < beta - PRUNE_MARGIN
+PRUNE_DELTA = tl.constexpr(2.0 ** -19)   # > the two hardware exp2 errors in the threshold
+GAP_A_MAX = tl.constexpr(16384.0)
+GAP_A_PAD = tl.constexpr(256.0)
+GAP_SCALE = tl.constexpr(2.0 ** -21)  # 2E = (A + 256) * 2^-21
+G_MAX_PAD = tl.constexpr(16.7)        # > max G = 16.6356 (+ rounding), exact-pass tile skip
+BIG_ID = tl.constexpr(2147483647)
+NEG_INF = tl.constexpr(float("-inf"))
+LOG2E = tl.constexpr(1.4426950408889634)
+
+NPF = tl.constexpr(5)   # float partials per (row, chunk): max z, h1, h2, raw sum, proc sum
+NPI = tl.constexpr(4)   # int partials: argmax id, h1 id, flags (1 nan, 2 overflow), count
+NT = 16                 # thresholds per exact-pass search pass
+
+
+# ---------------------------------------------------------------------------------------------
+# shared device helpers
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _row_setup(row, V, tpr, seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+               HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+               HAS_MINP: tl.constexpr, KCAP: tl.constexpr):
+    """Row r -> request q = r // tpr; Philox offset offset[q] + r % tpr; the row's mode."""
+    q = row // tpr
+    seed = tl.load(seed_ptr + q).to(tl.int64)
+    offset = tl.load(offset_ptr + q).to(tl.int64) + (row - q * tpr)
+    if HAS_T:
+        temp = tl.load(temp_ptr + q).to(tl.float32)
+    else:
+        temp = tl.full([], 1.0, tl.float32)
+    sampled = temp > 0.0
+    inv_t = P.inv_temperature(temp)
+    if HAS_K:
+        k = tl.load(topk_ptr + q).to(tl.int64)
+    else:
+        k = tl.full([], 0, tl.int64)
+    k_on = sampled & (k > 0) & (k < V)
+    if HAS_P:
+        p = tl.load(topp_ptr + q).to(tl.float32)
+    else:
+        p = tl.full([], 1.0, tl.float32)
+    p_on = sampled & (p < 1.0)
+    if HAS_MINP:
+        mp = tl.load(minp_ptr + q).to(tl.float32)
+    else:
+        mp = tl.full([], 0.0, tl.float32)
+    mp_on = sampled & (mp > 0.0)
+    L = tl.where(mp_on, P.soft_ln(tl.where(mp_on, mp, 1.0)), NEG_INF)
+    mode = tl.where(sampled, PLAIN, GREEDY)
+    mode = tl.where(mp_on, WINDOW, mode)
+    mode = tl.where(k_on | p_on, TOPR, mode)
+    mode = tl.where(k_on & (k > KCAP), DIRECT, mode)
+    return seed, offset, inv_t, k_on, k, p_on, p, mp_on, L, mode
 
 
 @triton.jit
-def _load_tile(logits_ptr, row_off, rmask, stride_row, offs, V, inv_t):
-    """[ROWS, BLOCK] tile: (mask, z = float32 logits, x = z * inv_t)."""
-    mask = rmask[:, None] & (offs[None, :] < V)
-    ptrs = logits_ptr + (row_off * stride_row)[:, None] + offs[None, :]
-    z = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    return mask, z, z * inv_t[:, None]
+def _philox_tile(start, seed, offset, BLOCK: tl.constexpr):
+    """Philox words of tokens start .. start + BLOCK - 1 (start % 4 == 0): one Philox4x32-10
+    call per 4 tokens, the 4 output lanes interleaved back into token order."""
+    cnt = ((start // 4) + tl.arange(0, BLOCK // 4)).to(tl.uint32)
+    k0 = seed.to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    o0 = offset.to(tl.uint32)
+    o1 = (offset >> 32).to(tl.uint32)
+    c3 = tl.full([], P.STREAM_SAMPLE, tl.uint32)
+    r0, r1, r2, r3 = P.philox4x32_10(cnt, o0, o1, c3, k0, k1)
+    return tl.interleave(tl.interleave(r0, r2), tl.interleave(r1, r3))
 
 
 @triton.jit
-def _ge_stats(logits_ptr, row_off, rmask, stride_row, V, inv_t, m, floor_key, t,
-              MASS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, NTHR: tl.constexpr):
-    """For each row and threshold t[r, j]: the number (MASS=False) or the fixed-point mass
-    (MASS=True) of the row's tokens with key >= max(t[r, j], floor_key[r]). [ROWS, NTHR]."""
-    acc = tl.zeros([ROWS, NTHR], dtype=tl.int64)
-    for start in range(0, V, BLOCK):
+def _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP: tl.constexpr,
+                  WANT_PROC: tl.constexpr):
+    """Per-lane running max (NaN-sticky: a NaN marks the row invalid) with its lowest id, and
+    online exp-sums for the logprobs."""
+    up = z > zm
+    if WANT_LP:
+        fin = z > NEG_INF
+        d = z - zm
+        e = tl.where(fin, tl.exp(-tl.abs(d)), 0.0)
+        sl = tl.where(up, sl * e + 1.0, sl + e)
+        if WANT_PROC:
+            e2 = tl.where(d == 0.0, 1.0, tl.exp(-(tl.abs(d) * inv_t)))
+            e2 = tl.where(fin, e2, 0.0)
+            s2l = tl.where(up, s2l * e2 + 1.0, s2l + e2)
+    zi = tl.where(up, offs, zi)
+    zm = tl.maximum(zm, z, propagate_nan=tl.PropagateNan.ALL)
+    return zm, zi, sl, s2l
+
+
+@triton.jit
+def _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, flags_extra, count,
+                 WANT_LP: tl.constexpr):
+    """Chunk summary of the per-lane state: max z, its lowest id, flags, exp-sums."""
+    nan = tl.max((zm != zm).to(tl.int32), axis=0)
+    M = tl.max(zm, axis=0)
+    Mi = tl.min(tl.where(zm == M, zi, BIG_ID), axis=0)
+    tl.store(pf_ptr + pidx * NPF + 0, M)
+    tl.store(pi_ptr + pidx * NPI + 0, Mi)
+    tl.store(pi_ptr + pidx * NPI + 2, nan | flags_extra)
+    tl.store(pi_ptr + pidx * NPI + 3, count)
+    if WANT_LP:
+        live = zm > NEG_INF
+        S = tl.sum(tl.where(live, sl * tl.exp(zm - M), 0.0), axis=0)
+        S2 = tl.sum(tl.where(live, s2l * tl.exp(P.centered(zm, M, inv_t)), 0.0), axis=0)
+        tl.store(pf_ptr + pidx * NPF + 3, S)
+        tl.store(pf_ptr + pidx * NPF + 4, S2)
+
+
+@triton.jit
+def _top_sorted(keys, K: tl.constexpr, USE_RANK: tl.constexpr):
+    """The K largest of ``keys`` along the last axis (int64, distinct where >= 0, -1 = empty),
+    descending, padded with -1. GPU: ``tl.topk`` (bitonic). Interpreter: ranks by an all-pairs
+    comparison (the bitonic network's many small reductions are slow there); same result."""
+    if USE_RANK:
+        rank = tl.sum((keys[None, :] > keys[:, None]).to(tl.int32), axis=1)
+        r = tl.arange(0, K)
+        hit = (rank[None, :] == r[:, None]) & (keys[None, :] >= 0)
+        return tl.max(tl.where(hit, keys[None, :], -1), axis=1)
+    else:
+        return tl.topk(keys, K)
+
+
+@triton.jit
+def _sort_desc(keys, USE_RANK: tl.constexpr):
+    """``keys`` sorted descending (as ``_top_sorted`` with K = all)."""
+    if USE_RANK:
+        return _top_sorted(keys, keys.shape[0], True)
+    else:
+        return tl.sort(keys, descending=True)
+
+
+@triton.jit
+def _top4_rows(keys, USE_RANK: tl.constexpr):
+    """Per row of keys [G, n]: its 4 largest (as ``_top_sorted``) -> [G, 4]."""
+    if USE_RANK:
+        rank = tl.sum((keys[:, None, :] > keys[:, :, None]).to(tl.int32), axis=2)
+        r = tl.arange(0, 4)
+        hit = (rank[:, None, :] == r[None, :, None]) & (keys[:, None, :] >= 0)
+        return tl.max(tl.where(hit, keys[:, None, :], -1), axis=2)
+    else:
+        return tl.topk(keys, 4)
+
+
+@triton.jit
+def _ex2(x, FAST: tl.constexpr):
+    """2^x for the pruning test only (any error is inside its slack): the flush-to-zero
+    hardware approximation on the GPU, tl.exp2 in the interpreter."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
+
+# ---------------------------------------------------------------------------------------------
+# K1: one pass over a chunk of a row
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _k1_base(row_ptr, lo, hi, inv_t, pf_ptr, pi_ptr, pidx, WANT_LP: tl.constexpr,
+             BLOCK: tl.constexpr, NSTAGE: tl.constexpr):
+    zm = tl.full([BLOCK], NEG_INF, tl.float32)
+    zi = tl.zeros([BLOCK], tl.int32)
+    sl = tl.zeros([BLOCK], tl.float32)
+    s2l = tl.zeros([BLOCK], tl.float32)
+    for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
-        mask = rmask[:, None] & (offs[None, :] < V)
-        ptrs = logits_ptr + (row_off * stride_row)[:, None] + offs[None, :]
-        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * inv_t[:, None]
-        key = P.key32(x) * V + (V - 1 - offs)[None, :]
-        key = tl.where(mask & (key >= floor_key[:, None]), key, -1)
-        hit = key[:, :, None] >= t[:, None, :]
-        if MASS:
-            e = P.mass_fixed(x - m[:, None])
-            acc += tl.sum(tl.where(hit, e[:, :, None], 0), axis=1)
+        z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
+        zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
+                                              False)
+    _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, 0, 0, WANT_LP)
+
+
+@triton.jit
+def _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx,
+              WANT_LP: tl.constexpr, BLOCK: tl.constexpr, NSTAGE: tl.constexpr,
+              FAST: tl.constexpr):
+    zm = tl.full([BLOCK], NEG_INF, tl.float32)
+    zi = tl.zeros([BLOCK], tl.int32)
+    sl = tl.zeros([BLOCK], tl.float32)
+    s2l = tl.zeros([BLOCK], tl.float32)
+    h1 = tl.full([BLOCK], NEG_INF, tl.float32)
+    h2 = tl.full([BLOCK], NEG_INF, tl.float32)
+    i1 = tl.zeros([BLOCK], tl.int32)
+    beta = tl.full([], NEG_INF, tl.float32)
+    pruned = tl.full([], 0, tl.int32)
+    c1 = inv_t * LOG2E
+    for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < hi
+        z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+        zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
+                                              True)
+        bits = _philox_tile(start, seed, offset, BLOCK)
+        u = P.uniform_from_bits(bits)
+        # conservative test: can fl(a + G) reach beta - PRUNE_MARGIN?  (G increasing in u)
+        # u >= exp(-exp(a - beta + PRUNE_C)) - delta, exps as 2^x (errors: module docstring)
+        th = _ex2(_ex2(z * c1 - (beta - PRUNE_C) * LOG2E, FAST) * (-LOG2E), FAST)
+        need = m & (z > NEG_INF) & (u + PRUNE_DELTA >= th)
+        if tl.max(need.to(tl.int32), axis=0) > 0:
+            h = tl.where(m, z * inv_t + P.gumbel_from_bits(bits), NEG_INF)
+            gt = h > h1
+            h2 = tl.where(gt, h1, tl.maximum(h2, h))
+            i1 = tl.where(gt, offs, i1)
+            h1 = tl.where(gt, h, h1)
+            beta = tl.maximum(beta, tl.max(h, axis=0))
         else:
-            acc += tl.sum(hit.to(tl.int64), axis=1)
+            pruned = pruned | 1
+    hb = tl.max(h1, axis=0)
+    ib = tl.min(tl.where(h1 == hb, i1, BIG_ID), axis=0)
+    hs = tl.max(tl.where((h1 == hb) & (i1 == ib), h2, h1), axis=0)
+    hs = tl.where(pruned != 0, tl.maximum(hs, beta - PRUNE_MARGIN), hs)
+    tl.store(pf_ptr + pidx * NPF + 1, hb)
+    tl.store(pf_ptr + pidx * NPF + 2, hs)
+    tl.store(pi_ptr + pidx * NPI + 1, ib)
+    _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, 0, 0, WANT_LP)
+
+
+@triton.jit
+def _k1_window(row_ptr, lo, hi, inv_t, L, cbase, slot, pf_ptr, pi_ptr, pidx,
+               WANT_LP: tl.constexpr, BLOCK: tl.constexpr, NSTAGE: tl.constexpr):
+    zm = tl.full([BLOCK], NEG_INF, tl.float32)
+    zi = tl.zeros([BLOCK], tl.int32)
+    sl = tl.zeros([BLOCK], tl.float32)
+    s2l = tl.zeros([BLOCK], tl.float32)
+    # kept => z >= zmax - W (module docstring); W inflated by 2^-16 for the roundings
+    W = (-L / inv_t) * (1.0 + 2.0 ** -16)
+    mrun = tl.full([], NEG_INF, tl.float32)
+    c = tl.full([], 0, tl.int32)
+    ovf = tl.full([], 0, tl.int32)
+    for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < hi
+        z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+        zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
+                                              False)
+        mrun = tl.maximum(mrun, tl.max(z, axis=0))
+        thr = (mrun - W) - tl.abs(mrun) * (2.0 ** -20)
+        cand = m & (z >= thr) & (z > NEG_INF)
+        n = tl.sum(cand.to(tl.int32), axis=0)
+        if n > 0:
+            if c + n <= slot:
+                pos = c + tl.cumsum(cand.to(tl.int32), axis=0) - 1
+                tl.store(cbase + pos, P.key56(z, offs), mask=cand)
+                c += n
+            else:
+                ovf = ovf | 2
+    _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, ovf, c, WANT_LP)
+
+
+@triton.jit
+def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pidx,
+             WANT_LP: tl.constexpr, BLOCK_T: tl.constexpr, KSLOT: tl.constexpr,
+             USE_RANK: tl.constexpr, NSTAGE: tl.constexpr):
+    zm = tl.full([BLOCK_T], NEG_INF, tl.float32)
+    zi = tl.zeros([BLOCK_T], tl.int32)
+    sl = tl.zeros([BLOCK_T], tl.float32)
+    s2l = tl.zeros([BLOCK_T], tl.float32)
+    # per lane: the 4 largest keys seen, v0 >= v1 >= v2 >= v3 (ids i0..i3)
+    v0 = tl.full([BLOCK_T], NEG_INF, tl.float32)
+    v1 = tl.full([BLOCK_T], NEG_INF, tl.float32)
+    v2 = tl.full([BLOCK_T], NEG_INF, tl.float32)
+    v3 = tl.full([BLOCK_T], NEG_INF, tl.float32)
+    i0 = tl.zeros([BLOCK_T], tl.int32)
+    i1 = tl.zeros([BLOCK_T], tl.int32)
+    i2 = tl.zeros([BLOCK_T], tl.int32)
+    i3 = tl.zeros([BLOCK_T], tl.int32)
+    for start in tl.range(lo, hi, BLOCK_T, num_stages=NSTAGE):
+        offs = start + tl.arange(0, BLOCK_T)
+        z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
+        zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
+                                              False)
+        c0 = z > v0
+        c1 = z > v1
+        c2 = z > v2
+        c3 = z > v3
+        v3 = tl.where(c2, v2, tl.where(c3, z, v3))
+        i3 = tl.where(c2, i2, tl.where(c3, offs, i3))
+        v2 = tl.where(c1, v1, tl.where(c2, z, v2))
+        i2 = tl.where(c1, i1, tl.where(c2, offs, i2))
+        v1 = tl.where(c0, v0, tl.where(c1, z, v1))
+        i1 = tl.where(c0, i0, tl.where(c1, offs, i1))
+        v0 = tl.where(c0, z, v0)
+        i0 = tl.where(c0, offs, i0)
+    # keys [lanes, 4] (-1: no finite value); with several chunks, super-lanes of 2 (8) lanes
+    # first: fewer candidates per chunk, the same prefix length over the row
+    keys = tl.reshape(tl.join(tl.join(_k56(v0, i0), _k56(v1, i1)),
+                              tl.join(_k56(v2, i2), _k56(v3, i3))), [BLOCK_T, 4])
+    if S1 >= 4:
+        k8 = _top4_rows(tl.reshape(keys, [BLOCK_T // 8, 32]), USE_RANK)
+        n, tau = _topr_emit(k8, BLOCK_T // 8, cbase, slot, KSLOT, USE_RANK)
+    elif S1 == 2:
+        k2 = _top4_rows(tl.reshape(keys, [BLOCK_T // 2, 8]), USE_RANK)
+        n, tau = _topr_emit(k2, BLOCK_T // 2, cbase, slot, KSLOT, USE_RANK)
+    else:
+        n, tau = _topr_emit(keys, BLOCK_T, cbase, slot, KSLOT, USE_RANK)
+    tl.store(pk_ptr + pidx, tau)
+    _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, 0, n, WANT_LP)
+
+
+@triton.jit
+def _k56(v, i):
+    return tl.where(v > NEG_INF, P.key56(v, i), -1)
+
+
+@triton.jit
+def _topr_emit(keys, G: tl.constexpr, cbase, slot, KSLOT: tl.constexpr, USE_RANK: tl.constexpr):
+    """keys [G, 4]: each lane's 4 largest keys (-1: none). Every key of the chunk missing from
+    them is below tau = max over lanes of the lane's 4th key (-1: the lanes hold every finite
+    value), so the keys >= tau are an exact prefix of the chunk's order: write them (or, when
+    more than ``slot``, the top KS of them, tau = the last one). Returns (count, tau)."""
+    tau = tl.max(tl.min(keys, axis=1), axis=0)
+    flat = tl.reshape(keys, [4 * G])
+    ge = (flat >= tau) & (flat >= 0)
+    n = tl.sum(ge.to(tl.int32), axis=0)
+    KS: tl.constexpr = KSLOT if KSLOT < 4 * G else 4 * G
+    if n <= slot:
+        pos = tl.cumsum(ge.to(tl.int32), axis=0) - 1
+        tl.store(cbase + pos, flat, mask=ge)
+    else:
+        top = _top_sorted(flat, KS, USE_RANK)
+        j = tl.arange(0, KS)
+        tl.store(cbase + j, top)
+        tau = tl.sum(tl.where(j == KS - 1, top, 0), axis=0)
+        n = n * 0 + KS
+    return n, tau
+
+
+@triton.jit(do_not_specialize=["n_rows", "S1", "slot_t", "slot_w", "NW", "tpr"])
+def _k1_partial(logits_ptr, stride_row, n_rows, V, chunk, S1, slot_t, slot_w, NW, tpr,
+                seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+                pf_ptr, pi_ptr, pk_ptr, cand_ptr,
+                HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                HAS_MINP: tl.constexpr, WANT_LP: tl.constexpr,
+                BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, KCAP: tl.constexpr,
+                KSLOT: tl.constexpr, USE_RANK: tl.constexpr, NSTAGE: tl.constexpr,
+                FAST: tl.constexpr):
+    row = tl.program_id(0)
+    s = tl.program_id(1)
+    seed, offset, inv_t, k_on, k, p_on, p, mp_on, L, mode = _row_setup(
+        row, V, tpr, seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+        HAS_T, HAS_K, HAS_P, HAS_MINP, KCAP)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, V)
+    pidx = row.to(tl.int64) * S1 + s
+    cand_row = cand_ptr + row.to(tl.int64) * NW
+    if mode == PLAIN:
+        _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx, WANT_LP, BLOCK,
+                  NSTAGE, FAST)
+    if HAS_MINP:
+        if mode == WINDOW:
+            _k1_window(row_ptr, lo, hi, inv_t, L, cand_row + s * slot_w, slot_w, pf_ptr,
+                       pi_ptr, pidx, WANT_LP, BLOCK, NSTAGE)
+    if HAS_K or HAS_P:
+        if mode == TOPR:
+            _k1_topr(row_ptr, lo, hi, inv_t, cand_row + s * slot_t, slot_t, S1, pf_ptr,
+                     pi_ptr, pk_ptr, pidx, WANT_LP, BLOCK_T, KSLOT, USE_RANK, NSTAGE)
+    if (mode == GREEDY) | (mode == DIRECT):
+        _k1_base(row_ptr, lo, hi, inv_t, pf_ptr, pi_ptr, pidx, WANT_LP, BLOCK, NSTAGE)
+
+
+# ---------------------------------------------------------------------------------------------
+# K2: exact total mass (top-p rows without top-k)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _row_max(pf_ptr, pi_ptr, row, S1, SMAX: tl.constexpr):
+    """(zmax, lowest id of zmax, valid) of a row from its K1 chunk summaries."""
+    sidx = tl.arange(0, SMAX)
+    sm = sidx < S1
+    pidx = row.to(tl.int64) * S1 + sidx
+    Ms = tl.load(pf_ptr + pidx * NPF, mask=sm, other=NEG_INF)
+    Mis = tl.load(pi_ptr + pidx * NPI, mask=sm, other=BIG_ID)
+    fl = tl.load(pi_ptr + pidx * NPI + 2, mask=sm, other=0)
+    zmax = tl.max(Ms, axis=0)
+    amax = tl.min(tl.where(Ms == zmax, Mis, BIG_ID), axis=0)
+    nan = tl.max(fl & 1, axis=0)
+    valid = (nan == 0) & (zmax > NEG_INF) & (zmax < float("inf"))
+    return zmax, amax, valid, Ms, fl, sidx, sm, pidx
+
+
+@triton.jit(do_not_specialize=["n_rows", "S1", "S2", "tpr"])
+def _k2_mass(logits_ptr, stride_row, n_rows, V, chunk2, S1, S2, tpr,
+             seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+             pf_ptr, pi_ptr, mass_ptr,
+             HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+             HAS_MINP: tl.constexpr, BLOCK: tl.constexpr, KCAP: tl.constexpr,
+             SMAX: tl.constexpr, NSTAGE: tl.constexpr):
+    row = tl.program_id(0)
+    s = tl.program_id(1)
+    seed, offset, inv_t, k_on, k, p_on, p, mp_on, L, mode = _row_setup(
+        row, V, tpr, seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+        HAS_T, HAS_K, HAS_P, HAS_MINP, KCAP)
+    zmax, amax, valid, Ms, fl, sidx, sm, pidx = _row_max(pf_ptr, pi_ptr, row, S1, SMAX)
+    tot = tl.full([], 0, tl.int64)
+    if (mode == TOPR) & p_on & (k_on == 0) & valid:
+        row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+        lo = s * chunk2
+        hi = tl.minimum(lo + chunk2, V)
+        acc = tl.zeros([BLOCK], tl.int64)
+        for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
+            offs = start + tl.arange(0, BLOCK)
+            z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
+            acc += P.mass_fixed(P.centered(z, zmax, inv_t))
+        tot = tl.sum(acc, axis=0)
+    tl.store(mass_ptr + row.to(tl.int64) * S2 + s, tot)
+
+
+# ---------------------------------------------------------------------------------------------
+# K3: finalize (+ the exact pass)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _winner(kept, y, ids, seed, offset):
+    """Exact Gumbel-max over a candidate tile: (token, sum of exp(y) over kept)."""
+    bits = P.philox_word(seed, offset, ids, P.STREAM_SAMPLE)
+    sc = tl.where(kept, y + P.gumbel_from_bits(bits), NEG_INF)
+    best = tl.max(sc, axis=0)
+    tok = tl.min(tl.where(kept & (sc == best), ids, BIG_ID), axis=0)
+    ksum = tl.sum(tl.where(kept, tl.exp(y), 0.0), axis=0)
+    return tok, ksum
+
+
+@triton.jit
+def _ge_stats(row_ptr, V, zmax, inv_t, floor_key, t, MASS: tl.constexpr,
+              BLOCK: tl.constexpr, NTHR: tl.constexpr, NSTAGE: tl.constexpr):
+    """For each threshold t[j]: the number (MASS=False) or the fixed-point mass (MASS=True) of
+    the row's tokens with compact key >= max(t[j], floor_key). [NTHR] int64."""
+    acc = tl.zeros([NTHR], dtype=tl.int64)
+    for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < V
+        z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+        key = P.key32(z) * V + (V - 1 - offs)
+        key = tl.where(m & (key >= floor_key), key, -1)
+        hit = key[:, None] >= t[None, :]
+        if MASS:
+            e = P.mass_fixed(P.centered(z, zmax, inv_t))
+            acc += tl.sum(tl.where(hit, e[:, None], 0), axis=0)
+        else:
+            acc += tl.sum(hit.to(tl.int64), axis=0)
     return acc
 
 
 @triton.jit
-def _search(logits_ptr, row_off, rmask, stride_row, V, inv_t, m, floor_key, lo, hi, target,
-            MASS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, NTHR: tl.constexpr):
-    """Per row: the largest t in [lo, hi) with F(t) >= target, F the nonincreasing count / mass
-    of ``_ge_stats``; requires F(lo) >= target > F(hi) where hi - lo > 1 (rows with
-    hi - lo <= 1 are done and keep lo). (NTHR+1)-ary search; passes only while a row is open."""
-    j1 = tl.arange(0, NTHR).to(tl.int64)[None, :] + 1
-    while tl.max(hi - lo, axis=0) > 1:
-        active = (hi - lo) > 1
+def _search(row_ptr, V, zmax, inv_t, floor_key, lo, hi, target, MASS: tl.constexpr,
+            BLOCK: tl.constexpr, NTHR: tl.constexpr, NSTAGE: tl.constexpr):
+    """The largest t in [lo, hi) with F(t) >= target, F = ``_ge_stats`` (nonincreasing);
+    requires F(lo) >= target > F(hi). (NTHR+1)-ary search: one pass over the row per step."""
+    j1 = tl.arange(0, NTHR).to(tl.int64) + 1
+    while hi - lo > 1:
         step = (hi - lo + NTHR) // (NTHR + 1)
-        t = tl.minimum(lo[:, None] + j1 * step[:, None], hi[:, None])
-        f = _ge_stats(logits_ptr, row_off, rmask, stride_row, V, inv_t, m, floor_key, t, MASS,
-                      ROWS, BLOCK, NTHR)
-        ok = f >= target[:, None]
-        new_lo = tl.maximum(lo, tl.max(tl.where(ok, t, lo[:, None]), axis=1))
-        new_hi = tl.minimum(hi, tl.min(tl.where(ok, hi[:, None], t), axis=1))
-        lo = tl.where(active, new_lo, lo)
-        hi = tl.where(active, new_hi, hi)
+        t = tl.minimum(lo + j1 * step, hi)
+        f = _ge_stats(row_ptr, V, zmax, inv_t, floor_key, t, MASS, BLOCK, NTHR, NSTAGE)
+        ok = f >= target
+        new_lo = tl.maximum(lo, tl.max(tl.where(ok, t, lo), axis=0))
+        new_hi = tl.minimum(hi, tl.min(tl.where(ok, hi, t), axis=0))
+        lo = new_lo
+        hi = new_hi
     return lo
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, stride_row, n_rows, V, tokens_per_request,
-                   seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
-                   tok_ptr, valid_ptr, lp_ptr, plp_ptr,
-                   HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
-                   HAS_MINP: tl.constexpr, WANT_LP: tl.constexpr,
-                   ROWS: tl.constexpr, BLOCK: tl.constexpr, NTHR: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    rmask = rows < n_rows
-    rows = tl.where(rmask, rows, 0)
-    row_off = rows.to(tl.int64)
-    q = rows // tokens_per_request
-    seed = tl.load(seed_ptr + q).to(tl.int64)
-    offset = tl.load(offset_ptr + q).to(tl.int64) + (rows % tokens_per_request)
-    if HAS_T:
-        temp = tl.load(temp_ptr + q).to(tl.float32)
-    else:
-        temp = tl.full([ROWS], 1.0, tl.float32)
+def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, offset,
+               HAS_K: tl.constexpr, HAS_P: tl.constexpr, BLOCK: tl.constexpr,
+               NTHR: tl.constexpr, NSTAGE: tl.constexpr, FAST: tl.constexpr):
+    """The contract computed directly: thresholds on the compact key key32(z) * V + (V-1-id)
+    (order-preserving and unique like key56) by counting / fixed-point mass searches, then
+    exact scores over the kept keys. Returns (token, sum of exp(y) over the kept set)."""
+    maxkey = P.key32(zmax) * V + (V - 1 - amax)
+    thr = tl.full([], 0, tl.int64)
     if HAS_K:
-        k = tl.load(topk_ptr + q).to(tl.int64)
-    else:
-        k = tl.full([ROWS], 0, tl.int64)
+        if k_on:
+            thr = _search(row_ptr, V, zmax, inv_t, thr, thr, maxkey + 1, k, False, BLOCK, NTHR,
+                          NSTAGE)
     if HAS_P:
-        p = tl.load(topp_ptr + q).to(tl.float32)
-    else:
-        p = tl.full([ROWS], 1.0, tl.float32)
+        if p_on:
+            s_k = tl.max(_ge_stats(row_ptr, V, zmax, inv_t, thr,
+                                   thr + tl.zeros([NTHR], tl.int64), True, BLOCK, NTHR,
+                                   NSTAGE), axis=0)
+            lim = P.top_p_limit(p, s_k)
+            thr = _search(row_ptr, V, zmax, inv_t, thr, thr, maxkey + 1, lim, True, BLOCK,
+                          NTHR, NSTAGE)
+    lmin = tl.where(mp_on, L, NEG_INF)
+    best = tl.full([], NEG_INF, tl.float32)
+    tok = tl.full([], 0, tl.int32)
+    ksum = tl.full([], 0.0, tl.float32)
+    for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < V
+        z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+        key = P.key32(z) * V + (V - 1 - offs)
+        y = P.centered(z, zmax, inv_t)
+        kept = m & (key >= thr) & (y >= lmin)
+        ksum += tl.sum(tl.where(kept, tl.exp(y), 0.0), axis=0)
+        ymax = tl.max(tl.where(kept, y, NEG_INF), axis=0)
+        # fl(y + G) <= y + 16.7 for every G of the grid: a tile below best cannot win
+        if ymax + G_MAX_PAD >= best:
+            bits = _philox_tile(start, seed, offset, BLOCK)
+            # exact frame (|y|, |best| small): a token with u < exp(-exp(y - best + 0.01))
+            # - 2^-19 has fl(y + G) < best (PLAIN's test with a tiny slack)
+            th = _ex2(_ex2((y - (best - 0.01)) * LOG2E, FAST) * (-LOG2E), FAST)
+            need = kept & (P.uniform_from_bits(bits) + PRUNE_DELTA >= th)
+            if tl.max(need.to(tl.int32), axis=0) > 0:
+                sc = tl.where(kept, y + P.gumbel_from_bits(bits), NEG_INF)
+                bm = tl.max(sc, axis=0)
+                bi = tl.min(tl.where(kept & (sc == bm), offs, BIG_ID), axis=0)
+                if bm > best:
+                    tok = bi
+                    best = bm
+    return tok, ksum
+
+
+@triton.jit(do_not_specialize=["n_rows", "S1", "slot_t", "slot_w", "NW", "S2", "tpr"])
+def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, tpr,
+                 seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+                 pf_ptr, pi_ptr, pk_ptr, cand_ptr, mass_ptr,
+                 tok_ptr, valid_ptr, lp_ptr, plp_ptr, stats_ptr,
+                 HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                 HAS_MINP: tl.constexpr, WANT_LP: tl.constexpr,
+                 KCAP: tl.constexpr, NP: tl.constexpr, NC: tl.constexpr,
+                 SMAX: tl.constexpr, NSTAGE: tl.constexpr, FAST: tl.constexpr,
+                 S2MAX: tl.constexpr, BLOCK_X: tl.constexpr, NTHR: tl.constexpr,
+                 USE_RANK: tl.constexpr, STATS: tl.constexpr):
+    row = tl.program_id(0)
+    seed, offset, inv_t, k_on, k, p_on, p, mp_on, L, mode = _row_setup(
+        row, V, tpr, seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+        HAS_T, HAS_K, HAS_P, HAS_MINP, KCAP)
+    zmax, amax, valid, Ms, fl, sidx, sm, pidx = _row_max(pf_ptr, pi_ptr, row, S1, SMAX)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    tok = amax
+    ksum = tl.full([], 1.0, tl.float32)
+    fallback = tl.full([], 0, tl.int32)
+    go = valid & (mode != GREEDY)
+    if go & (mode == PLAIN):
+        h1s = tl.load(pf_ptr + pidx * NPF + 1, mask=sm, other=NEG_INF)
+        h2s = tl.load(pf_ptr + pidx * NPF + 2, mask=sm, other=NEG_INF)
+        i1s = tl.load(pi_ptr + pidx * NPI + 1, mask=sm, other=BIG_ID)
+        hb = tl.max(h1s, axis=0)
+        ib = tl.min(tl.where(h1s == hb, i1s, BIG_ID), axis=0)
+        hs = tl.max(tl.where((h1s == hb) & (i1s == ib), h2s, h1s), axis=0)
+        A = tl.abs(zmax * inv_t)
+        ok = (A <= GAP_A_MAX) & (hb - hs > (A + GAP_A_PAD) * GAP_SCALE)
+        tok = tl.where(ok, ib, tok)
+        fallback = tl.where(ok, 0, 1)
+        if WANT_LP:
+            S2s = tl.load(pf_ptr + pidx * NPF + 4, mask=sm, other=0.0)
+            ksum = tl.sum(tl.where(Ms > NEG_INF, S2s * tl.exp(P.centered(Ms, zmax, inv_t)), 0.0),
+                          axis=0)
     if HAS_MINP:
-        mp = tl.load(minp_ptr + q).to(tl.float32)
-    else:
-        mp = tl.full([ROWS], 0.0, tl.float32)
-    inv_t = P.inv_temperature(temp)
-
-    # ---- pass 1: key range, invalid flags, raw max ------------------------------------------
-    maxkey = tl.full([ROWS], -1, tl.int64)
-    minkey = tl.full([ROWS], 1 << 62, tl.int64)
-    bad = tl.zeros([ROWS], tl.int32)
-    anyfin = tl.zeros([ROWS], tl.int32)
-    zmax = tl.full([ROWS], float("-inf"), tl.float32)
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask, z, x = _load_tile(logits_ptr, row_off, rmask, stride_row, offs, V, inv_t)
-        key = P.key32(x) * V + (V - 1 - offs)[None, :]
-        maxkey = tl.maximum(maxkey, tl.max(tl.where(mask, key, -1), axis=1))
-        minkey = tl.minimum(minkey, tl.min(tl.where(mask, key, 1 << 62), axis=1))
-        b = mask & ((x != x) | (x == float("inf")))
-        bad = tl.maximum(bad, tl.max(b.to(tl.int32), axis=1))
-        fin = mask & (x > float("-inf"))
-        anyfin = tl.maximum(anyfin, tl.max(fin.to(tl.int32), axis=1))
-        if WANT_LP:
-            zmax = tl.maximum(zmax, tl.max(tl.where(mask, z, float("-inf")), axis=1))
-
-    valid = rmask & (bad == 0) & (anyfin != 0)
-    sampled = valid & (temp > 0.0)
-    m = P.key32_to_float(maxkey // V)    # row max (+0.0 for -0.0: same decisions)
-    greedy_tok = V - 1 - maxkey % V      # max key = max value, lowest id
-
-    # ---- top-k threshold: the k-th largest key ------------------------------------------------
-    k_on = sampled & (k > 0) & (k < V)
-    thr = _search(logits_ptr, row_off, rmask, stride_row, V, inv_t, m, minkey,
-                  minkey, tl.where(k_on, maxkey + 1, minkey + 1), k,
-                  False, ROWS, BLOCK, NTHR)
-
-    # ---- top-p threshold on the top-k set ------------------------------------------------------
-    p_on = sampled & (p < 1.0)
-    if tl.max(p_on.to(tl.int32), axis=0) > 0:
-        s_k = tl.max(_ge_stats(logits_ptr, row_off, rmask, stride_row, V, inv_t, m, thr,
-                               thr[:, None] + tl.zeros([ROWS, NTHR], tl.int64),
-                               True, ROWS, BLOCK, NTHR), axis=1)
-        lim = P.top_p_limit(p, s_k)
-        thr = _search(logits_ptr, row_off, rmask, stride_row, V, inv_t, m, thr,
-                      thr, tl.where(p_on, maxkey + 1, thr + 1), lim,
-                      True, ROWS, BLOCK, NTHR)
-
-    # ---- min-p bound: x - m >= soft_ln(min_p); off: -inf keeps every token ---------------------
-    mp_on = sampled & (mp > 0.0)
-    lmin = tl.where(mp_on, P.soft_ln(tl.where(mp_on, mp, 1.0)), float("-inf"))
-
-    # ---- final pass: Gumbel argmax over the kept set (+ logprob sums) --------------------------
-    any_sampled = tl.max(sampled.to(tl.int32), axis=0) > 0
-    n_final = tl.where(any_sampled, V, 0)
-    if WANT_LP:
-        n_final = V
-    best = tl.full([ROWS], float("-inf"), tl.float32)
-    best_id = tl.zeros([ROWS], tl.int32)
-    kept_sum = tl.zeros([ROWS], tl.float32)
-    raw_sum = tl.zeros([ROWS], tl.float32)
-    for start in range(0, n_final, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask, z, x = _load_tile(logits_ptr, row_off, rmask, stride_row, offs, V, inv_t)
-        key = P.key32(x) * V + (V - 1 - offs)[None, :]
-        kept = mask & (key >= thr[:, None]) & (x - m[:, None] >= lmin[:, None])
-        if any_sampled:
-            bits = P.philox_word(seed[:, None], offset[:, None], offs[None, :], P.STREAM_SAMPLE)
-            score = tl.where(kept, x + P.gumbel_from_bits(bits), float("-inf"))
-        else:
-            score = tl.where(kept, x, float("-inf"))
-        bmax = tl.max(score, axis=1)
-        bid = tl.min(tl.where(kept & (score == bmax[:, None]), offs[None, :], V), axis=1)
-        upd = bmax > best
-        best_id = tl.where(upd, bid, best_id)
-        best = tl.where(upd, bmax, best)
-        if WANT_LP:
-            kept_sum += tl.sum(tl.where(kept, tl.exp(x - m[:, None]), 0.0), axis=1)
-            raw_sum += tl.sum(tl.where(mask, tl.exp(z - zmax[:, None]), 0.0), axis=1)
-
-    tok = tl.where(sampled, best_id.to(tl.int64), greedy_tok)
+        if go & (mode == WINDOW):
+            # the chunks' candidates, compacted NC at a time (chunk of entry j: prefix sums)
+            cnts = tl.load(pi_ptr + pidx * NPI + 3, mask=sm, other=0)
+            incl = tl.cumsum(cnts, axis=0)
+            total = tl.sum(cnts, axis=0)
+            best = tl.full([], NEG_INF, tl.float32)
+            wt = tl.full([], BIG_ID, tl.int32)
+            wsum = tl.full([], 0.0, tl.float32)
+            for c0 in tl.range(0, total, NC):
+                j = c0 + tl.arange(0, NC)
+                below = incl[None, :] <= j[:, None]
+                sj = tl.sum(below.to(tl.int32), axis=1)
+                first = tl.max(tl.where(below, incl[None, :], 0), axis=1)
+                ent = j < total
+                key = tl.load(cand_ptr + row.to(tl.int64) * NW + sj * slot_w + (j - first),
+                              mask=ent, other=-1)
+                z = P.key32_to_float(key >> 24)
+                ids = P.key56_id(key).to(tl.int32)
+                y = P.centered(z, zmax, inv_t)
+                kept = ent & (y >= L)
+                bits = P.philox_word(seed, offset, ids, P.STREAM_SAMPLE)
+                sc = tl.where(kept, y + P.gumbel_from_bits(bits), NEG_INF)
+                bm = tl.max(sc, axis=0)
+                bi = tl.min(tl.where(kept & (sc == bm), ids, BIG_ID), axis=0)
+                upd = (bm > best) | ((bm == best) & (bi < wt))
+                wt = tl.where(upd, bi, wt)
+                best = tl.where(upd, bm, best)
+                wsum += tl.sum(tl.where(kept, tl.exp(y), 0.0), axis=0)
+            ovf = tl.max(fl & 2, axis=0)
+            tok = tl.where(ovf == 0, wt, tok)
+            ksum = wsum
+            fallback = tl.where(ovf == 0, 0, 1)
+    if HAS_K or HAS_P:
+        if go & (mode == TOPR):
+            cand_row = cand_ptr + row.to(tl.int64) * NW
+            j = tl.arange(0, NP)
+            sj = j // slot_t
+            cnt = tl.load(pi_ptr + (row.to(tl.int64) * S1 + sj) * NPI + 3, mask=sj < S1,
+                          other=0)
+            ent = (sj < S1) & ((j - sj * slot_t) < cnt)
+            key = tl.load(cand_row + j, mask=ent, other=-1)
+            taus = tl.load(pk_ptr + row.to(tl.int64) * S1 + sidx, mask=sm, other=-1)
+            tau = tl.max(taus, axis=0)
+            # P = the keys >= max tau: an exact prefix of the row's order; compacted into
+            # KCAP entries (behind the slots) and sorted
+            inP = ent & (key >= tau)
+            nstar = tl.sum(inP.to(tl.int32), axis=0)
+            pos = tl.cumsum(inP.to(tl.int32), axis=0) - 1
+            tl.store(cand_row + NP + pos, key, mask=inP & (pos < KCAP))
+            tl.debug_barrier()
+            r = tl.arange(0, KCAP)
+            top = tl.load(cand_row + NP + r, mask=r < nstar, other=-1)
+            top = _sort_desc(top, USE_RANK)
+            nP = tl.minimum(nstar, KCAP)
+            complete = (tau < 0) & (nstar <= KCAP)
+            vr = r < nP
+            z = P.key32_to_float(top >> 24)
+            ids = P.key56_id(top).to(tl.int32)
+            y = P.centered(z, zmax, inv_t)
+            in_k = (r < k) | (k_on == 0)
+            e = tl.where(vr & in_k, P.mass_fixed(y), 0)
+            in_p = vr
+            s_known = (p_on == 0) | (k_on == 0) | (k <= nP) | complete
+            if HAS_P:
+                if p_on:
+                    if k_on:
+                        s_tot = tl.sum(e, axis=0)
+                    else:
+                        s2i = tl.arange(0, S2MAX)
+                        s_tot = tl.sum(tl.load(mass_ptr + row.to(tl.int64) * S2 + s2i,
+                                               mask=s2i < S2, other=0), axis=0)
+                    lim = P.top_p_limit(p, s_tot)
+                    before = tl.cumsum(e, axis=0) - e
+                    in_p = before < lim
+            kept = vr & in_k & in_p & (y >= tl.where(mp_on, L, NEG_INF))
+            last_kept = tl.max(tl.where(r == nP - 1, kept.to(tl.int32), 0), axis=0)
+            decided = s_known & (nstar <= KCAP) & (
+                complete | (k_on & (k <= nP)) | (last_kept == 0))
+            wt, wsum = _winner(kept, y, ids, seed, offset)
+            tok = tl.where(decided, wt, tok)
+            ksum = wsum
+            fallback = tl.where(decided, 0, 1)
+    if go & (mode == DIRECT):
+        fallback = fallback | 1
+    if fallback != 0:
+        xt, xsum = _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed,
+                              offset, HAS_K, HAS_P, BLOCK_X, NTHR, NSTAGE, FAST)
+        tok = xt
+        ksum = xsum
+    if STATS:   # testing: which path decided the row
+        tl.store(stats_ptr + row, mode + 16 * fallback)
     tok = tl.where(valid, tok, 0)
+    tl.store(tok_ptr + row, tok.to(tl.int64))
+    tl.store(valid_ptr + row, valid.to(tl.uint8))
     if WANT_LP:
-        z_tok = tl.load(logits_ptr + row_off * stride_row + tok, mask=valid, other=0.0)
-        z_tok = z_tok.to(tl.float32)
+        Ss = tl.load(pf_ptr + pidx * NPF + 3, mask=sm, other=0.0)
+        raw_sum = tl.sum(tl.where(Ms > NEG_INF, Ss * tl.exp(Ms - zmax), 0.0), axis=0)
+        z_tok = tl.load(row_ptr + tok).to(tl.float32)
         lp = z_tok - zmax - tl.log(tl.where(valid, raw_sum, 1.0))
-        plp = z_tok * inv_t - m - tl.log(tl.where(sampled, kept_sum, 1.0))
-        plp = tl.where(sampled, plp, 0.0)
-        tl.store(lp_ptr + rows, tl.where(valid, lp, float("nan")), mask=rmask)
-        tl.store(plp_ptr + rows, tl.where(valid, plp, float("nan")), mask=rmask)
-    tl.store(tok_ptr + rows, tok, mask=rmask)
-    tl.store(valid_ptr + rows, valid.to(tl.uint8), mask=rmask)
+        plp = P.centered(z_tok, zmax, inv_t) - tl.log(tl.where(valid & go, ksum, 1.0))
+        plp = tl.where(mode == GREEDY, 0.0, plp)
+        tl.store(lp_ptr + row, tl.where(valid, lp, float("nan")))
+        tl.store(plp_ptr + row, tl.where(valid, plp, float("nan")))
+
+
+# ---------------------------------------------------------------------------------------------
+# host side
+# ---------------------------------------------------------------------------------------------
+# Testing only: overrides of the launch configuration (keys of ``_config``'s result), e.g.
+# {"KCAP": 8, "NP": 64, "BLOCK_T": 16, "S1": 3}. Changes constexprs: recompiles.
+_TEST_CONFIG: Optional[dict] = None
+
+# Testing only: with _TEST_CONFIG["stats"], K3 writes per row mode + 16 * (exact pass taken)
+# (modes: 0 greedy, 1 plain, 2 window, 3 top-k/top-p candidates, 4 direct) here.
+_LAST_STATS: Optional[torch.Tensor] = None
+
+_SM_COUNT = {}
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _launch_config(rows: int, V: int):
-    """(ROWS, BLOCK, num_warps). GPU: 512-element tiles, 8 warps (no register spills at sm_90
-    with NT = 16; ROWS > 1 only for V < 512). Interpreter: its cost is per operation and per
-    jit-function call rather than per element, so tiles of up to 16384 elements, 256 rows."""
+def _sm_count(dev: torch.device) -> int:
+    if dev.type != "cuda":
+        return 1
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def _config(rows: int, V: int, dev: torch.device, topr_possible: bool) -> dict:
+    """Launch configuration: tile sizes (constexpr), chunk counts and sizes (runtime)."""
     if _interpreting():
-        tile, max_rows = 16384, 256
+        block = max(16, min(4096, triton.next_power_of_2(V)))
+        cfg = dict(BLOCK=block, BLOCK_T=max(16, min(256, triton.next_power_of_2(V))),
+                   KCAP=256, KSLOT=256, NP=1024, NC=256, BLOCK_X=block, S1=1, S2=1, warps=4,
+                   warps_t=4, USE_RANK=True, NSTAGE=1, FAST=False)
     else:
-        tile, max_rows = 512, 8
-    block = max(16, min(tile, triton.next_power_of_2(V)))
-    rows_per = max(1, min(tile // block, triton.next_power_of_2(rows), max_rows))
-    return rows_per, block, (8 if rows_per * block >= 512 else 4)
+        sms = _sm_count(dev)
+        cfg = dict(BLOCK=1024, BLOCK_T=2048, KCAP=1024, KSLOT=256, NP=2048, NC=512,
+                   BLOCK_X=2048, warps=8, warps_t=16, USE_RANK=False, NSTAGE=3, FAST=True)
+        nb = triton.cdiv(V, cfg["BLOCK"])
+        if topr_possible:   # sorted candidate slots: at most 8 chunks
+            cfg["S1"] = min(8, _pow2_floor(sms // max(rows, 1)), nb)
+        else:
+            cfg["S1"] = max(1, min(triton.cdiv(2 * sms, max(rows, 1)), nb))
+        cfg["S2"] = max(1, min(triton.cdiv(2 * sms, max(rows, 1)), nb))
+    if _TEST_CONFIG:
+        cfg.update({k: v for k, v in _TEST_CONFIG.items() if k != "stats"})
+    blk = max(cfg["BLOCK"], cfg["BLOCK_T"])
+    chunk = triton.cdiv(triton.cdiv(V, max(1, cfg["S1"])), blk) * blk
+    cfg["S1"] = max(1, triton.cdiv(V, chunk))
+    cfg["chunk"] = chunk
+    s1_pad = triton.next_power_of_2(cfg["S1"])
+    # candidates per row: TOPR slots (NP) + K3's compaction area (KCAP); WINDOW slots of at
+    # least 64 entries per chunk
+    cfg["NW"] = max(cfg["NP"] + cfg["KCAP"], 64 * s1_pad)
+    cfg["slot_w"] = cfg["NW"] // s1_pad
+    cfg["slot_t"] = cfg["NP"] // s1_pad
+    assert not topr_possible or cfg["slot_t"] >= cfg["KSLOT"], "TOPR slots below KSLOT"
+    cfg["SMAX"] = max(16, s1_pad)
+    chunk2 = triton.cdiv(triton.cdiv(V, max(1, cfg["S2"])), cfg["BLOCK"]) * cfg["BLOCK"]
+    cfg["S2"] = max(1, triton.cdiv(V, chunk2))
+    cfg["chunk2"] = chunk2
+    cfg["S2MAX"] = max(16, triton.next_power_of_2(cfg["S2"]))
+    return cfg
 
 
 def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
@@ -248,19 +845,49 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
     plp = torch.empty(rows, dtype=torch.float32, device=dev) if want_logprobs else None
     if rows == 0:
         return tokens, valid.view(torch.bool), lp, plp
-    rows_per, block, warps = _launch_config(rows, V)
+    has_k, has_p = top_k is not None, top_p is not None
+    cfg = _config(rows, V, dev, has_k or has_p)
+    S1, S2, NP = cfg["S1"], cfg["S2"], cfg["NP"]
+    pf = torch.empty(rows * S1 * 5, dtype=torch.float32, device=dev)
+    pi = torch.empty(rows * S1 * 4, dtype=torch.int32, device=dev)
+    topr = has_k or has_p
+    pk = torch.empty(rows * S1 if topr else 1, dtype=torch.int64, device=dev)
+    cand = torch.empty(rows * cfg["NW"] if (topr or min_p is not None) else 1,
+                       dtype=torch.int64, device=dev)
+    mass = torch.empty(rows * S2 if has_p else 1, dtype=torch.int64, device=dev)
+    stats = pi
+    if _TEST_CONFIG and _TEST_CONFIG.get("stats"):
+        global _LAST_STATS
+        stats = _LAST_STATS = torch.full((rows,), -1, dtype=torch.int32, device=dev)
     dummy = seed
-    _sample_kernel[(triton.cdiv(rows, rows_per),)](
-        logits, logits.stride(0), rows, V, tokens_per_request,
-        seed, offset,
-        temperature if temperature is not None else dummy,
-        top_k if top_k is not None else dummy,
-        top_p if top_p is not None else dummy,
-        min_p if min_p is not None else dummy,
-        tokens, valid,
-        lp if lp is not None else tokens, plp if plp is not None else tokens,
-        HAS_T=temperature is not None, HAS_K=top_k is not None, HAS_P=top_p is not None,
-        HAS_MINP=min_p is not None, WANT_LP=want_logprobs,
-        ROWS=rows_per, BLOCK=block, NTHR=NT,
+    params = (seed, offset,
+              temperature if temperature is not None else dummy,
+              top_k if top_k is not None else dummy,
+              top_p if top_p is not None else dummy,
+              min_p if min_p is not None else dummy)
+    flags = dict(HAS_T=temperature is not None, HAS_K=has_k, HAS_P=has_p,
+                 HAS_MINP=min_p is not None)
+    stride = logits.stride(0)
+    tpr = tokens_per_request
+    warps = cfg["warps"]
+    _k1_partial[(rows, S1)](
+        logits, stride, rows, V, cfg["chunk"], S1, cfg["slot_t"], cfg["slot_w"], cfg["NW"], tpr,
+        *params, pf, pi, pk, cand, **flags, WANT_LP=want_logprobs,
+        BLOCK=cfg["BLOCK"], BLOCK_T=cfg["BLOCK_T"], KCAP=cfg["KCAP"], KSLOT=cfg["KSLOT"],
+        USE_RANK=cfg["USE_RANK"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
+        num_warps=cfg["warps_t"] if topr else warps, enable_fp_fusion=False)
+    if has_p:
+        _k2_mass[(rows, S2)](
+            logits, stride, rows, V, cfg["chunk2"], S1, S2, tpr, *params, pf, pi, mass,
+            **flags, BLOCK=cfg["BLOCK"], KCAP=cfg["KCAP"], SMAX=cfg["SMAX"],
+            NSTAGE=cfg["NSTAGE"], num_warps=warps, enable_fp_fusion=False)
+    _k3_finalize[(rows,)](
+        logits, stride, rows, V, S1, cfg["slot_t"], cfg["slot_w"], cfg["NW"], S2, tpr, *params,
+        pf, pi, pk, cand, mass, tokens, valid,
+        lp if lp is not None else pf, plp if plp is not None else pf, stats,
+        **flags, WANT_LP=want_logprobs, KCAP=cfg["KCAP"], NP=NP, NC=cfg["NC"],
+        SMAX=cfg["SMAX"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
+        S2MAX=cfg["S2MAX"], BLOCK_X=cfg["BLOCK_X"], NTHR=NT, USE_RANK=cfg["USE_RANK"],
+        STATS=stats is not pi,
         num_warps=warps, enable_fp_fusion=False)
     return tokens, valid.view(torch.bool), lp, plp

@@ -32,10 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .prims import gumbel_from_bits, key32, key32_to_float, philox4x32_10, soft_exp_neg, soft_ln
+from .prims import (centered, gumbel_from_bits, key32, key32_to_float, philox4x32_10,
+                    soft_exp_neg, soft_ln)
 
 _LN_2POW38 = tl.constexpr(26.33959286127792)   # 38 * ln 2 (logprobs only, not bit-exact)
-GUMBEL_SPAN = tl.constexpr(19.5)   # G in [-2.8116, 16.6356]: x < m - span never wins Gumbel-max
+GUMBEL_SPAN = tl.constexpr(19.5)   # G in [-2.8116, 16.6356]: y < -span never wins Gumbel-max
 DEFAULT_BLOCK = 1024      # elements per program iteration (tests lower it to exercise splits)
 MAX_CPU_SPLITS = 4
 MASS_CUT = -26.5          # mass_fixed(y) == 0 for every float32 y < -26.34 (checked exhaustively)
@@ -131,12 +132,12 @@ def _key56(x, ids):
 
 
 @triton.jit
-def _kept(greedy, ids, arg, mp_on, y, L, x, thr, FILT: tl.constexpr):
-    """The sampler's kept set: greedy -> the max key; else key56 >= thr (top-k / top-p) and
-    min-p (x - m >= soft_ln(min_p))."""
+def _kept(greedy, ids, arg, mp_on, y, L, z, thr, FILT: tl.constexpr):
+    """The sampler's kept set: greedy -> the max key; else key56(z, id) >= thr (top-k / top-p,
+    keys of the raw logits) and min-p (y >= soft_ln(min_p), y the processed logit)."""
     k = (mp_on == 0) | (y >= L)
     if FILT:
-        k = k & (_key56(x, ids) >= thr)
+        k = k & (_key56(z, ids) >= thr)
     return tl.where(greedy, ids == arg, k)
 
 
@@ -201,8 +202,7 @@ def _pass2(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_ptr, 
         zmax, arg = _unpack(tl.load(key_ptr + row))
         nan = tl.load(nan_ptr + row)
         greedy, inv_t, mp_on, L = _row_params(req, temp_ptr, minp_ptr)
-        m = zmax * inv_t
-        bad = (nan != 0) | (m == float("inf")) | (m == float("-inf"))
+        bad = (nan != 0) | (zmax == float("inf")) | (zmax == float("-inf"))
         thr = tl.load(thr_ptr + row)
         S = tl.zeros([BLOCK], tl.int64)
         se = tl.zeros([BLOCK], tl.float32)
@@ -212,9 +212,8 @@ def _pass2(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_ptr, 
                 ids = off + tl.arange(0, BLOCK)
                 msk = ids < V
                 z = tl.load(base + ids, mask=msk, other=float("-inf")).to(tl.float32)
-                x = z * inv_t
-                y = x - m
-                kept = _kept(greedy, ids, arg, mp_on, y, L, x, thr, FILT) & msk
+                y = centered(z, zmax, inv_t)
+                kept = _kept(greedy, ids, arg, mp_on, y, L, z, thr, FILT) & msk
                 S += tl.where(kept, _mass(y), 0)
                 if LOGPROBS:
                     se += tl.where(msk, tl.exp(z - zmax), 0.0)
@@ -226,7 +225,7 @@ def _pass2(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_ptr, 
 @triton.jit
 def _thresholds(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_ptr, minp_ptr,
                 topk_ptr, topp_ptr, key_ptr, nan_ptr, thr_ptr, BLOCK: tl.constexpr):
-    """Kept-set threshold of every row: kept = {key56(x, id) >= thr} (top-k, then top-p on the
+    """Kept-set threshold of every row: kept = {key56(z, id) >= thr} (top-k, then top-p on the
     top-k mass; reference.sampling.kept_mask). Exact bisection over the 56-bit key space: 56
     counting passes (top-k) and 1 + 56 fixed-point mass passes (top-p). Slow (re-reads the row
     ~113 times, from L2) but exact; rows without an active top-k / top-p do nothing."""
@@ -240,8 +239,7 @@ def _thresholds(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_
         zmax, arg = _unpack(tl.load(key_ptr + row))
         nan = tl.load(nan_ptr + row)
         greedy, inv_t, mp_on, L = _row_params(req, temp_ptr, minp_ptr)
-        m = zmax * inv_t
-        bad = (nan != 0) | (m == float("inf")) | (m == float("-inf"))
+        bad = (nan != 0) | (zmax == float("inf")) | (zmax == float("-inf"))
         k = tl.load(topk_ptr + req).to(tl.int64)
         p = tl.load(topp_ptr + req)
         k_on = (k > 0) & (k < V) & (greedy == 0) & (bad == 0)
@@ -256,8 +254,8 @@ def _thresholds(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_
                 for off in range(0, V, BLOCK):
                     ids = off + tl.arange(0, BLOCK)
                     msk = ids < V
-                    x = tl.load(base + ids, mask=msk, other=0.0).to(tl.float32) * inv_t
-                    c += ((_key56(x, ids) >= mid) & msk).to(tl.int64)
+                    z = tl.load(base + ids, mask=msk, other=0.0).to(tl.float32)
+                    c += ((_key56(z, ids) >= mid) & msk).to(tl.int64)
                 ge = tl.sum(c, 0) >= k
                 lo = tl.where(ge, mid, lo)
                 hi = tl.where(ge, hi, mid)
@@ -268,8 +266,9 @@ def _thresholds(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_
             for off in range(0, V, BLOCK):
                 ids = off + tl.arange(0, BLOCK)
                 msk = ids < V
-                x = tl.load(base + ids, mask=msk, other=0.0).to(tl.float32) * inv_t
-                sk += tl.where(msk & (_key56(x, ids) >= t_k), _mass(x - m), 0)
+                z = tl.load(base + ids, mask=msk, other=0.0).to(tl.float32)
+                sk += tl.where(msk & (_key56(z, ids) >= t_k), _mass(centered(z, zmax, inv_t)),
+                               0)
             s_k = tl.sum(sk, 0)
             lim = tl.maximum((p.to(tl.float64) * s_k.to(tl.float64)).to(tl.int64), 1)
             lo = tl.zeros([], tl.int64) - 1          # G(lo) >= lim (or lo = -1)
@@ -280,9 +279,10 @@ def _thresholds(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_
                 for off in range(0, V, BLOCK):
                     ids = off + tl.arange(0, BLOCK)
                     msk = ids < V
-                    x = tl.load(base + ids, mask=msk, other=0.0).to(tl.float32) * inv_t
-                    k56 = _key56(x, ids)
-                    g += tl.where(msk & (k56 > mid) & (k56 >= t_k), _mass(x - m), 0)
+                    z = tl.load(base + ids, mask=msk, other=0.0).to(tl.float32)
+                    k56 = _key56(z, ids)
+                    g += tl.where(msk & (k56 > mid) & (k56 >= t_k),
+                                  _mass(centered(z, zmax, inv_t)), 0)
                 below = tl.sum(g, 0) < lim
                 hi = tl.where(below, mid, hi)
                 lo = tl.where(below, lo, mid)
@@ -291,16 +291,16 @@ def _thresholds(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_
 
 
 @triton.jit
-def _row_stats(key_ptr, nan_ptr, s_ptr, se_ptr, rows, inv_t, mask):
-    """Vector of rows -> (zmax, m, arg, invalid, S, sumexp)."""
+def _row_stats(key_ptr, nan_ptr, s_ptr, se_ptr, rows, mask):
+    """Vector of rows -> (zmax, arg, invalid, S, sumexp). Invalid: a NaN or +inf raw logit, or
+    no finite one."""
     r = rows.to(tl.int64)
     zmax, arg = _unpack(tl.load(key_ptr + r, mask=mask, other=0))
     nan = tl.load(nan_ptr + r, mask=mask, other=0)
-    m = zmax * inv_t
-    bad = (nan != 0) | (m == float("inf")) | (m == float("-inf"))
+    bad = (nan != 0) | (zmax == float("inf")) | (zmax == float("-inf"))
     S = tl.load(s_ptr + r, mask=mask, other=0)
     se = tl.load(se_ptr + r, mask=mask, other=0.0)
-    return zmax, m, arg, bad, S, se
+    return zmax, arg, bad, S, se
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,32 +326,29 @@ def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_pt
     in_t = j <= n
     in_d = j < n
     greedy, inv_t, mp_on, L = _row_params(i, temp_ptr, minp_ptr)
-    zmax_t, m_t, arg_t, bad_t, S_t, se_t = _row_stats(key_ptr, nan_ptr, s_ptr, se_ptr, tr, inv_t,
-                                                      in_t)
+    zmax_t, arg_t, bad_t, S_t, se_t = _row_stats(key_ptr, nan_ptr, s_ptr, se_ptr, tr, in_t)
     x = tl.load(ids_ptr + dr, mask=in_d, other=0).to(tl.int64)
     xr = (x >= 0) & (x < V) & in_d
     xc = tl.where(xr, x, 0)
     z_tx = tl.load(tgt_ptr + tr * stride_t + xc, mask=in_d, other=0.0).to(tl.float32)
     thr_t = tl.load(thr_ptr + tr, mask=in_t, other=0)
-    x_t = z_tx * inv_t
-    y_t = x_t - m_t
-    kp = _kept(greedy, xc, arg_t, mp_on, y_t, L, x_t, thr_t, FILT) & xr
+    y_t = centered(z_tx, zmax_t, inv_t)
+    kp = _kept(greedy, xc, arg_t, mp_on, y_t, L, z_tx, thr_t, FILT) & xr
     ep = tl.where(kp, _mass(y_t), 0)
     if NGRAM:
         eq = tl.full([BLOCK_N], 1, tl.int64)
         S_q = tl.full([BLOCK_N], 1, tl.int64)
         bad_q = j < 0
-        m_q = tl.zeros([BLOCK_N], tl.float32)
+        zmax_q = tl.zeros([BLOCK_N], tl.float32)
         arg_q = tl.zeros([BLOCK_N], tl.int32)
         thr_q = tl.zeros([BLOCK_N], tl.int64)
     else:
-        zmax_q, m_q, arg_q, bad_q, S_q, se_q = _row_stats(key_ptr, nan_ptr, s_ptr, se_ptr,
-                                                          R_t + dr, inv_t, in_d)
+        zmax_q, arg_q, bad_q, S_q, se_q = _row_stats(key_ptr, nan_ptr, s_ptr, se_ptr, R_t + dr,
+                                                     in_d)
         z_qx = tl.load(drf_ptr + dr * stride_d + xc, mask=in_d, other=0.0).to(tl.float32)
         thr_q = tl.load(thr_ptr + R_t + dr, mask=in_d, other=0)
-        x_q = z_qx * inv_t
-        y_q = x_q - m_q
-        kq = _kept(greedy, xc, arg_q, mp_on, y_q, L, x_q, thr_q, FILT) & xr
+        y_q = centered(z_qx, zmax_q, inv_t)
+        kq = _kept(greedy, xc, arg_q, mp_on, y_q, L, z_qx, thr_q, FILT) & xr
         eq = tl.where(kq, _mass(y_q), 0)
     seed = tl.load(seed_ptr + i)
     off = tl.load(off_ptr + i)
@@ -399,8 +396,8 @@ def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_pt
     tl.store(ji + 5, tl.sum(tl.where(at, arg_q, 0), 0).to(tl.int64))
     tl.store(ji + 6, tl.sum(tl.where(at & in_d, x, 0), 0))
     jf = jobf_ptr + i.to(tl.int64) * 4
-    tl.store(jf + 0, tl.sum(tl.where(at, m_t, 0.0), 0))
-    tl.store(jf + 1, tl.sum(tl.where(at, m_q, 0.0), 0))
+    tl.store(jf + 0, tl.sum(tl.where(at, zmax_t, 0.0), 0))
+    tl.store(jf + 1, tl.sum(tl.where(at, zmax_q, 0.0), 0))
     tl.store(jf + 2, lse_f)
 
 
@@ -424,8 +421,8 @@ def _final(tgt_ptr, drf_ptr, stride_t, stride_d, V, cu_ptr, seed_ptr, off_ptr, t
         arg_t = tl.load(ji + 4)
         arg_q = tl.load(ji + 5)
         xd = tl.load(ji + 6)
-        m_t = tl.load(jobf_ptr + i.to(tl.int64) * 4 + 0)
-        m_q = tl.load(jobf_ptr + i.to(tl.int64) * 4 + 1)
+        zmax_t = tl.load(jobf_ptr + i.to(tl.int64) * 4 + 0)
+        zmax_q = tl.load(jobf_ptr + i.to(tl.int64) * 4 + 1)
         c0 = tl.load(cu_ptr + i)
         if PADDED:
             tr = i.to(tl.int64) * (MAX_N + 1) + f
@@ -444,19 +441,18 @@ def _final(tgt_ptr, drf_ptr, stride_t, stride_d, V, cu_ptr, seed_ptr, off_ptr, t
         fb_i = tl.full([BLOCK], 2147483647, tl.int32)
         start = sp * chunk
         if mode == 2:
-            # bonus: the sampler's Gumbel-max over the kept set, offset + n, stream 0
-            span = GUMBEL_SPAN + tl.abs(m_t) * 9.5367431640625e-07
+            # bonus: the sampler's Gumbel-max over the kept set of y + G, offset + n, stream 0
+            # (y < -19.5 never wins: the max token, always kept, scores G >= -2.8116)
             for off in range(start, start + chunk, BLOCK):
                 ids = off + tl.arange(0, BLOCK)
                 msk = ids < V
                 z = tl.load(tbase + ids, mask=msk, other=float("-inf")).to(tl.float32)
-                x = z * inv_t
-                y = x - m_t
-                kept = _kept(greedy, ids, arg_t, mp_on, y, L, x, thr_t, FILT) & msk
-                live = kept & (y >= -span)
+                y = centered(z, zmax_t, inv_t)
+                kept = _kept(greedy, ids, arg_t, mp_on, y, L, z, thr_t, FILT) & msk
+                live = kept & (y >= -GUMBEL_SPAN)
                 if tl.max(live.to(tl.int32), 0) != 0:
                     g = gumbel_from_bits(_philox_block(seed, offp, off, 0, BLOCK))
-                    s = tl.where(live, x + g, float("-inf"))
+                    s = tl.where(live, y + g, float("-inf"))
                     upd = s > best_s
                     best_i = tl.where(upd, ids, best_i)
                     best_s = tl.where(upd, s, best_s)
@@ -466,18 +462,16 @@ def _final(tgt_ptr, drf_ptr, stride_t, stride_d, V, cu_ptr, seed_ptr, off_ptr, t
                 ids = off + tl.arange(0, BLOCK)
                 msk = ids < V
                 zt = tl.load(tbase + ids, mask=msk, other=float("-inf")).to(tl.float32)
-                xt = zt * inv_t
-                yt = xt - m_t
-                kp = _kept(greedy, ids, arg_t, mp_on, yt, L, xt, thr_t, FILT) & msk
+                yt = centered(zt, zmax_t, inv_t)
+                kp = _kept(greedy, ids, arg_t, mp_on, yt, L, zt, thr_t, FILT) & msk
                 ep = tl.where(kp, _mass(yt), 0)
                 if tl.max(ep, 0) > 0:
                     if NGRAM:
                         eq = (ids == xd).to(tl.int64)
                     else:
                         zq = tl.load(dbase + ids, mask=msk, other=float("-inf")).to(tl.float32)
-                        xq = zq * inv_t
-                        yq = xq - m_q
-                        kq = _kept(greedy, ids, arg_q, mp_on, yq, L, xq, thr_q, FILT) & msk
+                        yq = centered(zq, zmax_q, inv_t)
+                        kq = _kept(greedy, ids, arg_q, mp_on, yq, L, zq, thr_q, FILT) & msk
                         eq = tl.where(kq, _mass(yq), 0)
                     ah, al = _mul_wide(ep, S_q)
                     bh, bl = _mul_wide(eq, S_t)
@@ -531,11 +525,11 @@ def _final_reduce(tgt_ptr, stride_t, cu_ptr, temp_ptr, minp_ptr, jobi_ptr, jobf_
             greedy, inv_t, mp_on, L = _row_params(i, temp_ptr, minp_ptr)
             z = tl.load(tgt_ptr + tr * stride_t + tok).to(tl.float32)
             S_t = tl.load(ji + 2)
-            m_t = tl.load(jobf_ptr + i.to(tl.int64) * 4 + 0)
+            zmax_t = tl.load(jobf_ptr + i.to(tl.int64) * 4 + 0)
             lse = tl.load(jobf_ptr + i.to(tl.int64) * 4 + 2)
             lp = z - lse
-            plp = tl.where(greedy, 0.0,
-                           (z * inv_t - m_t) - (tl.log(S_t.to(tl.float32)) - _LN_2POW38))
+            y = centered(z, zmax_t, inv_t)
+            plp = tl.where(greedy, 0.0, y - (tl.log(S_t.to(tl.float32)) - _LN_2POW38))
             tl.store(lp_ptr + i.to(tl.int64) * W + f, lp)
             tl.store(plp_ptr + i.to(tl.int64) * W + f, plp)
 
@@ -683,7 +677,8 @@ def verify_probabilistic(tgt, drf, ids, cu, seed, offset, temperature, min_p, ma
 
 def kept_thresholds(logits, temperature, top_k, top_p, block: int = 0):
     """Per-row kept-set threshold (int64 key56) of ``logits`` [R, V] with per-row parameters:
-    kept = {key56(x, id) >= thr} (before min-p). For tests of ``_thresholds``."""
+    kept = {key56(z, id) >= thr} (keys of the raw logits; before min-p). For tests of
+    ``_thresholds``."""
     dev = logits.device
     R, V = logits.shape
     block = max(min(block or DEFAULT_BLOCK, _pow2(V)), 16)

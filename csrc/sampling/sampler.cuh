@@ -1,0 +1,1527 @@
+// Exact Gumbel-max sampling, one launch per call (torch-free). Contract: docs/DESIGN.md
+// (randomness contract v2: scores fl32(y + G) with y = fl32(fl32(z - zmax) * fl32(1/T)) relative
+// to the row max); spec: python/tokenspeed_kernel/reference/sampling.py.
+//
+// Grid: rows x cs CTAs of kThreads threads; the cs CTAs of a row form one thread-block cluster
+// (cs = 1..16) and split the row into contiguous chunks. Cluster CTAs talk only by *pushing*
+// into each other's shared memory and then meeting at a cluster barrier, so no CTA ever reads a
+// peer's shared memory and any CTA may exit after its last barrier.
+//
+// Pass 1 (every row, one read of the logits): the CTA's max raw logit and its lowest id, the
+// NaN / +inf flag, the raw (and for temperature-only rows the processed) log-sum-exp parts when
+// logprobs are asked for, and by row mode:
+//   PLAIN    (no filter), streamed: every element's approximate score h = z * (1/T) + G in
+//            float64, the best and second-best per thread behind a conservative filter that skips
+//            Philox and the exact noise for almost every element (see plain_step). After the
+//            cluster merge the winner is decided by the gap test (plain_gap_ok): a proven bound
+//            on the difference between h and the contract's score fl32(y + G). Rare failures
+//            (near-ties, |z / T| beyond ~1e10) run the exact pass.
+//   PLAIN    resident (the chunk fits in shared memory): nothing; after the merge (zmax known)
+//            the exact pass reads the chunk from shared memory with the max token's exact score
+//            as the starting bar, so almost no element needs the exact noise.
+//   CAND     (top-k with k <= kCandCap, or top-p / min-p without top-k): each thread keeps its
+//            R best keys (key56 of the raw logit); the CTA selects its top K of them (radix
+//            select), pushes them to rank 0, which selects the row's top K. The list of a thread
+//            whose R-th key reaches the CTA's threshold may have dropped a key: overflow.
+//   GENERIC  (top-k with k > kCandCap): nothing.
+// Finish (rank 0) for CAND rows: the K candidates sorted by key (rank by counting), exact
+// masses, top-p (top-p without top-k: the row's total mass S from one more pass), min-p, exact
+// Gumbel over the kept candidates. Exact everywhere; falls back to the generic path when the
+// candidates cannot hold the kept set (overflow; top-p / min-p kept sets that reach the K-th
+// candidate and may still win).
+// Generic path (all CTAs): cluster-wide radix selects over the row (8-bit digits of key56;
+// counts for top-k, fixed-point masses for top-p), then the exact pass over the kept set.
+// Exact pass: scores fl32(y + G) of the kept elements, a conservative filter against the
+// thread's best exact score (or the max token's score), argmax with ties to the lowest id.
+#pragma once
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
+#include "common/philox.cuh"
+#include "common/softmath.cuh"
+
+namespace tokenspeed_kernel::sampler {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCandCap = 256;      // CAND rows: at most this many candidates (top-k fast path k)
+constexpr int kCandBuf = 4096;     // CAND: a CTA's buffer of keys >= its bound (32 KB)
+// rank 0's receive buffer per CTA of the cluster: K candidate keys, or a radix level's count,
+// mass and min-key histograms (3 x 256)
+constexpr int kCbufPerCta = 3 * 256 > kCandCap ? 3 * 256 : kCandCap;
+constexpr int kMaxCluster = 16;
+constexpr int kUnroll = 4;         // 16-byte vectors in flight per thread and iteration
+// A token whose y is below kDead never wins: y + G <= y + 16.6356 < -2.8144 < G_min = -2.8116
+// <= the score of the max token (y = 0), which every filter keeps. Rounding is monotone.
+constexpr float kDead = -19.5f;
+constexpr float kGumbelHi = 16.64f;   // > max G = 16.6356
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kRel = 4.76837158203125e-07f;   // 2^-21: relative margin of the filters
+
+// Flags shared with ops/sampling.py
+// F_FORCE_* / F_NO_RESIDENT: testing (every path against the reference); bits F_CS_SHIFT..+2:
+// tuning, a forced cluster size 2^(v-1) (v = 0: the launcher's choice)
+enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
+                   F_FORCE_GENERIC = 64, F_FORCE_EXACT = 128, F_NO_RESIDENT = 256,
+                   F_CS_SHIFT = 10 };
+enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
+
+struct Params {
+  const void* logits;
+  int64_t stride;          // row stride, elements
+  int rows, vocab, tpr;
+  const float* temperature;
+  const int* top_k;
+  const float* top_p;
+  const float* min_p;
+  const int64_t* seed;
+  const int64_t* offset;
+  int flags;
+  int cs;                  // CTAs (cluster size) per row
+  int chunk;               // elements per CTA, multiple of 8
+  int resident;            // chunk staged in shared memory
+  void* tokens;
+  int out64;
+  bool* valid;
+  float* lp;
+  float* plp;
+  unsigned int* stats;     // optional [4] counters (tests): exact plain passes, generic rows, -, -
+};
+
+// ------------------------------------------------------------------------------------------
+// per-row parameters
+// ------------------------------------------------------------------------------------------
+struct Row {
+  float inv_t, top_p, min_p, L;
+  int k;              // effective top-k (V when off)
+  int K;              // CAND: candidates wanted
+  bool greedy, k_on, p_on, mp_on;
+  uint64_t seed, offset;
+  int mode;
+};
+
+__device__ __forceinline__ Row row_params(const Params& p, int row) {
+  Row r;
+  const int q = row / p.tpr;
+  const float t = (p.flags & F_TEMP) ? p.temperature[q] : 1.0f;
+  r.greedy = !(t > 0.0f);
+  r.inv_t = inv_temperature(t);
+  const int k = (p.flags & F_TOPK) ? p.top_k[q] : 0;
+  r.top_p = (p.flags & F_TOPP) ? p.top_p[q] : 1.0f;
+  r.min_p = (p.flags & F_MINP) ? p.min_p[q] : 0.0f;
+  r.k_on = k > 0 && k < p.vocab;
+  r.k = r.k_on ? k : p.vocab;
+  r.p_on = r.top_p < 1.0f;
+  r.mp_on = r.min_p > 0.0f;
+  r.L = r.mp_on ? soft_ln(r.min_p) : -INFINITY;
+  r.seed = uint64_t(p.seed[q]);
+  r.offset = uint64_t(p.offset[q]) + uint64_t(row % p.tpr);
+  r.K = 0;
+  if (r.greedy) {
+    r.mode = kGreedy;
+  } else if (r.k_on) {
+    r.mode = (r.k <= kCandCap && !(p.flags & F_FORCE_GENERIC)) ? kCand : kGeneric;
+    r.K = r.k;
+  } else if (r.p_on || r.mp_on) {
+    r.mode = (p.flags & F_FORCE_GENERIC) ? kGeneric : kCand;
+    r.K = p.vocab < kCandCap ? p.vocab : kCandCap;
+  } else {
+    r.mode = kPlain;
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------
+// loads: 16-byte vectors of VEC elements as float
+// ------------------------------------------------------------------------------------------
+template <typename T> struct VecOf { static constexpr int n = 16 / sizeof(T); };
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& v, float (&z)[VecOf<T>::n]) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int j = 0; j < VecOf<T>::n; ++j) z[j] = to_f(e[j]);
+}
+
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Calls f(i, z) for each of this thread's 16-byte vectors of [c0, c1) (i = index of the first
+// element, c0 a multiple of the vector width), elements outside [c0, c1) as -inf. Thread t owns
+// vectors t, t + kThreads, ... of the chunk (the resident copy uses the same slots). The loop is
+// warp-uniform: every lane of a warp calls f the same number of times (a lane past the end gets
+// an all -inf vector), so f may use warp-wide votes and shuffles. With `store`, each loaded
+// vector is also written to smem slot (vector index); `from_smem` reads the slots instead of
+// global memory. Unaligned rows use scalar loads.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_vec(const T* __restrict__ rowp, int c0, int c1,
+                                             bool aligned, uint4* sdata, bool store,
+                                             bool from_smem, F&& f) {
+  constexpr int VEC = VecOf<T>::n;
+  const int nvec = (c1 - c0 + VEC - 1) / VEC;
+  const int lane = threadIdx.x & 31;
+  for (int w0 = threadIdx.x - lane; w0 < nvec; w0 += kThreads * kUnroll) {
+    uint4 raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = w0 + lane + u * kThreads;
+      const int i = c0 + v * VEC;
+      raw[u] = make_uint4(0, 0, 0, 0);
+      if (v < nvec) {
+        if (from_smem) {
+          raw[u] = sdata[v];
+        } else if (aligned && i + VEC <= c1) {
+          raw[u] = ldg_stream(reinterpret_cast<const uint4*>(rowp + i));
+        } else {
+          T* e = reinterpret_cast<T*>(&raw[u]);   // zero bits past c1 (masked below)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j)
+            if (i + j < c1) e[j] = rowp[i + j];
+        }
+        if (store) sdata[v] = raw[u];
+      }
+    }
+    // one copy of the body (code size: the small-batch path runs it once, from a cold
+    // instruction cache); the loaded vectors shift down through registers
+#pragma unroll 1
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vw = w0 + u * kThreads;        // the warp's first vector of this step
+      if (vw < nvec) {                         // warp-uniform
+        const int v = vw + lane;
+        const int i = c0 + v * VEC;
+        float z[VEC];
+        unpack<T>(raw[0], z);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          if (v >= nvec || i + j >= c1) z[j] = -INFINITY;
+        f(i, z);
+      }
+#pragma unroll
+      for (int q = 0; q + 1 < kUnroll; ++q) raw[q] = raw[q + 1];
+    }
+  }
+}
+
+// z[j] for a run-time j (a select chain: no local-memory array)
+template <int VEC>
+__device__ __forceinline__ float pick(const float (&z)[VEC], int j) {
+  float r = z[0];
+#pragma unroll
+  for (int jj = 1; jj < VEC; ++jj) r = j == jj ? z[jj] : r;
+  return r;
+}
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], int j) {
+  return j == 0 ? w[0] : j == 1 ? w[1] : j == 2 ? w[2] : w[3];
+}
+
+// ------------------------------------------------------------------------------------------
+// small helpers
+// ------------------------------------------------------------------------------------------
+// online (max, sum exp((v - max) * s)) accumulation; s = 1 (raw) or 1/T (processed)
+struct Lse {
+  float m = -INFINITY, s = 0.0f;
+  __device__ __forceinline__ void add(float v, float scale) {
+    if (v > m) {
+      s = (m == -INFINITY) ? 1.0f : fmaf(s, __expf((m - v) * scale), 1.0f);
+      m = v;
+    } else if (v > -INFINITY) {
+      s += (v == m) ? 1.0f : __expf((v - m) * scale);
+    }
+  }
+  __device__ __forceinline__ void merge(float m2, float s2, float scale) {
+    if (m2 > m) {
+      s = (m == -INFINITY) ? s2 : fmaf(s, __expf((m - m2) * scale), s2);
+      m = m2;
+    } else if (m2 > -INFINITY) {
+      s += (m2 == m) ? s2 : s2 * __expf((m2 - m) * scale);
+    }
+  }
+};
+
+// (score, id) packed so that a larger u64 is better: higher score, then lower id
+__device__ __forceinline__ unsigned long long pack_best(float score, uint32_t id) {
+  return (uint64_t(key32(score)) << 32) | uint64_t(~id);
+}
+
+template <typename V> __device__ __forceinline__ V shfl_x(V v, int o) {
+  return __shfl_xor_sync(0xffffffffu, v, o);
+}
+
+// key56 of a raw logit, as 64-bit
+__device__ __forceinline__ unsigned long long key_of(float z, int id) {
+  return key56(key32(z), uint32_t(id));
+}
+
+// ------------------------------------------------------------------------------------------
+// shared memory
+// ------------------------------------------------------------------------------------------
+// What each CTA pushes into every CTA of its cluster after pass 1.
+struct Summary {
+  float zmax;        // max raw logit of the chunk
+  int zid;           // its lowest id (INT_MAX: none)
+  unsigned bad;      // a NaN or +inf was seen
+  unsigned ovf;      // CAND: a thread's list may have dropped a candidate
+  float lm, ls;      // raw logits: max, sum exp(z - lm)           (logprobs)
+  float pm, ps;      // processed: max z, sum exp((z - pm) / T)    (logprobs, PLAIN)
+  double h1, h2;     // PLAIN streamed: best / second-best approximate score
+  float z1;          // raw logit of the best
+  int w1;            // id of the best
+  int ncand;         // CAND: candidates pushed to rank 0
+  float zmin;        // min raw logit of the chunk (generic top-k window)
+};
+
+struct Smem {
+  Summary summ[kMaxCluster];            // pushed by every CTA of the cluster (slot = its rank)
+  unsigned long long red64[kWarps];     // block reductions
+  unsigned long long red64b[kWarps];
+  double redd[kWarps][2];
+  float redf[kWarps][4];
+  int redi[kWarps][2];
+  unsigned long long bcast[8];          // block / cluster broadcasts
+  unsigned int hist[256];               // radix select counts
+  unsigned long long hmass[256];        // radix select masses (generic top-p)
+  unsigned long long hmin[256];         // radix select: smallest key of each bin
+  unsigned long long cl_u64[kMaxCluster][2];   // per-CTA 64-bit values pushed to rank 0
+  unsigned long long best[kMaxCluster];        // exact pass: per-CTA packed best, at rank 0
+  float psum[kMaxCluster];                     // exact pass: per-CTA kept exp sums, at rank 0
+  unsigned int counter;
+  unsigned int bar_key;    // key32 of a CTA-wide bar (PLAIN streamed / exact pass)
+  unsigned int ncb;        // CAND: keys appended to the CTA's candidate buffer
+  Summary row;             // the cluster's summaries merged (warp 0 writes, all read)
+  // finish (rank 0)
+  unsigned long long skey[kCandCap];
+  unsigned long long sprefix[kCandCap];  // inclusive mass prefix in key order
+  float sy[kCandCap];
+};
+// dynamic shared memory after Smem: cbuf [cs][kCandCap] keys (rank 0 reads), then the
+// resident chunk (16-byte slots) when p.resident.
+
+// ------------------------------------------------------------------------------------------
+// block reductions (all threads call; results broadcast)
+// ------------------------------------------------------------------------------------------
+__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long v, Smem& s) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) { const unsigned long long w = shfl_x(v, o); v = w > v ? w : v; }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) s.red64[warp] = v;
+  __syncthreads();
+  v = s.red64[lane];
+#pragma unroll
+  for (int o = 16; o; o >>= 1) { const unsigned long long w = shfl_x(v, o); v = w > v ? w : v; }
+  return v;
+}
+// (max, min over nonzero) of u64 keys in one round
+__device__ __forceinline__ void block_maxmin_u64(unsigned long long& mx, unsigned long long& mn,
+                                                 Smem& s) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    const unsigned long long a = shfl_x(mx, o), b = shfl_x(mn, o);
+    mx = a > mx ? a : mx;
+    mn = b < mn ? b : mn;
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) { s.red64[warp] = mx; s.red64b[warp] = mn; }
+  __syncthreads();
+  mx = s.red64[lane];
+  mn = s.red64b[lane];
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    const unsigned long long a = shfl_x(mx, o), b = shfl_x(mn, o);
+    mx = a > mx ? a : mx;
+    mn = b < mn ? b : mn;
+  }
+}
+__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, Smem& s) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) s.red64[warp] = v;
+  __syncthreads();
+  v = s.red64[lane];
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+  return v;
+}
+__device__ __forceinline__ int block_sum_int(int v, Smem& s) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) s.redi[warp][0] = v;
+  __syncthreads();
+  v = s.redi[lane][0];
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+  return v;
+}
+__device__ __forceinline__ float block_sum_f(float v, Smem& s) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) s.redf[warp][0] = v;
+  __syncthreads();
+  v = s.redf[lane][0];
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+  return v;
+}
+__device__ __forceinline__ void lse_warp(Lse& a, float scale) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) a.merge(shfl_x(a.m, o), shfl_x(a.s, o), scale);
+}
+__device__ __forceinline__ Lse block_lse(Lse a, float scale, Smem& s, int slot) {
+  lse_warp(a, scale);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) { s.redf[warp][2 * slot] = a.m; s.redf[warp][2 * slot + 1] = a.s; }
+  __syncthreads();
+  Lse b;
+  b.m = s.redf[lane][2 * slot];
+  b.s = s.redf[lane][2 * slot + 1];
+  lse_warp(b, scale);
+  return b;
+}
+// (max z, lowest id) of the block
+__device__ __forceinline__ void block_argmax(float& z, int& id, Smem& s) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    const float z2 = shfl_x(z, o);
+    const int i2 = shfl_x(id, o);
+    if (z2 > z || (z2 == z && i2 < id)) { z = z2; id = i2; }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) { s.redf[warp][3] = z; s.redi[warp][1] = id; }
+  __syncthreads();
+  z = s.redf[lane][3];
+  id = s.redi[lane][1];
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    const float z2 = shfl_x(z, o);
+    const int i2 = shfl_x(id, o);
+    if (z2 > z || (z2 == z && i2 < id)) { z = z2; id = i2; }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// radix select over register-resident keys (R per thread; 0 = empty)
+// ------------------------------------------------------------------------------------------
+// Returns t such that exactly min(K, n) of the block's nonzero keys are >= t (n = their count;
+// t = the smallest key when n <= K; 0 when n == 0). Keys are unique (key56). All threads call.
+template <int R>
+__device__ unsigned long long block_select(const unsigned long long (&keys)[R], int K, Smem& s,
+                                           int* n_out = nullptr) {
+  const int tid = threadIdx.x;
+  int cnt = 0;
+  unsigned long long mx = 0, mn = ~0ull;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if (keys[i]) {
+      ++cnt;
+      mx = keys[i] > mx ? keys[i] : mx;
+      mn = keys[i] < mn ? keys[i] : mn;
+    }
+  }
+  const int n = block_sum_int(cnt, s);
+  if (n_out) *n_out = n;
+  block_maxmin_u64(mx, mn, s);
+  if (n <= K) return n ? mn : 0ull;
+  // bits above the highest differing one are common to every key; the first digit is the 8 bits
+  // from there down (so that it spreads the keys over the bins), then 8 bits at a time
+  const int hb = 63 - __clzll(mx ^ mn);          // mx != mn since n > K >= 1
+  int shift = hb - 7, width = 8;
+  if (shift < 0) { width = hb + 1; shift = 0; }
+  unsigned long long pmask = ~((2ull << hb) - 1);
+  unsigned long long prefix = mx & pmask;
+  int need = K;
+  for (;;) {
+    const unsigned dmask = (1u << width) - 1;
+    if (tid < 256) s.hist[tid] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (keys[i] && (keys[i] & pmask) == prefix)
+        atomicAdd(&s.hist[unsigned(keys[i] >> shift) & dmask], 1u);
+    }
+    __syncthreads();
+    if (tid < 32) {
+      // lane l owns digits 255 - 8l - j, j = 0..7 (descending)
+      unsigned c[8], tot = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) { c[j] = s.hist[255 - 8 * tid - j]; tot += c[j]; }
+      unsigned incl = tot;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (tid >= o) incl += v;
+      }
+      unsigned above = incl - tot;
+      if (above < unsigned(need) && unsigned(need) <= incl) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (above < unsigned(need) && unsigned(need) <= above + c[j]) {
+            s.bcast[0] = 255 - 8 * tid - j;
+            s.bcast[1] = above;
+            s.bcast[2] = c[j];
+          }
+          above += c[j];
+        }
+      }
+    }
+    __syncthreads();
+    const unsigned long long d = s.bcast[0];
+    const int above = int(s.bcast[1]), c = int(s.bcast[2]);
+    __syncthreads();
+    prefix |= d << shift;
+    pmask |= (unsigned long long)dmask << shift;
+    need -= above;
+    if (c == need || shift == 0) break;   // the whole bin is selected (or a single key)
+    if (shift >= 8) { shift -= 8; } else { width = shift; shift = 0; }
+  }
+  // the threshold: the smallest selected key of the boundary bin
+  unsigned long long m2 = ~0ull;
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+    if (keys[i] && (keys[i] & pmask) == prefix && keys[i] < m2) m2 = keys[i];
+  unsigned long long dummy = 0;
+  block_maxmin_u64(dummy, m2, s);
+  return m2;
+}
+
+// ------------------------------------------------------------------------------------------
+// CAND: the CTA's buffer of candidate keys
+// ------------------------------------------------------------------------------------------
+// Appends the keys >= th of one vector of a lane (warp-convergent; warp-aggregated: one atomic
+// per warp). th is a key with at least K elements of the CTA >= it (or 0), so every key of the
+// CTA's top K is appended; appends past kCandBuf are dropped and counted (s.ncb > kCandBuf:
+// overflow, the generic path takes over).
+template <int VEC>
+__device__ __forceinline__ void cand_append(Smem& s, unsigned long long* cand, int i0,
+                                            const float (&z)[VEC], unsigned long long th) {
+  const float thz = th ? key56_value(th) : -INFINITY;
+  unsigned m = 0;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j)
+    if (z[j] >= thz && z[j] > -INFINITY && key_of(z[j], i0 + j) >= th) m |= 1u << j;
+  if (!__any_sync(0xffffffffu, m != 0)) return;
+  const int lane = threadIdx.x & 31;
+  const int c = __popc(m);
+  int incl = c;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  unsigned base = 0;
+  if (lane == 31) base = atomicAdd(&s.ncb, unsigned(incl));
+  base = __shfl_sync(0xffffffffu, base, 31);
+  unsigned pos = base + unsigned(incl - c);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    if ((m >> j) & 1u) {
+      if (pos < unsigned(kCandBuf)) cand[pos] = key_of(z[j], i0 + j);
+      ++pos;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// PLAIN streamed: approximate scores, top-2 per thread
+// ------------------------------------------------------------------------------------------
+// h = fma(double(z), double(1/T), double(G)): z * (1/T) is exact in float64 (24 x 24 bits) and
+// the add rounds once, |h - (z/T' + G)| <= 2^-53 |h| (T' = 1 / fl32(1/T)).
+// The filter skips an element only when its exact h cannot exceed `bar` (a float <= the thread's
+// second-best h): with x = fl32(z * (1/T)) and tau = fl32(x - bar), |tau - (z/T' - bar)| <=
+// 2^-23 (|x| + |bar|) < mu = 2^-21 (|x| + |bar|) + 1e-6 (all roundings of tau + mu and of the
+// scaling by log2 e included); the element's h < bar if G < bar - z/T', i.e. u < exp(-exp(.)),
+// implied by 1 - u > exp(tau + mu) (exp(-a) >= 1 - a), tested with ex2.approx (relative error
+// < 2^-21) raised by 2^-16. 1 - u = (2 ((~w) >> 9) + 1) 2^-24 is computed exactly. A group of 4
+// elements whose largest x + 16.64 (> max G) is below bar skips Philox. NaN / inf values never
+// pass a skip test (every comparison is false), so they reach the exact path.
+// rare (an element that may enter the top 2): one out-of-line copy keeps the loop small; a free
+// function of values, so that no caller state has to live in memory
+__device__ __noinline__ double approx_score(float z, uint32_t w, double inv_t_d) {
+  return fma(double(z), inv_t_d, double(gumbel_from_bits(w)));
+}
+
+__device__ __forceinline__ float ex2approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// true when the element's score cannot reach `bar` (see the derivation above)
+__device__ __forceinline__ bool skip_elem(float x, float bar, float barc, uint32_t w) {
+  const float mu = fmaf(fabsf(x), kRel, barc);
+  const float e = ex2approx((x - bar + mu) * kLog2e) * 1.0000152587890625f;
+  const float omu = __uint_as_float(0x3f800000u | ((~w) >> 9)) - 0.99999994039535522f;
+  return omu > e;
+}
+
+struct PlainAcc {
+  double h1 = -INFINITY, h2 = -INFINITY;
+  float z1 = -INFINITY;
+  int w1 = 0x7fffffff;
+  float bar = -INFINITY;   // float <= h2 (-inf until two elements were evaluated)
+  __device__ __forceinline__ void update(double h, float z, int id) {
+    if (h > h1) { h2 = h1; h1 = h; z1 = z; w1 = id; }
+    else if (h > h2) { h2 = h; }
+    if (h2 > -INFINITY) bar = __double2float_rd(h2);
+  }
+};
+
+// One vector of a lane (warp-convergent). The filter uses the larger of the lane's bar and the
+// CTA's (s.bar_key: the float <= the second best h of some warp, i.e. two tokens of the row
+// have h >= it). Elements that pass are evaluated in rounds: each round every lane with a
+// pending element evaluates one, so the warp pays for the exact noise once per round, not once
+// per element slot.
+template <int VEC>
+__device__ __forceinline__ void plain_vec(PlainAcc& a, Smem& s, int i0, const float (&z)[VEC],
+                                          float inv_t, double inv_t_d, uint64_t seed,
+                                          uint64_t offset) {
+  const float bar = fmaxf(a.bar, key32_to_float(s.bar_key));
+  const float barc = fmaf(fabsf(bar), kRel, 1e-6f);
+  bool any = false;
+#pragma unroll
+  for (int g = 0; g < VEC / 4; ++g) {
+    float x[4], xm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) { x[j] = z[4 * g + j] * inv_t; xm = fmaxf(xm, x[j]); }
+    unsigned pend = 0;
+    uint32_t w[4] = {0, 0, 0, 0};
+    const int ib = i0 + 4 * g;
+    if (!(fmaf(fabsf(xm), kRel, xm + kGumbelHi) < bar)) {
+      const Philox4 r = philox_block(seed, offset, uint32_t(ib) >> 2, kStreamSample);
+      w[0] = r.x; w[1] = r.y; w[2] = r.z; w[3] = r.w;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (!skip_elem(x[j], bar, barc, w[j])) pend |= 1u << j;
+    }
+    while (__any_sync(0xffffffffu, pend != 0)) {
+      any = true;
+      if (pend) {
+        const int j = __ffs(pend) - 1;
+        pend &= pend - 1;
+        const float zg[4] = {z[4 * g], z[4 * g + 1], z[4 * g + 2], z[4 * g + 3]};
+        const float zj = pick<4>(zg, j);
+        a.update(approx_score(zj, pick4(w, j), inv_t_d), zj, ib + j);
+      }
+    }
+  }
+  if (__any_sync(0xffffffffu, any)) {
+    // the warp's second best h: a bar for the whole CTA
+    double h1 = a.h1, h2 = a.h2;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+      const double o1 = shfl_x(h1, o), o2 = shfl_x(h2, o);
+      h2 = fmax(fmin(h1, o1), fmax(h2, o2));
+      h1 = fmax(h1, o1);
+    }
+    if ((threadIdx.x & 31) == 0 && h2 > -INFINITY)
+      atomicMax(&s.bar_key, key32(__double2float_rd(h2)));
+  }
+}
+
+// Gap test: the approximate winner w1 is the contract's winner. For any j != w1 and D = (z -
+// zmax) / T' (real): |y - D| <= 2^-23 |D|, |c - (y + G)| <= 2^-24 |c| (c = fl32(y + G)), so
+// |c - (D + G)| <= 9.1e-6 when |D| <= 45 (|c| <= 62), and |c_w - (D_w + G_w)| <= 3.8e-6 when
+// y_w >= -20. Tokens with D < -45 score below -28 < c_w (>= -22.9). With R = D + G + zmax / T',
+// R_w - R_j >= h1 - h2 - 2^-53 (|h1| + |h2|), so c_w > c_j whenever
+// h1 - h2 > 2^-52 (|h1| + |h2|) + 3e-5 (twice the 2^-53 term, ~2x the 1.3e-5 of the c terms).
+// Skipped elements have R < bar <= h2, covered the same way.
+__device__ __forceinline__ bool plain_gap_ok(double h1, double h2, float z1, float zmax,
+                                             float inv_t) {
+  if (!(h1 > -INFINITY) || !(h1 < INFINITY)) return false;
+  if (!(centered(z1, zmax, inv_t) >= -20.0f)) return false;
+  if (h2 == -INFINITY) return true;
+  if (!(h2 < INFINITY)) return false;
+  return h1 - h2 > 2.220446049250313e-16 * (fabs(h1) + fabs(h2)) + 3e-5;
+}
+
+// ------------------------------------------------------------------------------------------
+// the exact pass: argmax of fl32(y + G) over the kept set {key >= thr, y >= L}
+// ------------------------------------------------------------------------------------------
+// bar: a float with score(winner) >= bar (the max token's exact score, or -inf). An element is
+// skipped only when its exact score is provably < bar (same test as the PLAIN filter, with y in
+// place of x: |y| <= 45 or y = -inf for anything that passes kDead).
+struct ExactAcc {
+  float best = -INFINITY;
+  int id = 0x7fffffff;
+  float psum = 0.0f;   // sum of exp(y) over the kept set (logprobs)
+};
+
+// rare path (an element that may beat the bar), out of line
+__device__ __noinline__ float exact_score(float y, uint32_t w) {
+  return fadd(y, gumbel_from_bits(w));
+}
+
+template <int VEC, bool kThr, bool kLp>
+__device__ __forceinline__ void exact_step(ExactAcc& a, Smem& s, int i0, const float (&z)[VEC],
+                                           float zmax, float inv_t, unsigned long long thr,
+                                           float L, uint64_t seed, uint64_t offset) {
+  // the bar: the max token's score, or the best exact score any warp of the CTA has seen
+  const float bar = fmaxf(a.best, key32_to_float(s.bar_key));
+  const float barc = fmaf(fabsf(bar), kRel, 1e-6f);
+  bool any = false;
+#pragma unroll
+  for (int g = 0; g < VEC / 4; ++g) {
+    float y[4], ym = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float zz = z[4 * g + j];
+      float yy = centered(zz, zmax, inv_t);
+      bool kept = zz > -INFINITY && yy >= L;
+      if (kThr) kept = kept && key_of(zz, i0 + 4 * g + j) >= thr;
+      yy = kept ? yy : -INFINITY;
+      if (kLp && kept) a.psum += __expf(yy);
+      y[j] = yy;
+      ym = fmaxf(ym, yy);
+    }
+    const int ib = i0 + 4 * g;
+    unsigned pend = 0;
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (ym >= kDead && !(fmaf(fabsf(ym), kRel, ym + kGumbelHi) < bar)) {
+      const Philox4 r = philox_block(seed, offset, uint32_t(ib) >> 2, kStreamSample);
+      w[0] = r.x; w[1] = r.y; w[2] = r.z; w[3] = r.w;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (y[j] >= kDead && !skip_elem(y[j], bar, barc, w[j])) pend |= 1u << j;
+    }
+    while (__any_sync(0xffffffffu, pend != 0)) {
+      any = true;
+      if (pend) {
+        const int j = __ffs(pend) - 1;
+        pend &= pend - 1;
+        const float c = exact_score(pick<4>(y, j), pick4(w, j));
+        if (c > a.best || (c == a.best && ib + j < a.id)) { a.best = c; a.id = ib + j; }
+      }
+    }
+  }
+  if (__any_sync(0xffffffffu, any)) {
+    float b = a.best;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) b = fmaxf(b, shfl_x(b, o));
+    if ((threadIdx.x & 31) == 0 && b > -INFINITY) atomicMax(&s.bar_key, key32(b));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// cluster helpers
+// ------------------------------------------------------------------------------------------
+template <typename V>
+__device__ __forceinline__ V* peer(V* p, int rank) {
+  return cg::this_cluster().map_shared_rank(p, rank);
+}
+__device__ __forceinline__ void cluster_sync(int cs) {
+  if (cs > 1) cg::this_cluster().sync();
+  else __syncthreads();
+}
+
+// The exact pass over this CTA's chunk; rank 0 returns the row's (token, processed kept exp
+// sum). Every CTA of the cluster calls it.
+template <typename T>
+__device__ void exact_pass(const Params& p, const Row& r, Smem& s, const T* rowp, int c0, int c1,
+                           bool aligned, uint4* sdata, float zmax, int zid,
+                           unsigned long long thr, int& tok, float& psum) {
+  constexpr int VEC = VecOf<T>::n;
+  const int cs = p.cs;
+  const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
+  const bool lp = p.flags & F_LOGPROBS;
+  // bar: the max token's exact score (it is kept by every filter)
+  if (threadIdx.x == 0) {
+    const float g = gumbel_from_bits(philox_word(r.seed, r.offset, uint32_t(zid), kStreamSample));
+    s.bar_key = key32(g);
+  }
+  __syncthreads();
+  ExactAcc a;
+  const bool from_smem = p.resident;
+  auto run = [&](auto thr_tag, auto lp_tag) {
+    constexpr bool kThr = decltype(thr_tag)::value, kLp = decltype(lp_tag)::value;
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, from_smem,
+                    [&](int i, const float (&z)[VEC]) {
+                      exact_step<VEC, kThr, kLp>(a, s, i, z, zmax, r.inv_t, thr, r.L, r.seed,
+                                                 r.offset);
+                    });
+  };
+  if (thr) {
+    if (lp) run(std::true_type{}, std::true_type{}); else run(std::true_type{}, std::false_type{});
+  } else {
+    if (lp) run(std::false_type{}, std::true_type{}); else run(std::false_type{}, std::false_type{});
+  }
+  // block argmax of (score, lowest id)
+  unsigned long long b = a.best > -INFINITY ? pack_best(a.best, uint32_t(a.id)) : 0ull;
+  b = block_max_u64(b, s);
+  float ps = lp ? block_sum_f(a.psum, s) : 0.0f;
+  if (threadIdx.x == 0) {
+    if (cs > 1) {
+      *peer(&s.best[rank], 0) = b;
+      *peer(&s.psum[rank], 0) = ps;
+    } else {
+      s.best[0] = b;
+      s.psum[0] = ps;
+    }
+  }
+  cluster_sync(cs);
+  if (rank == 0) {
+    unsigned long long bb = 0;
+    float pp = 0.0f;
+    for (int q = 0; q < cs; ++q) { bb = s.best[q] > bb ? s.best[q] : bb; pp += s.psum[q]; }
+    tok = bb ? int(~uint32_t(bb)) : zid;
+    psum = pp;
+  }
+}
+
+// 64-bit add into shared memory with two native 32-bit atomics and a carry (a 64-bit shared
+// atomicAdd is a compare-and-swap loop on sm_90, which collapses under contention)
+__device__ __forceinline__ void smem_add_u64(unsigned long long* a, unsigned long long v) {
+  unsigned int* w = reinterpret_cast<unsigned int*>(a);   // little-endian: w[0] low, w[1] high
+  const unsigned int lo = unsigned(v), hi = unsigned(v >> 32);
+  const unsigned int old = atomicAdd(w, lo);
+  const unsigned int h = hi + (old + lo < old ? 1u : 0u);
+  if (h) atomicAdd(w + 1, h);
+}
+
+// Cluster-wide radix select over the row: count mode (kMass = false): the key t with exactly
+// `target` keys >= max(t, floor) among the row's non-NaN keys >= floor (target <= their count);
+// mass mode: the key t of the first token in key order (keys >= floor) at which the cumulative
+// fixed-point mass reaches `target` (1 <= target <= the total). Every key that can count lies in
+// [lo, hi] (count mode: from the row's min to its max; mass mode: from the value below which
+// the mass is provably 0), so the bits above their highest differing one are common and the
+// first digit is the 8 bits from there down (an informative first level, spread over the bins).
+// Every CTA calls; all return t.
+template <typename T, bool kMass>
+__device__ unsigned long long cluster_select(const Params& p, const Row& r, Smem& s,
+                                             const T* rowp, int c0, int c1, bool aligned,
+                                             uint4* sdata, float zmax, unsigned long long lo,
+                                             unsigned long long hi, unsigned long long floor,
+                                             unsigned long long target,
+                                             unsigned long long* cbuf) {
+  constexpr int VEC = VecOf<T>::n;
+  const int cs = p.cs;
+  const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
+  const int tid = threadIdx.x;
+  lo = lo > floor ? lo : floor;
+  if (hi <= lo) return hi;
+  const int hb = 63 - __clzll(hi ^ lo);
+  int shift = hb - 7, width = 8;
+  if (shift < 0) { width = hb + 1; shift = 0; }
+  unsigned long long pmask = ~((2ull << hb) - 1);
+  unsigned long long prefix = hi & pmask;
+  for (;;) {
+    const unsigned dmask = (1u << width) - 1;
+    if (tid < 256) { s.hist[tid] = 0; s.hmass[tid] = 0; s.hmin[tid] = ~0ull; }
+    __syncthreads();
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident,
+                    [&](int i, const float (&z)[VEC]) {
+#pragma unroll
+                      for (int j = 0; j < VEC; ++j) {
+                        if (i + j >= c1 || z[j] != z[j]) continue;
+                        const unsigned long long key = key_of(z[j], i + j);
+                        if (key < lo || (key & pmask) != prefix) continue;
+                        const unsigned d = unsigned(key >> shift) & dmask;
+                        if (kMass) {
+                          const int64_t e = mass_fixed_nonpos(centered(z[j], zmax, r.inv_t));
+                          if (!e) continue;
+                          smem_add_u64(&s.hmass[d], (unsigned long long)e);
+                        }
+                        atomicAdd(&s.hist[d], 1u);
+                        atomicMin(&s.hmin[d], key);
+                      }
+                    });
+    __syncthreads();
+    // push this CTA's histograms to rank 0 (cbuf [cs][3][256])
+    if (tid < 256) {
+      unsigned long long* dst = cs > 1 ? peer(cbuf, 0) : cbuf;
+      dst[rank * kCbufPerCta + tid] = kMass ? s.hmass[tid] : (unsigned long long)s.hist[tid];
+      dst[rank * kCbufPerCta + 256 + tid] = s.hist[tid];
+      dst[rank * kCbufPerCta + 512 + tid] = s.hmin[tid];
+    }
+    cluster_sync(cs);
+    if (rank == 0) {
+      if (tid < 256) {
+        unsigned long long v = 0, c = 0, m = ~0ull;
+        for (int q = 0; q < cs; ++q) {
+          v += cbuf[q * kCbufPerCta + tid];
+          c += cbuf[q * kCbufPerCta + 256 + tid];
+          const unsigned long long mq = cbuf[q * kCbufPerCta + 512 + tid];
+          m = mq < m ? mq : m;
+        }
+        s.hmass[tid] = v;
+        s.hist[tid] = unsigned(c);
+        s.hmin[tid] = m;
+      }
+      __syncthreads();
+      if (tid < 32) {
+        unsigned long long c[8], tot = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) { c[j] = s.hmass[255 - 8 * tid - j]; tot += c[j]; }
+        unsigned long long incl = tot;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+          if (tid >= o) incl += v;
+        }
+        unsigned long long above = incl - tot;
+        if (above < target && target <= incl) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            if (above < target && target <= above + c[j]) {
+              const int d = 255 - 8 * tid - j;
+              s.bcast[0] = d;
+              s.bcast[1] = above;
+              // the boundary is this bin's smallest key when the bin is a single token, or
+              // (count mode) when every key of the bin is selected
+              const bool done = s.hist[d] == 1 || (!kMass && c[j] == target - above);
+              s.bcast[2] = done ? s.hmin[d] : 0ull;
+            }
+            above += c[j];
+          }
+        }
+      }
+      __syncthreads();
+      if (tid < cs) {
+        unsigned long long* dst = cs > 1 ? peer(&s.bcast[4], tid) : &s.bcast[4];
+        dst[0] = s.bcast[0];
+        dst[1] = s.bcast[1];
+        dst[2] = s.bcast[2];
+      }
+    }
+    cluster_sync(cs);
+    const unsigned long long d = s.bcast[4], above = s.bcast[5], done = s.bcast[6];
+    __syncthreads();
+    if (done) return done;
+    prefix |= d << shift;
+    pmask |= (unsigned long long)dmask << shift;
+    target -= above;
+    if (shift == 0) break;
+    if (shift >= 8) { shift -= 8; } else { width = shift; shift = 0; }
+  }
+  return prefix;
+}
+
+// Sum of the fixed-point masses of the row's keys >= floor (cluster-wide; every CTA gets it).
+template <typename T>
+__device__ unsigned long long cluster_mass(const Params& p, const Row& r, Smem& s, const T* rowp,
+                                           int c0, int c1, bool aligned, uint4* sdata, float zmax,
+                                           unsigned long long floor) {
+  constexpr int VEC = VecOf<T>::n;
+  const int cs = p.cs;
+  const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
+  unsigned long long acc = 0;
+  for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident,
+                  [&](int i, const float (&z)[VEC]) {
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                      const float y = centered(z[j], zmax, r.inv_t);
+                      if (!(y >= -27.0f)) continue;   // mass_fixed(y) == 0 below -26.34
+                      if (floor && key_of(z[j], i + j) < floor) continue;
+                      acc += (unsigned long long)mass_fixed_nonpos(y);
+                    }
+                  });
+  acc = block_sum_u64(acc, s);
+  if (threadIdx.x < cs) {
+    unsigned long long* dst = cs > 1 ? peer(&s.cl_u64[rank][0], int(threadIdx.x)) : &s.cl_u64[0][0];
+    *dst = acc;
+  }
+  cluster_sync(cs);
+  unsigned long long tot = 0;
+  for (int q = 0; q < cs; ++q) tot += s.cl_u64[q][0];
+  __syncthreads();
+  return tot;
+}
+
+// ------------------------------------------------------------------------------------------
+// outputs
+// ------------------------------------------------------------------------------------------
+__device__ __forceinline__ void write_row(const Params& p, int row, int tok, bool ok, float lp,
+                                          float plp) {
+  if (p.out64) static_cast<int64_t*>(p.tokens)[row] = ok ? tok : 0;
+  else static_cast<int32_t*>(p.tokens)[row] = ok ? tok : 0;
+  p.valid[row] = ok;
+  if (p.flags & F_LOGPROBS) {
+    p.lp[row] = ok ? lp : __int_as_float(0x7fc00000);
+    p.plp[row] = ok ? plp : __int_as_float(0x7fc00000);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// CAND finish (rank 0): the row's candidates, sorted; returns the token, or -1 when the
+// candidates cannot decide (the generic path must run). S_row: top-p without top-k: the row's
+// total mass; psum: sum of exp(y) over the kept candidates (logprobs).
+// ------------------------------------------------------------------------------------------
+__device__ int cand_finish(const Row& r, Smem& s, int n, int vocab, float zmax,
+                           unsigned long long S_row, bool lp, float& psum, float& ytok) {
+  const int tid = threadIdx.x;
+  // skey[0..n) holds the candidates unsorted: rank by counting (4 threads per key)
+  unsigned long long key = 0;
+  int rk = 0;
+  const int kk = tid >> 2, part = tid & 3;
+  if (kk < n) {
+    key = s.skey[kk];
+    for (int j = part; j < n; j += 4) rk += s.skey[j] > key;
+  }
+  rk += __shfl_xor_sync(0xffffffffu, rk, 1);
+  rk += __shfl_xor_sync(0xffffffffu, rk, 2);
+  __syncthreads();
+  if (kk < n && part == 0) s.sprefix[rk] = key;   // sprefix as scratch for the sorted keys
+  __syncthreads();
+  float y = -INFINITY;
+  unsigned long long e = 0;
+  if (tid < n) {
+    key = s.sprefix[tid];
+    y = centered(key56_value(key), zmax, r.inv_t);
+    if (r.p_on) e = (unsigned long long)mass_fixed_nonpos(y);
+  }
+  __syncthreads();
+  if (tid < n) { s.skey[tid] = key; s.sy[tid] = y; }
+  // inclusive prefix of masses in key order (n <= 256: warps 0..7)
+  unsigned long long incl = e;
+  const int lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31 && warp < 8) s.red64[warp] = incl;
+  __syncthreads();
+  if (tid < n) {
+    unsigned long long off = 0;
+    for (int w = 0; w < warp; ++w) off += s.red64[w];
+    s.sprefix[tid] = incl + off;
+  }
+  __syncthreads();
+  // decisions
+  const unsigned long long S = r.k_on ? (n ? s.sprefix[n - 1] : 0) : S_row;
+  const int64_t P = r.p_on ? top_p_limit(r.top_p, int64_t(S)) : 0;
+  bool kept = false;
+  if (tid < n) {
+    kept = y >= r.L && tid < r.k;
+    if (r.p_on) kept = kept && int64_t(s.sprefix[tid] - e) < P;
+  }
+  // can the candidates decide? (only rows whose kept set is not bounded by top-k)
+  if (!r.k_on && n > 0) {
+    bool last_kept;
+    {
+      const float yl = s.sy[n - 1];
+      bool kl = yl >= r.L;
+      if (r.p_on) {
+        const unsigned long long el = (unsigned long long)mass_fixed_nonpos(yl);
+        kl = kl && int64_t(s.sprefix[n - 1] - el) < P;
+      }
+      last_kept = kl;
+    }
+    // the kept set may continue past the last candidate: undecided if such a token could win,
+    // or if logprobs need its mass
+    if (n >= r.K && r.K < vocab && last_kept && (s.sy[n - 1] >= kDead || lp)) return -1;
+  }
+  // Gumbel over the kept candidates
+  float c = -INFINITY;
+  int id = 0x7fffffff;
+  if (kept) {
+    id = int(key56_id(key));
+    c = fadd(y, gumbel_from_bits(philox_word(r.seed, r.offset, uint32_t(id), kStreamSample)));
+  }
+  unsigned long long b = kept ? pack_best(c, uint32_t(id)) : 0ull;
+  b = block_max_u64(b, s);
+  psum = lp ? block_sum_f(kept ? expf(y) : 0.0f, s) : 0.0f;
+  const int tok = int(~uint32_t(b));
+  ytok = 0.0f;
+  if (tid < n && kept && id == tok) s.bcast[3] = __float_as_uint(y);
+  __syncthreads();
+  ytok = __uint_as_float(unsigned(s.bcast[3]));
+  return tok;
+}
+
+// ------------------------------------------------------------------------------------------
+// the kernel
+// ------------------------------------------------------------------------------------------
+// FILT = false: no row has a filter (greedy / PLAIN rows only); true: any mode, and PLAIN rows
+// take the exact pass. Two instantiations keep each one's registers to its own paths.
+template <typename T, bool FILT>
+__global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
+  constexpr int VEC = VecOf<T>::n;
+  constexpr int R = 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+  unsigned long long* cbuf =
+      reinterpret_cast<unsigned long long*>(smem_raw + ((sizeof(Smem) + 15) / 16) * 16);
+  const int cs = p.cs;
+  const int cbuf_n = cs * kCbufPerCta;
+  unsigned long long* cand = cbuf + cbuf_n;                  // [kCandBuf] (FILT)
+  uint4* sdata = reinterpret_cast<uint4*>(cand + (FILT ? kCandBuf : 0));
+
+  const int row = blockIdx.x / cs;
+  const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
+  const int tid = threadIdx.x;
+  const Row r = row_params(p, row);
+  const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
+  const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
+  const int c0 = rank * p.chunk;
+  const int c1 = min(p.vocab, c0 + p.chunk);
+  const bool lp = p.flags & F_LOGPROBS;
+  const bool resident = p.resident;
+  const bool plain_stream =
+      !FILT && r.mode == kPlain && !resident && !(p.flags & F_FORCE_EXACT);
+
+  if (tid == 0) s.bar_key = key32(-INFINITY);
+  __syncthreads();
+  // ---------------- pass 1 ----------------
+  float zm = -INFINITY;
+  int zi = 0x7fffffff;
+  unsigned bad = 0;
+  Lse raw, proc;
+  float zlo = INFINITY;
+  PlainAcc pa;
+  const double inv_t_d = double(r.inv_t);
+  auto common = [&](int i, const float (&z)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (z[j] > zm) { zm = z[j]; zi = i + j; }
+      bad |= z[j] < INFINITY ? 0u : 1u;   // NaN or +inf (padding is -inf)
+      if (FILT && i + j < c1) zlo = fminf(zlo, z[j]);
+    }
+    if (lp) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        raw.add(z[j], 1.0f);
+        if (r.mode == kPlain) proc.add(z[j], r.inv_t);
+      }
+    }
+  };
+  unsigned long long th0 = 0;
+  if (FILT && r.mode == kCand) {
+    // head (each thread's first kUnroll vectors): a bound th0 = the K-th largest of the threads'
+    // maximum keys (K distinct elements are >= it; 0 when fewer than K threads have one)
+    const int head_end = min(c1, c0 + kThreads * kUnroll * VEC);
+    unsigned long long tkey = 0;
+    for_each_vec<T>(rowp, c0, head_end, aligned, sdata, resident, false,
+                    [&](int i, const float (&z)[VEC]) {
+                      common(i, z);
+#pragma unroll
+                      for (int j = 0; j < VEC; ++j) {
+                        if (z[j] > -INFINITY) {
+                          const unsigned long long k = key_of(z[j], i + j);
+                          tkey = k > tkey ? k : tkey;
+                        }
+                      }
+                    });
+    unsigned long long keys1[1] = {tkey};
+    int nvalid = 0;
+    th0 = block_select<1>(keys1, r.K, s, &nvalid);
+    if (nvalid < r.K) th0 = 0;
+    if (tid == 0) s.ncb = 0;
+    __syncthreads();
+    // the whole chunk (the head again, from L2 / shared memory): append the keys >= th0
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, resident && head_end < c1,
+                    false, [&](int i, const float (&z)[VEC]) {
+                      if (i >= head_end) common(i, z);
+                      cand_append<VEC>(s, cand, i, z, th0);
+                    });
+  } else if (!FILT && plain_stream) {
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, false,
+                    [&](int i, const float (&z)[VEC]) {
+                      common(i, z);
+                      plain_vec<VEC>(pa, s, i, z, r.inv_t, inv_t_d, r.seed, r.offset);
+                    });
+  } else {
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, resident && r.mode != kGreedy, false,
+                    [&](int i, const float (&z)[VEC]) { common(i, z); });
+  }
+
+  // ---------------- CTA summary ----------------
+  block_argmax(zm, zi, s);
+  bad = block_sum_int(int(bad), s) ? 1u : 0u;
+  if (lp) {
+    raw = block_lse(raw, 1.0f, s, 0);
+    if (r.mode == kPlain) proc = block_lse(proc, r.inv_t, s, 1);
+  }
+  Summary mine{};
+  mine.zmax = zm; mine.zid = zi; mine.bad = bad;
+  mine.lm = raw.m; mine.ls = raw.s; mine.pm = proc.m; mine.ps = proc.s;
+  mine.h1 = -INFINITY; mine.h2 = -INFINITY; mine.z1 = -INFINITY; mine.w1 = 0x7fffffff;
+  if (!FILT && plain_stream) {
+    // block top-2 of the threads' (h1, w1, z1, h2)
+    double h1 = pa.h1, h2 = pa.h2;
+    float z1 = pa.z1;
+    int w1 = pa.w1;
+    auto merge2 = [&](double bh1, int bw1, float bz1, double bh2) {
+      if (bh1 > h1 || (bh1 == h1 && bw1 < w1)) {
+        h2 = fmax(h1, bh2); h1 = bh1; w1 = bw1; z1 = bz1;
+      } else {
+        h2 = fmax(h2, bh1);
+      }
+    };
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+      merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
+    const int warp = tid >> 5, lane = tid & 31;
+    __syncthreads();
+    if (lane == 0) { s.redd[warp][0] = h1; s.redd[warp][1] = h2; s.redf[warp][0] = z1; s.redi[warp][0] = w1; }
+    __syncthreads();
+    h1 = s.redd[lane][0]; h2 = s.redd[lane][1]; z1 = s.redf[lane][0]; w1 = s.redi[lane][0];
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+      merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
+    mine.h1 = h1; mine.h2 = h2; mine.z1 = z1; mine.w1 = w1;
+  }
+  if (FILT) {
+    float zl = zlo;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) zl = fminf(zl, shfl_x(zl, o));
+    __syncthreads();
+    if ((tid & 31) == 0) s.redf[tid >> 5][1] = zl;
+    __syncthreads();
+    zl = s.redf[tid & 31][1];
+#pragma unroll
+    for (int o = 16; o; o >>= 1) zl = fminf(zl, shfl_x(zl, o));
+    mine.zmin = zl;
+  }
+  if (FILT && r.mode == kCand) {
+    // this CTA's top K of its buffer, pushed to rank 0's cbuf[rank][*]
+    __syncthreads();
+    const unsigned nb = s.ncb;
+    constexpr int RB = kCandBuf / kThreads;
+    unsigned long long keys[RB];
+#pragma unroll
+    for (int i = 0; i < RB; ++i) {
+      const unsigned slot = unsigned(tid + i * kThreads);
+      keys[i] = slot < nb && slot < unsigned(kCandBuf) ? cand[slot] : 0ull;
+    }
+    const unsigned long long t = block_select<RB>(keys, r.K, s);
+    mine.ovf = nb > unsigned(kCandBuf) ? 1u : 0u;
+    if (tid == 0) s.counter = 0;
+    __syncthreads();
+    unsigned long long* dst = cs > 1 ? peer(cbuf, 0) : cbuf;
+#pragma unroll
+    for (int i = 0; i < RB; ++i) {
+      if (t && keys[i] >= t) {
+        const unsigned pos = atomicAdd(&s.counter, 1u);
+        if (pos < unsigned(r.K)) dst[rank * kCandCap + pos] = keys[i];
+      }
+    }
+    __syncthreads();
+    mine.ncand = min(int(s.counter), r.K);
+  }
+  // push the summary into every CTA of the cluster
+  if (tid < cs) {
+    Summary* dst = cs > 1 ? peer(&s.summ[rank], tid) : &s.summ[0];
+    *dst = mine;
+  }
+  cluster_sync(cs);   // B1
+
+  // ---------------- row summary (identical in every CTA): warp 0 merges ----------------
+  if (tid < 32) {
+    Summary u;
+    if (tid < cs) {
+      u = s.summ[tid];
+    } else {
+      u.zmax = -INFINITY; u.zid = 0x7fffffff; u.bad = 0; u.ovf = 0; u.ncand = 0;
+      u.zmin = INFINITY;
+      u.lm = -INFINITY; u.ls = 0.0f; u.pm = -INFINITY; u.ps = 0.0f;
+      u.h1 = -INFINITY; u.h2 = -INFINITY; u.z1 = -INFINITY; u.w1 = 0x7fffffff;
+    }
+    Lse a{u.lm, u.ls}, b{u.pm, u.ps};
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+      const float zm2 = shfl_x(u.zmax, o);
+      const int zi2 = shfl_x(u.zid, o);
+      if (zm2 > u.zmax || (zm2 == u.zmax && zi2 < u.zid)) { u.zmax = zm2; u.zid = zi2; }
+      u.bad |= shfl_x(u.bad, o);
+      u.ovf |= shfl_x(u.ovf, o);
+      u.ncand += shfl_x(u.ncand, o);
+      u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
+      if (lp) {
+        a.merge(shfl_x(a.m, o), shfl_x(a.s, o), 1.0f);
+        b.merge(shfl_x(b.m, o), shfl_x(b.s, o), r.inv_t);
+      }
+      const double o1 = shfl_x(u.h1, o), o2 = shfl_x(u.h2, o);
+      const float oz = shfl_x(u.z1, o);
+      const int ow = shfl_x(u.w1, o);
+      if (o1 > u.h1 || (o1 == u.h1 && ow < u.w1)) {
+        u.h2 = fmax(u.h1, o2); u.h1 = o1; u.w1 = ow; u.z1 = oz;
+      } else {
+        u.h2 = fmax(u.h2, o1);
+      }
+    }
+    u.lm = a.m; u.ls = a.s; u.pm = b.m; u.ps = b.s;
+    if (tid == 0) s.row = u;
+  }
+  __syncthreads();
+  const float zmax = s.row.zmax;
+  const int zid = s.row.zid;
+  const unsigned rbad = s.row.bad, rovf = s.row.ovf;
+  const int ncand = s.row.ncand;
+  Lse rraw{s.row.lm, s.row.ls}, rproc{s.row.pm, s.row.ps};
+  const double h1 = s.row.h1, h2 = s.row.h2;
+  const float z1 = s.row.z1;
+  const int w1 = s.row.w1;
+  const bool ok = !rbad && zmax > -INFINITY;
+  auto raw_lp = [&](int tok) -> float {
+    if (!lp) return 0.0f;
+    const float zt = to_f(rowp[tok]);
+    return (zt - rraw.m) - logf(rraw.s);   // not zt - (m + log s): exact at |z| ~ 1e30
+  };
+  if (!ok) {
+    if (rank == 0 && tid == 0) write_row(p, row, 0, false, 0.0f, 0.0f);
+    return;
+  }
+  if (r.mode == kGreedy) {
+    if (rank == 0 && tid == 0) write_row(p, row, zid, true, raw_lp(zid), 0.0f);
+    return;
+  }
+  if (!FILT && plain_stream && plain_gap_ok(h1, h2, z1, zmax, r.inv_t)) {
+    if (rank == 0 && tid == 0) {
+      float plp = 0.0f;
+      if (lp) {
+        // sum exp(y) = sum exp((z - pm) / T) * exp((pm - zmax) / T), pm == zmax
+        plp = centered(z1, zmax, r.inv_t) - logf(rproc.s);
+      }
+      write_row(p, row, w1, true, raw_lp(w1), plp);
+    }
+    return;
+  }
+  if (r.mode == kPlain) {
+    if (plain_stream && p.stats && rank == 0 && tid == 0) atomicAdd(&p.stats[0], 1u);
+    int tok = 0;
+    float ps = 0.0f;
+    exact_pass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, zid, 0ull, tok, ps);
+    if (rank == 0 && tid == 0)
+      write_row(p, row, tok, true, raw_lp(tok), centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+    return;
+  }
+
+  if constexpr (!FILT) return;
+  // ---------------- CAND ----------------
+  bool generic = r.mode == kGeneric || (r.mode == kCand && rovf);
+  if (r.mode == kCand && !rovf) {
+    unsigned long long S_row = 0;
+    if (!r.k_on && r.p_on) S_row = cluster_mass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, 0ull);
+    int need_generic = 0;
+    if (rank == 0) {
+      // the row's top K among the cs * K candidates
+      int n = ncand;
+      if (cs > 1) {
+        constexpr int RR = kMaxCluster * kCandCap / kThreads;   // 4
+        unsigned long long keys[RR];
+        int q = 0;
+#pragma unroll
+        for (int i = 0; i < RR; ++i) {
+          keys[i] = 0;
+          const int slot = tid + i * kThreads;
+          const int cq = slot / kCandCap, ci = slot % kCandCap;
+          if (cq < cs && ci < s.summ[cq].ncand) keys[i] = cbuf[cq * kCandCap + ci];
+        }
+        (void)q;
+        const unsigned long long t = block_select<RR>(keys, r.K, s);
+        if (tid == 0) s.counter = 0;
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < RR; ++i) {
+          if (t && keys[i] >= t) {
+            const unsigned pos = atomicAdd(&s.counter, 1u);
+            if (pos < unsigned(kCandCap)) s.skey[pos] = keys[i];
+          }
+        }
+        __syncthreads();
+        n = min(int(s.counter), r.K);
+      } else {
+        if (tid < n) s.skey[tid] = cbuf[tid];
+        __syncthreads();
+      }
+      float ps = 0.0f, ytok = 0.0f;
+      const int tok = cand_finish(r, s, n, p.vocab, zmax, S_row, lp, ps, ytok);
+      if (tok < 0) {
+        need_generic = 1;
+      } else if (tid == 0) {
+        write_row(p, row, tok, true, raw_lp(tok), ytok - logf(ps));
+      }
+      if (!r.k_on) {   // the peers wait for the decision
+        if (tid < cs) {
+          unsigned long long* dst = cs > 1 ? peer(&s.bcast[7], tid) : &s.bcast[7];
+          *dst = (unsigned long long)need_generic;
+        }
+      }
+    }
+    if (!r.k_on) {
+      cluster_sync(cs);   // B2
+      need_generic = int(s.bcast[7]);
+    }
+    if (!need_generic) return;
+    generic = true;
+  }
+  if (!generic) return;
+
+  // ---------------- generic: exact thresholds, then the exact pass ----------------
+  if (p.stats && rank == 0 && tid == 0) atomicAdd(&p.stats[1], 1u);
+  unsigned long long thr = 0;
+  const unsigned long long khi = key56(key32(zmax), 0u);
+  if (r.k_on) {
+    const unsigned long long klo = key56(key32(s.row.zmin), uint32_t(p.vocab - 1));
+    thr = cluster_select<T, false>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, klo, khi, 0ull,
+                                   (unsigned long long)r.k, cbuf);
+  }
+  if (r.p_on) {
+    const unsigned long long S = cluster_mass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, thr);
+    const unsigned long long P = (unsigned long long)top_p_limit(r.top_p, int64_t(S));
+    // below zcut the mass is 0: y <= fl(fl(z - zmax) / T') < -26.9 < -26.34 (margins: 0.1 %)
+    const double zcut = double(zmax) - 27.0 / double(r.inv_t) * 1.001 - fabs(double(zmax)) * 1e-6;
+    const unsigned long long mlo = key56(key32(__double2float_rd(zcut)), uint32_t(p.vocab - 1));
+    const unsigned long long tp = cluster_select<T, true>(p, r, s, rowp, c0, c1, aligned, sdata,
+                                                          zmax, mlo, khi, thr, P, cbuf);
+    thr = tp > thr ? tp : thr;
+  }
+  int tok = 0;
+  float ps = 0.0f;
+  exact_pass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, zid, thr, tok, ps);
+  if (rank == 0 && tid == 0)
+    write_row(p, row, tok, true, raw_lp(tok), centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+}
+
+// ------------------------------------------------------------------------------------------
+// host side
+// ------------------------------------------------------------------------------------------
+inline size_t smem_fixed_bytes(int cs, bool filt = true) {
+  return ((sizeof(Smem) + 15) / 16) * 16 + size_t(cs) * kCbufPerCta * 8 +
+         (filt ? size_t(kCandBuf) * 8 : 0);
+}
+
+struct DeviceInfo { int sms = 0, max_smem = 0, max_cs = 1; };
+
+template <typename Kernel>
+inline DeviceInfo device_info(Kernel kernel) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, DeviceInfo> cache;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) (void)cudaGetLastError();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, reinterpret_cast<const void*>(kernel));
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  DeviceInfo d;
+  cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, d.max_smem);
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  d.max_cs = 1;
+  if (major >= 9) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    d.max_cs = kMaxCluster;
+  }
+  (void)cudaGetLastError();
+  cache.emplace(key, d);
+  return d;
+}
+
+// Clusters of cs CTAs with `smem` bytes of dynamic shared memory each that can be resident at
+// once (cudaOccupancyMaxActiveClusters; cached per device, kernel, cs and smem); 0: none.
+template <typename Kernel>
+inline int active_clusters(Kernel kernel, int cs, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> cache;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) (void)cudaGetLastError();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), cs, smem);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3(cs, 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cs;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
+  (void)cudaGetLastError();
+  cache.emplace(key, n);
+  return n;
+}
+
+// Fills p.cs / p.chunk / p.resident (cs_override > 0 forces the cluster size) and launches.
+template <typename T>
+cudaError_t launch(Params p, cudaStream_t stream, int cs_override = 0) {
+  if (p.rows == 0) return cudaSuccess;
+  const bool filt = p.flags & (F_TOPK | F_TOPP | F_MINP | F_FORCE_GENERIC);
+  auto kernel = filt ? sample_kernel<T, true> : sample_kernel<T, false>;
+  const DeviceInfo d = device_info(kernel);
+  constexpr int VEC = VecOf<T>::n;
+  // CTAs per row (cluster size): the largest cs whose clusters all run in one wave (measured on
+  // an H100: B = 16 rows take 28.7 us with clusters of 4 and 36.3 us with clusters of 8, which
+  // do not all fit at once), at most one CTA per ~2048 elements; cs = 1 when rows fill the GPU.
+  auto chunk_of = [&](int c) { return ((int64_t(p.vocab) + c - 1) / c + 7) / 8 * 8; };
+  auto res_bytes_of = [&](int c) { return size_t((chunk_of(c) + VEC - 1) / VEC) * 16; };
+  auto resident_ok = [&](int c) {
+    return !(p.flags & F_NO_RESIDENT) && c > 1 &&
+           smem_fixed_bytes(c, filt) + res_bytes_of(c) <= size_t(d.max_smem) &&
+           res_bytes_of(c) <= (160u << 10);
+  };
+  int cs = 1;
+  const int forced = (p.flags >> F_CS_SHIFT) & 7;
+  if (cs_override == 0 && forced) cs_override = 1 << (forced - 1);
+  if (cs_override > 0) {
+    cs = cs_override < d.max_cs ? cs_override : d.max_cs;
+  } else if (int64_t(p.rows) * 2 <= d.sms) {
+    for (int c = d.max_cs; c >= 2; c >>= 1) {
+      if (chunk_of(c) < 2048) continue;
+      const size_t smem = smem_fixed_bytes(c, filt) + (resident_ok(c) ? res_bytes_of(c) : 0);
+      if (int64_t(active_clusters(kernel, c, smem)) >= p.rows) { cs = c; break; }
+    }
+  }
+  while (cs > 1 && (cs - 1) * chunk_of(cs) >= p.vocab) cs >>= 1;
+  const int64_t chunk = chunk_of(cs);
+  p.cs = cs;
+  p.chunk = int(chunk);
+  const size_t fixed = smem_fixed_bytes(cs, filt);
+  const size_t res_bytes = res_bytes_of(cs);
+  p.resident = resident_ok(cs);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3(unsigned(int64_t(p.rows) * cs), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = fixed + (p.resident ? res_bytes : 0);
+  cfg.stream = stream;
+  if (cs > 1) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cs;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
+  if (err != cudaSuccess && cs > 1) {
+    // a cluster this large could not be scheduled here (shared GPU, MPS, ...): half the size
+    (void)cudaGetLastError();
+    return launch<T>(p, stream, cs / 2);
+  }
+  return err;
+}
+
+}  // namespace tokenspeed_kernel::sampler

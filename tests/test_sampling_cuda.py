@@ -1,0 +1,219 @@
+"""GPU tests of the CUDA sampler's internal paths (csrc/sampling/sampler.cuh).
+
+The CUDA kernel picks per row between a streamed gap test (temperature only), candidate lists
+(top-k <= 256, top-p / min-p), cluster-wide radix thresholds (k > 256, or when the candidates
+cannot hold the kept set) and the exact pass, and per call between chunks staged in shared memory
+(small batches) and streamed chunks (large batches, one CTA per row). Every path must return the
+reference's token. Here each path is forced (``ops.sampling._CUDA_TEST_FLAGS``) or provoked by
+the input (flat rows whose top-p / min-p kept set exceeds the candidate cap, top values laid out
+so that one thread's candidate list overflows, logits of magnitude 1e30), and the tokens are
+compared with the reference bit for bit; logprobs to 1e-3.
+
+Batch sizes (why): 1 and 3 (clusters of 16 CTAs, chunks in shared memory), 40 (clusters of 2-4),
+300 (one CTA per row, streamed), so the same row is sampled by every layout.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from conftest import DEVICE, skip_unless_backend
+from tokenspeed_kernel import ops
+from tokenspeed_kernel.ops import sampling as S
+from tokenspeed_kernel.reference import sampling as ref
+
+pytestmark = pytest.mark.gpu
+
+FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
+         "stream": S.F_NO_RESIDENT, "stream_generic": S.F_NO_RESIDENT | S.F_FORCE_GENERIC,
+         "stream_exact": S.F_NO_RESIDENT | S.F_FORCE_EXACT}
+
+
+@contextlib.contextmanager
+def cuda_flags(flags: int):
+    old = S._CUDA_TEST_FLAGS
+    S._CUDA_TEST_FLAGS = flags
+    try:
+        yield
+    finally:
+        S._CUDA_TEST_FLAGS = old
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _seeds(n, seed):
+    g = _gen(seed)
+    return (torch.randint(-2**62, 2**62, (n,), generator=g).to(DEVICE),
+            torch.randint(0, 2**40, (n,), generator=g).to(DEVICE))
+
+
+def _check(logits, kw, flags=0, logprobs=True, tpr=1):
+    n = logits.shape[0] // tpr
+    seed, offset = _seeds(n, logits.shape[0] * 7 + logits.shape[1])
+    want = ref.sample(logits, seed, offset, kw.get("temperature"), kw.get("top_k"),
+                      kw.get("top_p"), kw.get("min_p"), tpr)
+    with cuda_flags(flags):
+        if logprobs:
+            got = ops.sample_with_logprobs(logits, seed, offset, backend="cuda",
+                                           tokens_per_request=tpr, **kw)
+        else:
+            got = ops.sample(logits, seed, offset, backend="cuda", tokens_per_request=tpr, **kw)
+    torch.cuda.synchronize()
+    bad = (got.tokens != want[0]).nonzero()[:, 0]
+    assert bad.numel() == 0, (f"{bad.numel()} rows differ, first {bad[:5].tolist()}: "
+                              f"{got.tokens[bad[:5]].tolist()} vs {want[0][bad[:5]].tolist()}")
+    assert torch.equal(got.valid, want[1])
+    if logprobs:
+        ok = want[1]
+        torch.testing.assert_close(got.logprobs[ok], want[2][ok], atol=1e-3, rtol=1e-4)
+        torch.testing.assert_close(got.processed_logprobs[ok], want[3][ok], atol=1e-3, rtol=1e-4)
+        assert torch.isnan(got.logprobs[~ok]).all()
+    return got
+
+
+def _per_row(n, gen, k=None, p=None, mp=None, T=None):
+    out = {}
+    out["temperature"] = (T if T is not None else
+                          torch.rand(n, generator=gen) * 1.2 + 0.3).float().to(DEVICE)
+    if k is not None:
+        out["top_k"] = torch.full((n,), k, dtype=torch.int32, device=DEVICE) if isinstance(
+            k, int) else k.to(torch.int32).to(DEVICE)
+    if p is not None:
+        out["top_p"] = torch.full((n,), p, device=DEVICE)
+    if mp is not None:
+        out["min_p"] = torch.full((n,), mp, device=DEVICE)
+    return out
+
+
+MODES = {
+    "temperature": dict(),
+    "top_k_50": dict(k=50),
+    "top_k_256": dict(k=256),
+    "top_k_1000": dict(k=1000),
+    "top_p": dict(p=0.9),
+    "min_p": dict(mp=0.1),
+    "top_k_top_p": dict(k=50, p=0.9),
+    "all": dict(k=200, p=0.8, mp=0.05),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("B", [1, 3, 40, 300])
+@pytest.mark.parametrize("flags", ["default", "generic", "exact", "stream"])
+def test_cuda_paths_match_reference(mode, B, flags):
+    skip_unless_backend("cuda")
+    if flags == "stream" and B == 300:
+        pytest.skip("B = 300 already streams")
+    V = 151936 if B <= 40 else 32000
+    g = _gen(B * 100 + len(mode))
+    logits = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
+    _check(logits, _per_row(B, g, **MODES[mode]), FLAGS[flags])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["temperature", "top_k_50", "top_p", "min_p"])
+@pytest.mark.parametrize("B", [1, 300])
+def test_cuda_half_dtypes(dtype, mode, B):
+    skip_unless_backend("cuda")
+    g = _gen(7)
+    V = 151936 if B == 1 else 32000
+    logits = (torch.randn(B, V, generator=g) * 4).to(dtype).to(DEVICE)
+    _check(logits, _per_row(B, g, **MODES[mode]))
+
+
+@pytest.mark.parametrize("B", [1, 300])
+@pytest.mark.parametrize("mode", ["top_p", "min_p"])
+def test_cuda_kept_set_beyond_candidates(B, mode):
+    """Flat rows: the top-p (min-p) kept set holds thousands of tokens, far more than the 256
+    candidates, so the kernel must fall back to its exact thresholds."""
+    skip_unless_backend("cuda")
+    g = _gen(11)
+    V = 65536
+    logits = (torch.randn(B, V, generator=g) * 0.05).to(DEVICE)
+    kw = _per_row(B, g, p=0.95) if mode == "top_p" else _per_row(B, g, mp=0.5)
+    _check(logits, kw)
+
+
+@pytest.mark.parametrize("B", [1, 300])
+def test_cuda_candidate_list_overflow(B):
+    """The 30 largest logits sit at ids 4096 j (j < 30): with 1024 threads and 16-byte vectors
+    every one of them lands in the same thread's list (8 entries), which must be detected."""
+    skip_unless_backend("cuda")
+    g = _gen(12)
+    V = 4096 * 32
+    logits = torch.randn(B, V, generator=g)
+    logits[:, ::4096] = 20 + torch.rand(B, 32, generator=g)
+    logits = logits.to(DEVICE)
+    for kw in (_per_row(B, g, k=25), _per_row(B, g, k=25, p=0.9), _per_row(B, g, p=0.99),
+               _per_row(B, g, mp=0.001)):
+        _check(logits, kw)
+
+
+@pytest.mark.parametrize("B", [1, 300])
+@pytest.mark.parametrize("flags", ["default", "stream"])
+def test_cuda_huge_magnitudes(B, flags):
+    """|z / T| up to ~1e30 (the streamed gap test must hand these rows to the exact pass), ties
+    at the max, and a subnormal T whose 1/T overflows."""
+    skip_unless_backend("cuda")
+    g = _gen(13)
+    V = 5000
+    base = torch.full((B, V), 1e30)
+    ulp = 7.555786e22
+    logits = base - torch.randint(0, 8, (B, V), generator=g).float() * ulp
+    T = torch.full((B,), ulp * 2.0)   # |z / T| ~ 7e6: an O(1) spread of y
+    T[1::3] = 1.0                     # |z / T| ~ 1e30: beyond the float64 gap test
+    T[::3] = 1e-40                    # 1/T overflows: the T -> 0 limit
+    _check(logits.to(DEVICE), dict(temperature=T.to(DEVICE)), FLAGS[flags])
+    kw = _per_row(B, g, k=7, p=0.9, T=T)
+    _check(logits.to(DEVICE), kw, FLAGS[flags])
+
+
+def test_cuda_special_rows():
+    """NaN / +inf rows are invalid, -inf entries are never drawn, V = 1, unaligned rows (a
+    sliced tensor: scalar loads), tokens_per_request > 1, greedy rows mixed in."""
+    skip_unless_backend("cuda")
+    g = _gen(14)
+    for B in (1, 5, 300):
+        logits = torch.randn(B, 40001, generator=g) * 3
+        logits[0, 17] = float("nan")
+        if B > 1:
+            logits[1, 5] = float("inf")
+            logits[2, ::2] = float("-inf")
+        logits = logits.to(DEVICE)
+        T = torch.rand(B, generator=g) + 0.2
+        T[B // 2] = 0.0
+        for kw in (dict(temperature=T.to(DEVICE)),
+                   dict(temperature=T.to(DEVICE), top_k=torch.full((B,), 30, device=DEVICE,
+                                                                    dtype=torch.int32)),
+                   dict(temperature=T.to(DEVICE), top_p=torch.full((B,), 0.8, device=DEVICE))):
+            _check(logits[:, 1:], kw)    # unaligned row starts
+            _check(logits, kw)
+    one = torch.randn(4, 1, generator=g).to(DEVICE)
+    _check(one, dict(temperature=torch.ones(4, device=DEVICE)))
+    tpr = torch.randn(6, 3000, generator=g).to(DEVICE)
+    _check(tpr, dict(temperature=torch.rand(3, generator=g).to(DEVICE) + 0.5,
+                     top_k=torch.tensor([5, 0, 300], dtype=torch.int32, device=DEVICE)), tpr=2)
+
+
+def test_cuda_batch_layout_invariance():
+    """The same row gives the same token at every batch size (cluster sizes 16 .. 1, shared
+    memory or streamed chunks) and row position."""
+    skip_unless_backend("cuda")
+    g = _gen(15)
+    V = 151936
+    row = (torch.randn(1, V, generator=g) * 4).to(DEVICE)
+    for kw in (dict(temperature=0.8), dict(temperature=0.8, top_k=50, top_p=0.9),
+               dict(temperature=0.8, top_p=0.9), dict(temperature=0.8, min_p=0.1)):
+        toks = []
+        for B in (1, 2, 16, 64, 256):
+            batch = row.expand(B, V).contiguous()
+            seed = torch.full((B,), 1234, device=DEVICE)
+            offset = torch.full((B,), 99, device=DEVICE)
+            t = ops.sample(batch, seed, offset, backend="cuda", **kw).tokens
+            assert (t == t[0]).all()
+            toks.append(t[0].item())
+        assert len(set(toks)) == 1, (kw, toks)
