@@ -27,7 +27,7 @@ from tokenspeed_kernel.reference import sampling as ref
 # numpy warnings of the Triton interpreter on NaN / inf rows (expected; results are masked)
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
-F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS, F_GENERIC = 1, 2, 4, 8, 16, 32
+F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 
 ON_GPU = HAS_CUDA
 
@@ -508,111 +508,6 @@ def test_sample_top_p_stops_in_top_k_bucket(backend):
     assert torch.equal(got, _ref(z, seed, offset, **kw)[0])
 
 
-def _check_list_equals_full_scans(z, seed, offset, kw):
-    """CUDA sampler with the levels' lists == without them (_NO_LEVEL_LIST_FOR_TESTING) ==
-    the reference: tokens, and processed logprobs bit for bit."""
-    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
-    a = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-    osm._NO_LEVEL_LIST_FOR_TESTING = True
-    try:
-        b = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-    finally:
-        osm._NO_LEVEL_LIST_FOR_TESTING = False
-    assert torch.equal(a.tokens, b.tokens)
-    assert torch.equal(a.processed_logprobs, b.processed_logprobs)
-    assert torch.equal(a.tokens, _ref(z, seed, offset, **kw)[0])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_level_list_equals_full_scans(dtype):
-    """The CUDA radix levels' compaction (a level with <= list_cap active keys lists them and its
-    last CTA finishes the phase over the list) gives the tokens and processed logprobs of the
-    levels that re-read every row (_NO_LEVEL_LIST_FOR_TESTING) and of the reference. Rows that
-    reach the list at different levels: flat randn rows (boundary bucket small after level 0 or
-    1), integer-valued rows (tied values: buckets stay large until the id bits), top-k <= 4096
-    (the top-p phase lists its k keys at level 0) and > 4096 (it cannot), min-p and greedy rows;
-    V = 151936 over few rows (several CTAs per row: global histograms) and V = 3000 over 700
-    rows (one CTA per row; V <= 4096: level 0 itself lists)."""
-    skip_unless_backend("cuda")
-    gen = _gen(41)
-    for R, V, kind in ((12, 151936, "randn"), (12, 151936, "int"), (700, 3000, "randn"),
-                       (700, 3000, "int")):
-        z = _logits(R, V, gen, dtype=dtype, kind=kind)
-        seed, offset = _seeds(R, gen)
-        rep = (R + 11) // 12
-        kw = dict(
-            temperature=torch.tensor([0.8, 1.0, 0.0, 1.3, 0.7, 1.0] * 2 * rep)[:R],
-            top_k=torch.tensor([0, 50, 0, 3000, 5000, 0, 300, 0, 4096, 0, 1, 20000] * rep,
-                               dtype=torch.int32)[:R],
-            top_p=torch.tensor([0.9, 0.9, 0.5, 0.95, 0.99, 0.3, 1.0, 0.8, 0.9, 0.999, 0.9,
-                                0.6] * rep)[:R],
-            min_p=torch.tensor([0.0] * 7 + [0.05] + [0.0] * 4).repeat(rep)[:R])
-        kw = {n: t.to(DEVICE) for n, t in kw.items()}
-        _check_list_equals_full_scans(z, seed, offset, kw)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_level0_excluded_bins_equal_full_histogram(dtype):
-    """Level 0 of a CUDA top-p row without top-k only sums the keys of the bins below
-    m + ln(1 - p) - ln(V) - 1 (their mass goes to bin 0) and histograms the rest 32 at a time; a
-    boundary among the excluded bins has the level redone in full. Tokens and processed
-    logprobs (log(e / S) over the kept set: a threshold one key off changes them) must equal
-    those of the full level-0 histogram (_NO_LEVEL_EXCL_FOR_TESTING), of a cut at m - 2 that the
-    boundary often falls below (_LEVEL_EXCL_TEST_FOR_TESTING: the redo path; with and without the
-    lists) and of the reference. Rows: flat and peaked randn, integer ties, p from 0.05 to 0.999
-    (p = 0.999 and the flat rows: the boundary far below the max), with top-k and min-p rows
-    beside them; V = 151936 over few rows (split rows: the global histograms) and V = 5000 over
-    300 rows (one CTA per row, V > the list capacity so level 0 does not compact)."""
-    skip_unless_backend("cuda")
-    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
-    gen = _gen(43)
-    for R, V, kind, scale in ((12, 151936, "randn", 3.0), (12, 151936, "randn", 12.0),
-                              (12, 151936, "randn", 0.3), (12, 151936, "int", 1.0),
-                              (300, 5000, "randn", 3.0), (300, 5000, "int", 1.0)):
-        z = _logits(R, V, gen, dtype=dtype, kind=kind, scale=scale)
-        seed, offset = _seeds(R, gen)
-        rep = (R + 11) // 12
-        kw = dict(
-            temperature=torch.tensor([0.8, 1.0, 1.3, 0.0, 0.7, 1.0] * 2 * rep)[:R],
-            top_k=torch.tensor([0, 0, 0, 0, 0, 0, 0, 50, 0, 5000, 0, 0] * rep,
-                               dtype=torch.int32)[:R],
-            top_p=torch.tensor([0.9, 0.5, 0.999, 0.9, 0.05, 0.95, 0.99, 0.9, 0.3, 0.9, 0.8,
-                                1.0] * rep)[:R],
-            min_p=torch.tensor([0.0] * 10 + [0.05, 0.1]).repeat(rep)[:R])
-        kw = {n: t.to(DEVICE) for n, t in kw.items()}
-        a = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-        assert torch.equal(a.tokens, _ref(z, seed, offset, **kw)[0])
-        for knobs in (("_NO_LEVEL_EXCL_FOR_TESTING",), ("_LEVEL_EXCL_TEST_FOR_TESTING",),
-                      ("_LEVEL_EXCL_TEST_FOR_TESTING", "_NO_LEVEL_LIST_FOR_TESTING")):
-            for k in knobs:
-                setattr(osm, k, True)
-            try:
-                b = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-            finally:
-                for k in knobs:
-                    setattr(osm, k, False)
-            assert torch.equal(a.tokens, b.tokens), (R, V, kind, scale, knobs)
-            assert torch.equal(a.processed_logprobs.nan_to_num(7.0),
-                               b.processed_logprobs.nan_to_num(7.0)), (R, V, kind, scale, knobs)
-
-
-def test_gpu_level_list_reduced_capacity():
-    """Past 2048 rows the levels' list capacity halves (64 MiB per call: 2048 keys per row at
-    4000 rows, sampling::level_list_cap): boundary buckets between the two capacities are not
-    listed, smaller ones are; tokens and processed logprobs equal the full scans' and the
-    reference's. (Added in session 19; first run on a GPU in session 20: passed on an H100.)"""
-    skip_unless_backend("cuda")
-    gen = _gen(43)
-    R, V = 4000, 5000
-    z = _logits(R, V, gen, dtype=torch.bfloat16)
-    seed, offset = _seeds(R, gen)
-    kw = dict(temperature=torch.full((R,), 0.9),
-              top_k=torch.tensor([0, 3000, 2048, 1000] * (R // 4), dtype=torch.int32),
-              top_p=torch.tensor([0.9, 0.99, 0.5, 0.95] * (R // 4)))
-    kw = {n: t.to(DEVICE) for n, t in kw.items()}
-    _check_list_equals_full_scans(z, seed, offset, kw)
-
-
 def test_sample_int32_out(backend):
     gen = _gen(31)
     z = _logits(5, 100, gen)
@@ -827,20 +722,21 @@ def test_triton_plain_paths(tri):
 
 
 def test_triton_window_paths(tri):
-    """min-p rows: window candidates of one chunk, of many chunks (compacted in K3 several
-    entries at a time), and a chunk whose candidates overflow its slot (flat rows: the exact
-    pass)."""
+    """min-p rows: window candidates of one chunk, of many chunks (compacted in K3 a few
+    entries at a time), and chunks whose candidates overflow their slot (flat or tied rows:
+    the exact pass)."""
     gen = _gen(102)
-    R, V = 5, 2000
+    R, V = 5, 1200
     z = _logits(R, V, gen, scale=3.0)
     kw = dict(temperature=_full(R, 0.9), min_p=_full(R, 0.2))
     assert (_tri_run(tri, z, kw, dict(BLOCK=256), gen=gen) == WINDOW).all()
-    assert (_tri_run(tri, z, kw, dict(BLOCK=64, S1=40, NW=1024, NC=16), gen=gen) == WINDOW).all()
+    assert (_tri_run(tri, z, kw, dict(BLOCK=64, S1=19, NC=16), gen=gen) == WINDOW).all()
+    # 4 chunks of 320: slots of max(NP + KCAP, 64 * 4) / 4 = 80 entries
+    cfg = dict(BLOCK=64, S1=4, NP=256, KCAP=64, NC=16)
     flat = _logits(R, V, gen, scale=0.01)
-    st = _tri_run(tri, flat, kw, dict(BLOCK=64, S1=40, NW=1024, NC=16), gen=gen)
-    assert (st == WINDOW + EXACT).all(), st
+    assert (_tri_run(tri, flat, kw, cfg, gen=gen) == WINDOW + EXACT).all()
     ties = torch.zeros(R, V, device=DEVICE)                    # every value tied: window = row
-    assert (_tri_run(tri, ties, kw, dict(BLOCK=64, S1=2, NW=1024), gen=gen) == WINDOW + EXACT).all()
+    assert (_tri_run(tri, ties, kw, cfg, gen=gen) == WINDOW + EXACT).all()
 
 
 @pytest.mark.parametrize("S1", [1, 2, 4, 8])
@@ -857,8 +753,8 @@ def test_triton_topr_chunks(tri, S1):
     p = torch.tensor([0.9, 1.0, 0.5, 0.6, 0.8, 0.7])
     mp = torch.tensor([0.0, 0.1, 0.0, 0.05, 0.0, 0.0])
     T = _full(R, 0.8)
-    bt = 64 if S1 < 4 else 128
-    for cfg in (dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, NP=1024),
+    bt = {1: 64, 2: 128, 4: 256, 8: 256}[S1]   # lanes: super-lanes of 2 (S1 = 2) or 8 (S1 >= 4)
+    for cfg in (dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=64, NP=1024),
                 dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=32, NP=32 * S1)):  # slot 32
         for zz, kw in ((z, dict(temperature=T, top_p=p)),
                        (z, dict(temperature=T, top_k=k, top_p=p, min_p=mp)),
@@ -964,7 +860,7 @@ def test_sample_cuda_graph_replay(be):
     z = _logits(R, V, gen, dtype=torch.bfloat16)
     seed, offset = _seeds(R, gen)
     kw = _params("all", R, V, gen)
-    kw["top_k"][:4] = 1000                  # generic path rows under capture
+    kw["top_k"][:4] = 1000                  # k > 256: the CUDA kernel's generic path, captured
     eager = ops.sample(z, seed, offset, backend=be, **kw).tokens
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
@@ -974,7 +870,7 @@ def test_sample_cuda_graph_replay(be):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = ops.sample(z, seed, offset, backend=be, top_k_max=1000, **kw)
+        out = ops.sample(z, seed, offset, backend=be, **kw)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.tokens, eager)
@@ -997,7 +893,7 @@ def _opcheck_args(device):
     mp = torch.tensor([0.0, 0.1, 0.0, 0.05, 0.0, 0.2], device=device)
     seed = torch.arange(R, dtype=torch.int64, device=device)
     offset = torch.arange(R, dtype=torch.int64, device=device) * 3
-    flags = F_TEMP | F_TOPK | F_TOPP | F_MINP | F_GENERIC | F_LOGPROBS
+    flags = F_TEMP | F_TOPK | F_TOPP | F_MINP | F_LOGPROBS
     outs = (torch.empty(R, dtype=torch.int64, device=device),
             torch.empty(R, dtype=torch.bool, device=device),
             torch.empty(R, dtype=torch.float32, device=device),
@@ -1047,7 +943,7 @@ def test_sample_torch_compile():
             def g(*a):
                 out = (torch.empty(R, dtype=torch.int64), torch.empty(R, dtype=torch.bool))
                 torch.ops.tokenspeed_kernel.sample(a[0], a[3], a[4], a[5], a[6], a[1], a[2], 1,
-                                                   F_TEMP | F_TOPK | F_TOPP | F_MINP | F_GENERIC,
+                                                   F_TEMP | F_TOPK | F_TOPP | F_MINP,
                                                    *out, None, None)
                 return out[0]
             got = torch.compile(g, fullgraph=True, backend="aot_eager")(*args)

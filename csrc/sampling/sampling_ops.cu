@@ -59,7 +59,6 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   if (p.min_p) p.flags |= F_MINP;
   p.seed = opt_ptr<int64_t>(seed, at::kLong, "seed", n, logits);
   p.offset = opt_ptr<int64_t>(offset, at::kLong, "offset", n, logits);
-  TORCH_CHECK(p.seed && p.offset, "seed/offset: required");
   TORCH_CHECK(tokens.is_cuda() && tokens.numel() == rows && tokens.is_contiguous() &&
                   (tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt),
               "tokens: expected a contiguous int64/int32 CUDA tensor of ", rows, " values");
@@ -82,6 +81,7 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   p.valid = valid.data_ptr<bool>();
   p.stats = nullptr;
   if (rows == 0) return;
+  TORCH_CHECK(p.seed && p.offset, "seed/offset: required");
 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(logits.get_device());
   cudaError_t err = cudaSuccess;

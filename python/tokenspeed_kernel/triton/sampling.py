@@ -20,24 +20,26 @@ Three launches (the second only when top_p is given)::
   K2 mass      grid (rows, S2)  top-p rows without top-k only: exact sum of mass_fixed(y)
   K3 finalize  grid (rows,)     merges the chunks, decides, writes token / valid / logprobs
 
-S1 (S2) is chosen on the host from the batch size and the SM count so that small batches still
-fill the GPU (B = 1: up to one 2048-element chunk per program); rows with a filter that needs a
-sorted candidate set (top-k / top-p) use at most 8 chunks (their candidates are merged in K3).
+S1 and S2 are chosen on the host from the batch size and the SM count so that small batches
+still fill the GPU (B = 1: one 1024-element chunk per program); when top_k / top_p are given
+S1 <= 8 (their candidates are merged and sorted in K3). Loops are software-pipelined
+(``num_stages``), tiles of 1024 elements (2048 lanes for TOPR, 16 warps), 16-byte loads.
 
 Per row the mode is decided on the device from the row's parameters (all kernels agree):
 
 * GREEDY (T == 0) and every row: K1 keeps per lane (element position of the tile) the running
-  max of z with its lowest id, a NaN flag, and with logprobs an online log-sum-exp of z (and of
-  y for PLAIN rows). Invalid rows (NaN, +inf or no finite z) and the greedy token come from
-  these alone. Per element: ~8 operations.
-* PLAIN (temperature only): K1 evaluates, per element, a = fl32(z * t) and the Philox word (one
-  Philox4x32-10 call per 4 tokens, lanes interleaved), u = uniform(word), and a pruning test
-  ``u >= exp(-exp(-(beta - 0.07 - a))) - 2^-13`` (fast exp) against beta, the best h of the
-  chunk so far. Only a tile (2048 elements) that has a passing element evaluates the exact
-  G = gumbel_from_bits for all its elements and the approximate score h = fl32(a + G); per lane
-  the best h (with id) and the second best are kept. Random rows evaluate ~H(n) of n tiles of
-  a chunk. K3 merges the chunks' best / second-best h and takes the best h's token when
-  ``A = |fl32(zmax * t)| <= 2^14`` and ``h_best - h_second > 2E = (A + 256) * 2^-21``.
+  max of z (NaN-sticky: a NaN marks the row invalid) with its lowest id, and with logprobs an
+  online log-sum-exp of z (and of y for PLAIN rows). Invalid rows (NaN, +inf or no finite z)
+  and the greedy token come from these alone. Per element: ~4 operations.
+* PLAIN (temperature only): per element K1 computes the Philox word (one Philox4x32-10 call per
+  4 tokens, lanes interleaved), u = uniform(word) and the pruning test
+  ``u + 2^-19 >= exp(-exp(z t - beta + 0.03))`` (two flush-to-zero hardware exp2) against
+  beta, the best h of the chunk so far (~40 operations per element in all). Only a tile with a
+  passing element evaluates G = gumbel_from_bits exactly for its elements and the approximate
+  score h = fl32(a + G), a = fl32(z * t); per lane the best h (with id) and the second best are
+  kept. Random rows evaluate ~H(n) + 0.03 n of the n tiles of a chunk. K3 merges the chunks'
+  best / second-best h and takes the best h's token when ``A = |fl32(zmax * t)| <= 2^14`` and
+  ``h_best - h_second > 2E = (A + 256) * 2^-21``.
   **Bound.** With u = 2^-24 and Y = (z - zmax) t real, for every token with |Y| <= 64:
   |y - Y| <= (2u + u^2)|Y|, |a - z t| <= u(A + |Y|), and the roundings of s = fl(y + G) and
   h = fl(a + G) add u(|Y| + 16.7) and u(A + |Y| + 16.7) (G is the same float32 in both); so
@@ -45,46 +47,56 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   s < -47 < s(max token) >= -2.82 and h - zmax t < -47 + 2uA < h(max token) - zmax t, so they
   are neither the exact winner nor the h-argmax. Hence h_best - h_second > 2E makes the
   h-argmax the unique exact argmax (strictly larger s than every other token). Pruned tokens
-  have h < beta - 0.05 <= h_best - 0.05, so a chunk that pruned reports
-  max(second best, beta - 0.05) as its second best; 0.05 > 2E for A <= 2^14. The test is
-  conservative there: G is increasing in u (checked over all 2^23 values of u; the float32 G
-  is within 5.4e-7 of -ln(-ln u)); the hardware exps err by < 2^-13 in the threshold (|d exp(
-  -exp(-D))/dD| <= 1/e); and the float32 rounding of D and of h adds < 0.01 for |a|, |beta|
-  <= A + 64 (tokens farther below cannot reach beta - 0.05), inside the 0.02 slack. A row
-  that fails the test (a near tie: ~1e-4 of random rows; |z t| > 2^14; t = +inf) is decided by
-  K3's exact pass (below).
+  have h < beta - 0.02 <= h_best - 0.02, so a chunk that pruned reports max(second best,
+  beta - 0.02) as its second best; 0.02 > 2E for A <= 2^14. The test is conservative there: G
+  is increasing in u (checked over all 2^23 values of u; the float32 G is within 5.4e-7 of
+  -ln(-ln u)), so u < exp(-exp(-D)) means G < D; the two exp2 (relative error ~2^-22 each,
+  PTX ISA) move the threshold by < 2^-21 < 2^-19 (|d exp(-exp(-D))/dD| <= 1/e); the float32
+  rounding of D (z t log2e - beta log2e) and of h adds < 0.008 for |a|, |beta| <= A + 64
+  (tokens farther below cannot reach beta - 0.02), inside the 0.01 slack. A row that fails the
+  test (a near tie: ~1e-4 of random rows; |z t| > 2^14; t = +inf) is decided by K3's exact
+  pass (below).
 * WINDOW (min-p without top-k / top-p): kept <=> y >= L = soft_ln(min_p) implies
   z >= zmax - W with W = fl(|L| / t) (1 + 2^-16) (|y| >= |z - zmax| t (1 - u)^2). K1 keeps the
   running max m of the chunk (tile max first) and appends every finite z >= m - W - |m| 2^-20
-  (<= the real m - W after rounding) to the chunk's candidate slot (cumsum compaction); the
-  slot then holds every token of the chunk with z >= zmax - W. K3 filters the slots exactly
+  (<= the real m - W after rounding) to the chunk's candidate slot (>= 64 entries; cumsum
+  compaction); the slot then holds every token of the chunk with z >= zmax - W. K3 compacts
+  the slots (prefix sums of their counts, 512 entries at a time), filters them exactly
   (y >= L with the true zmax) and draws the Gumbel-max over them. A slot that overflows sends
   the row to the exact pass. Per element: ~12 operations, no Philox.
-* TOPR (top-k and / or top-p, any min-p): K1 keeps per lane of a 1024-lane tile the 4 largest
+* TOPR (top-k and / or top-p, any min-p): K1 keeps per lane of a 2048-lane tile the 4 largest
   keys (value, id) it has seen (insertion network, ~22 operations per element; a lane sees ids
   in increasing order, so strict float ``>`` gives the key order). Every token of the chunk
   missing from the lanes' union has a key below tau = max over lanes of the lane's 4th key, so
-  the union's keys >= tau are an exact prefix of the chunk's order; K1 writes them to the slot
-  (when more than fit: the union is sorted and the slot's top entries with tau = the last
-  one). K3 takes P = {slot entries >= max tau} (an exact prefix of the row's order), its top
-  KCAP = 256 keys sorted (``tl.topk``), fixed-point masses, S_K (top-k on: over P; top-k off:
-  K2's exact row sum), the top-p / min-p prefix and the Gumbel-max over the kept prefix. The
-  decision is exact when the kept prefix provably ends inside P: P holds every finite token,
-  or top-k is on with k <= |P|, or the last entry of P is not kept (and S_K is known).
-  Otherwise (k > |P|, flat rows), and directly for k > KCAP (DIRECT rows), K3 runs the exact
-  pass.
+  the union's keys >= tau are an exact prefix of the chunk's order (~2.2 L^(3/4) keys for L
+  lanes on random rows). With 2 (>= 4) chunks per row, super-lanes of 2 (8) lanes first keep
+  the top 4 of their lanes' keys (``tl.topk`` on [lanes / f, 4 f]): fewer keys per chunk, the
+  same prefix length per row. K1 writes the keys >= tau to the chunk's slot (2048 / S1 entries;
+  when more: the top 256 of the union, tau = the last one). K3 takes P = {slot keys >= max
+  tau} (an exact prefix of the row's order, ~660 keys for one chunk of 151936), compacts it
+  into KCAP = 1024 entries (more: its top 1024 by ``tl.topk``) and sorts them, then computes
+  fixed-point masses, S_K (top-k on: over P; top-k off: K2's exact row sum), the top-p / min-p
+  prefix and the Gumbel-max over the kept prefix. The decision is exact when the kept prefix
+  provably ends inside P: P holds every finite token, or top-k is on with k <= |P|, or the last
+  entry of P is not kept (and S_K is known). Otherwise (k > |P|, top-p kept sets longer than
+  P: flat rows) and directly for k > KCAP (DIRECT rows), K3 runs the exact pass.
 * Exact pass (K3, one program per row, the rare path): compact key key32(z) * V + (V-1-id);
   (NT+1)-ary threshold searches (16 thresholds per pass over the row) for top-k (count) and
   top-p (fixed-point mass over the top-k set), then one Gumbel pass over the kept keys with
-  exact scores; tiles whose kept max y + 16.7 is below the best score skip Philox.
+  exact scores; tiles whose kept max y + 16.7 is below the best score skip Philox, and tiles
+  where no kept token passes the pruning test above (exact frame, slack 0.01) skip G. A
+  single program per row: slow (~0.5 ms for a plain row, several ms with top-p searches at
+  V = 151936), so the fast paths are sized to keep it rare.
 
 Logprobs: raw = z_tok - zmax - ln(sum exp(z - zmax)) from K1's per-lane online sums; processed
 = y_tok - ln(sum over the kept set of exp(y)) from K1's sums (PLAIN), the kept candidates (K3)
 or the exact pass; greedy rows 0; invalid rows NaN (float sums: ~1e-6 relative, not bitwise).
 
 Under ``TRITON_INTERPRET=1`` (cost per operation) tiles are as large as the row (up to 4096 /
-1024 elements) and every row is one chunk; ``_TEST_CONFIG`` overrides tile sizes, caps and
-chunk counts so that tests reach every path on small rows.
+256 elements), every row is one chunk, and sorts are rank-based (the bitonic networks' many
+small reductions are slow there); ``_TEST_CONFIG`` overrides tile sizes, caps and chunk counts
+so that tests reach every path on small rows, and its ``stats`` key makes K3 report the path
+each row took.
 """
 from __future__ import annotations
 
@@ -700,12 +712,14 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
             # KCAP entries (behind the slots) and sorted
             inP = ent & (key >= tau)
             nstar = tl.sum(inP.to(tl.int32), axis=0)
-            pos = tl.cumsum(inP.to(tl.int32), axis=0) - 1
-            tl.store(cand_row + NP + pos, key, mask=inP & (pos < KCAP))
-            tl.debug_barrier()
             r = tl.arange(0, KCAP)
-            top = tl.load(cand_row + NP + r, mask=r < nstar, other=-1)
-            top = _sort_desc(top, USE_RANK)
+            if nstar <= KCAP:
+                pos = tl.cumsum(inP.to(tl.int32), axis=0) - 1
+                tl.store(cand_row + NP + pos, key, mask=inP)
+                tl.debug_barrier()
+                top = _sort_desc(tl.load(cand_row + NP + r, mask=r < nstar, other=-1), USE_RANK)
+            else:   # more than KCAP: their top KCAP (still an exact prefix)
+                top = _top_sorted(tl.where(inP, key, -1), KCAP, USE_RANK)
             nP = tl.minimum(nstar, KCAP)
             complete = (tau < 0) & (nstar <= KCAP)
             vr = r < nP
@@ -729,8 +743,7 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
                     in_p = before < lim
             kept = vr & in_k & in_p & (y >= tl.where(mp_on, L, NEG_INF))
             last_kept = tl.max(tl.where(r == nP - 1, kept.to(tl.int32), 0), axis=0)
-            decided = s_known & (nstar <= KCAP) & (
-                complete | (k_on & (k <= nP)) | (last_kept == 0))
+            decided = s_known & (complete | (k_on & (k <= nP)) | (last_kept == 0))
             wt, wsum = _winner(kept, y, ids, seed, offset)
             tok = tl.where(decided, wt, tok)
             ksum = wsum
@@ -789,7 +802,8 @@ def _pow2_floor(x: int) -> int:
     return 1 << (max(1, x).bit_length() - 1)
 
 
-def _config(rows: int, V: int, dev: torch.device, topr_possible: bool) -> dict:
+def _config(rows: int, V: int, dev: torch.device, topr_possible: bool,
+            window_possible: bool) -> dict:
     """Launch configuration: tile sizes (constexpr), chunk counts and sizes (runtime)."""
     if _interpreting():
         block = max(16, min(4096, triton.next_power_of_2(V)))
@@ -798,17 +812,18 @@ def _config(rows: int, V: int, dev: torch.device, topr_possible: bool) -> dict:
                    warps_t=4, USE_RANK=True, NSTAGE=1, FAST=False)
     else:
         sms = _sm_count(dev)
-        cfg = dict(BLOCK=1024, BLOCK_T=2048, KCAP=1024, KSLOT=256, NP=2048, NC=512,
-                   BLOCK_X=2048, warps=8, warps_t=16, USE_RANK=False, NSTAGE=3, FAST=True)
+        cfg = dict(BLOCK=1024, BLOCK_T=2048, KCAP=1024, KSLOT=256, NP=2048, NC=128,
+                   BLOCK_X=1024, warps=8, warps_t=16, USE_RANK=False, NSTAGE=3, FAST=True)
         nb = triton.cdiv(V, cfg["BLOCK"])
         if topr_possible:   # sorted candidate slots: at most 8 chunks
             cfg["S1"] = min(8, _pow2_floor(sms // max(rows, 1)), nb)
-        else:
-            cfg["S1"] = max(1, min(triton.cdiv(2 * sms, max(rows, 1)), nb))
+        else:               # window candidates: K3 scans [NC, S1] tiles, so at most 64
+            cfg["S1"] = max(1, min(triton.cdiv(2 * sms, max(rows, 1)), nb,
+                                   64 if window_possible else nb))
         cfg["S2"] = max(1, min(triton.cdiv(2 * sms, max(rows, 1)), nb))
     if _TEST_CONFIG:
         cfg.update({k: v for k, v in _TEST_CONFIG.items() if k != "stats"})
-    blk = max(cfg["BLOCK"], cfg["BLOCK_T"])
+    blk = max(cfg["BLOCK"], cfg["BLOCK_T"]) if topr_possible else cfg["BLOCK"]
     chunk = triton.cdiv(triton.cdiv(V, max(1, cfg["S1"])), blk) * blk
     cfg["S1"] = max(1, triton.cdiv(V, chunk))
     cfg["chunk"] = chunk
@@ -846,7 +861,7 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
     if rows == 0:
         return tokens, valid.view(torch.bool), lp, plp
     has_k, has_p = top_k is not None, top_p is not None
-    cfg = _config(rows, V, dev, has_k or has_p)
+    cfg = _config(rows, V, dev, has_k or has_p, min_p is not None)
     S1, S2, NP = cfg["S1"], cfg["S2"], cfg["NP"]
     pf = torch.empty(rows * S1 * 5, dtype=torch.float32, device=dev)
     pi = torch.empty(rows * S1 * 4, dtype=torch.int32, device=dev)
