@@ -138,12 +138,14 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
 
     Returns
     -------
-    SampleOutput(tokens [rows], valid [rows] bool). Invalid rows (NaN / +inf processed logit, or
+    SampleOutput(tokens [rows], valid [rows] bool). Invalid rows (a NaN / +inf logit, or
     no finite logit) get token 0 and ``valid = False``; other rows are unaffected.
 
     Randomness: Philox4x32-10, key = seed, counter = (id >> 2, offset, stream 0); stateless, so
     the call is CUDA-graph safe (seed/offset are device tensors) and the token is the same on every
     backend, batch layout and eager/graph replay. Increment ``offset`` yourself between steps.
+    Scores are ``fl32(y + G)`` with ``y = (z - max z) / T`` relative to the row max, so the
+    distribution is exact at any logit magnitude and temperature (docs/DESIGN.md).
 
     Example
     -------
