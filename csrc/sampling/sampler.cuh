@@ -1061,7 +1061,6 @@ __device__ int cand_finish(const Row& r, Smem& s, int n, int vocab, float zmax,
 template <typename T, bool FILT>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   constexpr int VEC = VecOf<T>::n;
-  constexpr int R = 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
   unsigned long long* cbuf =
