@@ -27,8 +27,7 @@ from tokenspeed_kernel.reference import sampling as ref
 pytestmark = pytest.mark.gpu
 
 FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
-         "stream": S.F_NO_RESIDENT, "stream_generic": S.F_NO_RESIDENT | S.F_FORCE_GENERIC,
-         "stream_exact": S.F_NO_RESIDENT | S.F_FORCE_EXACT}
+         "stream": S.F_NO_RESIDENT}
 
 
 @contextlib.contextmanager

@@ -19,8 +19,8 @@ The cases (chosen to put the boundaries where samplers get them wrong):
 * -inf entries (probability 0, never drawn);
 * top_p = 0.01 on a flat row (a few tokens survive), k = 1, k = V (= off), min_p near 1;
 * greedy (T = 0, a tie at the maximum);
-* magnitude: equal logits at 1e7 / -1e30, ulp ladders at |z / T| ~ 1e30 (with and without
-  filters), T = 1e-6 on [10, 9.999999] (exact: 0.7218 / 0.2782), T = 0.01 on logits of 30..100,
+* magnitude: equal logits at 1e7 / -1e30 (|z / T| = 1e30), ulp ladders of logits near
+  +-1e30 at |z / T| ~ 3e6 .. 5e6 (with and without filters), T = 1e-6 on [10, 9.999999] (exact: 0.7218 / 0.2782), T = 0.01 on logits of 30..100,
   and a subnormal T whose 1/T overflows (uniform over the tied maxima).
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _ulp_ladder(base, n, steps_per_unit, seed):
 
 
 def _huge_ladder():
-    # |z / T| ~ 1e30: z near 1e30, a unit of z / T = 4 ulps (7.6e22 each)
+    # z near 1e30 (ulp 7.6e22), a unit of z / T = 4 ulps: |z / T| ~ 3e6 with an O(1) spread
     z, T = _ulp_ladder(1e30, 40, 4, 21)
     return z, dict(temperature=T)
 

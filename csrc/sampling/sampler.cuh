@@ -12,17 +12,18 @@
 // logprobs are asked for, and by row mode:
 //   PLAIN    (no filter), streamed: every element's approximate score h = z * (1/T) + G in
 //            float64, the best and second-best per thread behind a conservative filter that skips
-//            Philox and the exact noise for almost every element (see plain_step). After the
+//            Philox and the exact noise for almost every element (see plain_vec). After the
 //            cluster merge the winner is decided by the gap test (plain_gap_ok): a proven bound
 //            on the difference between h and the contract's score fl32(y + G). Rare failures
 //            (near-ties, |z / T| beyond ~1e10) run the exact pass.
 //   PLAIN    resident (the chunk fits in shared memory): nothing; after the merge (zmax known)
 //            the exact pass reads the chunk from shared memory with the max token's exact score
 //            as the starting bar, so almost no element needs the exact noise.
-//   CAND     (top-k with k <= kCandCap, or top-p / min-p without top-k): each thread keeps its
-//            R best keys (key56 of the raw logit); the CTA selects its top K of them (radix
-//            select), pushes them to rank 0, which selects the row's top K. The list of a thread
-//            whose R-th key reaches the CTA's threshold may have dropped a key: overflow.
+//   CAND     (top-k with k <= kCandCap, or top-p / min-p without top-k): a bound th0 = the K-th
+//            largest of the threads' maximum keys (key56 of the raw logit) over each thread's
+//            first vectors, then every key >= th0 goes to a kCandBuf-key shared buffer; the CTA
+//            selects its top K of the buffer (radix select) and pushes them to rank 0, which
+//            selects the row's top K. A full buffer (dropped keys) is an overflow.
 //   GENERIC  (top-k with k > kCandCap): nothing.
 // Finish (rank 0) for CAND rows: the K candidates sorted by key (rank by counting), exact
 // masses, top-p (top-p without top-k: the row's total mass S from one more pass), min-p, exact
@@ -277,7 +278,7 @@ struct Summary {
   float zmax;        // max raw logit of the chunk
   int zid;           // its lowest id (INT_MAX: none)
   unsigned bad;      // a NaN or +inf was seen
-  unsigned ovf;      // CAND: a thread's list may have dropped a candidate
+  unsigned ovf;      // CAND: the candidate buffer overflowed (keys were dropped)
   float lm, ls;      // raw logits: max, sum exp(z - lm)           (logprobs)
   float pm, ps;      // processed: max z, sum exp((z - pm) / T)    (logprobs, PLAIN)
   double h1, h2;     // PLAIN streamed: best / second-best approximate score

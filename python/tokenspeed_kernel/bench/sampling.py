@@ -93,7 +93,6 @@ class Params:
     mp: Optional[torch.Tensor]          # float32 [B]
     seed: torch.Tensor                  # int64 [B]
     offset: torch.Tensor                # int64 [B]
-    k_max: Optional[int]                # top_k_max promise for ours
 
 
 def make_params(mode: str, B: int, device, salt: int = 0) -> Params:
@@ -105,7 +104,7 @@ def make_params(mode: str, B: int, device, salt: int = 0) -> Params:
     return Params(T=torch.full((B,), m["T"], **f32), k=k,
                   p=torch.full((B,), m["p"], **f32) if "p" in m else None,
                   mp=torch.full((B,), m["mp"], **f32) if "mp" in m else None,
-                  seed=seed, offset=offset, k_max=m.get("k"))
+                  seed=seed, offset=offset)
 
 
 def make_logits(B: int, V: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tensor:
@@ -807,4 +806,4 @@ def run_smoke(args) -> int:
 
 def _params_to(P: Params, dev) -> Params:
     f = lambda t: None if t is None else t.to(dev)  # noqa: E731
-    return Params(f(P.T), f(P.k), f(P.p), f(P.mp), f(P.seed), f(P.offset), P.k_max)
+    return Params(f(P.T), f(P.k), f(P.p), f(P.mp), f(P.seed), f(P.offset))

@@ -74,7 +74,7 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
 
 
 def _level_test_flags() -> int:
-    """The radix levels' testing / A-B flags (shared by the sampler and verify)."""
+    """The radix levels' testing / A-B flags (the verify family's thresholds; ops/verify.py)."""
     return ((F_NO_LIST if _NO_LEVEL_LIST_FOR_TESTING else 0)
             | (F_NO_EXCL if _NO_LEVEL_EXCL_FOR_TESTING else 0)
             | (F_EXCL_TEST if _LEVEL_EXCL_TEST_FOR_TESTING else 0))
