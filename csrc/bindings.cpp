@@ -17,12 +17,14 @@ TORCH_LIBRARY(tokenspeed_kernel, m) {
   tokenspeed_kernel::verify::define_ops(m);
   // ---- comm (csrc/comm) ----
   tokenspeed_kernel::comm::define_ops(m);
+  tokenspeed_kernel::comm::define_dp_ops(m);
 }
 
 TORCH_LIBRARY_IMPL(tokenspeed_kernel, CUDA, m) {
   m.impl("sample", &tokenspeed_kernel::sampling::sample);
   tokenspeed_kernel::verify::impl_cuda(m);
   tokenspeed_kernel::comm::impl_cuda(m);
+  tokenspeed_kernel::comm::impl_dp_cuda(m);
 }
 
 // A Python module so that `import tokenspeed_kernel._C` loads the library (and its registrations).

@@ -8,6 +8,9 @@ namespace tokenspeed_kernel::comm {
 // Schemas of the comm family (defined in comm_ops.cu).
 void define_ops(torch::Library& m);
 void impl_cuda(torch::Library& m);
+// DP sampling's swap and results gather (dp_ops.cu).
+void define_dp_ops(torch::Library& m);
+void impl_dp_cuda(torch::Library& m);
 
 // all_gather_hidden(x, out?, state, symm, peer_data, peer_flags, mc_data, col_offsets, rank,
 //                   buf_bytes, num_blocks, flags, timeout_ns, ll_off=0, ll_bytes=0) -> ()

@@ -1,4 +1,4 @@
-"""``python -m tokenspeed_kernel.bench {sampling,comm,verify,verify-filters,all,smoke} [opts]``.
+"""``python -m tokenspeed_kernel.bench {sampling,comm,dp,verify,verify-filters,all,smoke} [opts]``.
 
 ``all`` (what ``make bench`` runs on a GPU) runs sampling, then verify, then comm, within one
 time budget (``--budget-s``, default 420 s, headline shapes first). ``smoke`` (``make bench`` on a
@@ -52,12 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tokenspeed_kernel.bench",
                                 description="tokenspeed-kernel benchmarks (docs/BENCHMARKS.md)")
     sub = p.add_subparsers(dest="cmd", required=True,
-                           metavar="{sampling,comm,verify,verify-filters,all,smoke}")
+                           metavar="{sampling,comm,dp,verify,verify-filters,all,smoke}")
     s = sub.add_parser("sampling", help="sampling: ours vs torch / FlashInfer (GPU)")
     _common(s)
     _sampling_opts(s)
     s.add_argument("--cpu-dry-run", action="store_true", help=argparse.SUPPRESS)
     for name, h in (("comm", "TP communication (multi-GPU)"),
+                    ("dp", "DP sampling: swap and dp_sample vs all-gather + sample (multi-GPU)"),
                     ("verify", "speculative verify (GPU)"),
                     ("verify-filters", "speculative verify with top-k / top-p (GPU)")):
         c = sub.add_parser(name, help=h)
@@ -127,6 +128,8 @@ def main(argv=None) -> int:
         return run_sampling(args)
     if args.cmd == "comm":
         return _run_module("comm", "run_comm_bench", args)
+    if args.cmd == "dp":
+        return _run_module("dp", "run_dp_bench", args)
     if args.cmd == "verify":
         return _run_module("verify", "run_verify_bench", args)
     if args.cmd == "verify-filters":

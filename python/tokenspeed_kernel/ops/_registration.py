@@ -11,7 +11,7 @@ import importlib
 import warnings
 
 failed = {}
-for _family in ("sampling", "verify", "comm"):
+for _family in ("sampling", "verify", "comm", "dp"):
     try:
         _mod = importlib.import_module(f"tokenspeed_kernel.ops.{_family}")
     except ImportError:

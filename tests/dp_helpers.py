@@ -1,0 +1,469 @@
+"""Workers of tests/test_dp.py (one process per rank; gloo on CPU, NCCL on GPU) and the
+one-GPU virtual-rank harness of DP sampling.
+
+Command line (device runs):
+
+    python tests/dp_helpers.py sanitize          # a few virtual-rank dp_sample calls (for
+                                                 # compute-sanitizer memcheck / racecheck)
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+try:
+    import tokenspeed_kernel  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tokenspeed_kernel import ops
+
+SEED = 4321
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ---------------------------------------------------------------------------------------------
+# process plumbing (as tests/comm_helpers.py; the worker functions live in this module)
+# ---------------------------------------------------------------------------------------------
+def _entry(rank: int, world: int, port: int, backend: str, fn_name: str, args: tuple) -> None:
+    kw = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kw["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, **kw)
+    try:
+        globals()[fn_name](rank, world, *args)
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_workers(fn_name: str, world: int, backend: str, args: tuple = (),
+                timeout_s: float = 600.0) -> None:
+    from comm_helpers import free_port
+    port = free_port()
+    ctx = mp.start_processes(_entry, args=(world, port, backend, fn_name, tuple(args)),
+                             nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"{fn_name}: workers did not finish within {timeout_s:.0f} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# data: full logits (identical on every rank), the rank's shard with garbage past V
+# ---------------------------------------------------------------------------------------------
+def full_logits(B: int, V: int, dtype: torch.dtype, device, nan_row: bool = True,
+                seed: int = SEED) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(B, V, generator=g) * 3.0
+    if nan_row and B > 2:
+        x[B // 2, V // 3] = float("nan")
+    return x.to(dtype).to(device)
+
+
+def shard_of(full: torch.Tensor, world: int, rank: int, w: int) -> torch.Tensor:
+    """Rank's [B, w] shard of the vocab; columns past V hold +1e4 (they must be ignored)."""
+    B, V = full.shape
+    out = torch.full((B, w), 1e4, dtype=full.dtype, device=full.device)
+    lo, hi = rank * w, min(V, (rank + 1) * w)
+    if hi > lo:
+        out[:, : hi - lo] = full[:, lo:hi]
+    return out
+
+
+def sample_params(B: int, device, mode: str):
+    g = torch.Generator(device="cpu").manual_seed(SEED + 1)
+    seed = torch.randint(0, 2**40, (B,), generator=g).to(device)
+    offset = torch.randint(0, 2**20, (B,), generator=g).to(device)
+    kw = {}
+    if mode in ("temp", "topk", "topp", "topk_topp", "minp"):
+        kw["temperature"] = (torch.rand(B, generator=g) * 1.2 + 0.2).to(device)
+        kw["temperature"][0] = 0.0  # one greedy row
+    if mode in ("topk", "topk_topp"):
+        kw["top_k"] = torch.randint(1, 80, (B,), generator=g).to(torch.int32).to(device)
+    if mode in ("topp", "topk_topp"):
+        kw["top_p"] = (torch.rand(B, generator=g) * 0.8 + 0.2).to(device)
+    if mode == "minp":
+        kw["min_p"] = (torch.rand(B, generator=g) * 0.3).to(device)
+    return seed, offset, kw
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Logprobs: float sums whose order depends on the sampler's launch shape (docs/DESIGN.md:
+    not bit-identical), so equal to float rounding; NaN where the reference has NaN."""
+    if a.shape != b.shape:
+        return False
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-equal (NaN payloads included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point:
+        it = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.contiguous().view(it), b.contiguous().view(it))
+    return torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# workers
+# ---------------------------------------------------------------------------------------------
+def dp_fallback_worker(rank: int, world: int, device_kind: str = "cpu",
+                       backends=("nccl", "reference", "auto")) -> None:
+    """dp_sample / dp_verify through the NCCL-style fallback (gloo on CPU) and the reference
+    backend: bit-identical to ops.sample / ops.verify on the full logits, uneven B and V."""
+    dev = torch.device("cpu") if device_kind == "cpu" else torch.device("cuda", rank)
+    sb = "reference" if dev.type == "cpu" else "auto"
+    for V, w in ((1000, None), (997, None), (1000, 512 if world == 2 else None)):
+        w = w or -(-V // world)
+        comm = ops.create_dp_sampling_comm(max_rows=40, vocab_size=V, dtype=torch.float32,
+                                           shard_width=w, device=dev, slots=2)
+        assert not comm.p2p or dev.type == "cuda"
+        for B in (1, world + 1, 13):
+            full = full_logits(B, V, torch.float32, dev)
+            x = shard_of(full, world, rank, w)
+            for mode in ("temp", "topk_topp", "minp"):
+                seed, offset, kw = sample_params(B, dev, mode)
+                ref = ops.sample_with_logprobs(full, seed, offset, backend=sb, **kw)
+                for be in backends:
+                    out = ops.dp_sample(comm, x, seed, offset, logprobs=True, backend=be,
+                                        sample_backend=sb, **kw)
+                    assert torch.equal(out.tokens, ref.tokens), (be, V, B, mode)
+                    assert torch.equal(out.valid, ref.valid), (be, V, B, mode)
+                    assert close(out.logprobs, ref.logprobs), (be, V, B, mode)
+                    assert close(out.processed_logprobs, ref.processed_logprobs)
+            # the swap itself: rank's rows of the full logits, columns [0, V)
+            view = ops.swap_vocab_to_batch(comm, x, backend="nccl")
+            s, n = comm.row_range(B)
+            assert same(view, full[s:s + n]), (V, B)
+        # verify, padded chain form
+        bs, nd = 5, 3
+        tgt = full_logits(bs * (nd + 1), V, torch.float32, dev, nan_row=False, seed=7)
+        drf = full_logits(bs * nd, V, torch.float32, dev, nan_row=False, seed=8)
+        g = torch.Generator(device="cpu").manual_seed(9)
+        ids = torch.randint(0, V, (bs, nd), generator=g).to(dev)
+        ids[1, 2:] = -1
+        seed = torch.arange(bs, device=dev) + 11
+        offset = torch.zeros(bs, dtype=torch.int64, device=dev)
+        temp = torch.full((bs,), 0.9, device=dev)
+        for mode in ("strict", "probabilistic"):
+            dl = drf if mode == "probabilistic" else None
+            ref = ops.verify_with_logprobs(tgt, ids, seed, offset,
+                                           draft_logits=None if dl is None else dl.view(bs, nd, V),
+                                           mode=mode, temperature=temp, backend=sb)
+            out = ops.dp_verify(comm, shard_of(tgt, world, rank, w), ids, seed, offset,
+                                draft_shard=None if dl is None else shard_of(dl, world, rank, w),
+                                mode=mode, temperature=temp, logprobs=True, backend="nccl",
+                                verify_backend=sb)
+            assert torch.equal(out.tokens, ref.tokens), mode
+            assert torch.equal(out.num_accepted, ref.num_accepted), mode
+            assert torch.equal(out.valid, ref.valid), mode
+            assert close(out.logprobs, ref.logprobs), mode
+
+
+def dp_mismatch_worker(rank: int, world: int, what: str) -> None:
+    """Ranks that disagree on a creation parameter: every rank raises the same ValueError."""
+    kw = dict(max_rows=16, vocab_size=1000, dtype=torch.float32, device="cpu")
+    if what == "dtype" and rank == 1:
+        kw["dtype"] = torch.bfloat16
+    if what == "max_rows" and rank == 1:
+        kw["max_rows"] = 8
+    if what == "vocab_size" and rank == 0:
+        kw["vocab_size"] = 1002
+    try:
+        ops.create_dp_sampling_comm(**kw)
+    except ValueError as e:
+        assert what in str(e) and "every rank" in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {rank}: no error for mismatched {what}")
+
+
+def dp_graph_worker(rank: int, world: int, replays: int) -> None:
+    """Real ranks (NCCL group, one GPU each): dp_sample captured in a CUDA graph with the inputs
+    changing on every replay (the shard flips sign, the offset advances); checked against
+    ops.sample every few hundred replays."""
+    dev = torch.device("cuda", rank)
+    B, V = 16, 151936
+    comm = ops.create_dp_sampling_comm(max_rows=B, vocab_size=V, dtype=torch.bfloat16)
+    assert comm.p2p and comm.extension, comm
+    full = full_logits(B, V, torch.bfloat16, dev)
+    x = shard_of(full, world, rank, comm.shard_width)
+    seed, offset, kw = sample_params(B, dev, "topk_topp")
+    off0 = offset.clone()
+    run_graph_replays(lambda: ops.dp_sample(comm, x, seed, offset, validate=False, **kw),
+                      x, offset, full, seed, off0, kw, replays, [comm])
+
+
+def run_graph_replays(call, x, offset, full, seed, off0, kw, replays, comms, streams=None,
+                      calls=None):
+    """Capture ``x.neg_(); offset.add_(1); call()`` (per rank in ``calls`` when virtual), replay
+    ``replays`` times, compare with ops.sample at checkpoints."""
+    calls = calls or [(call, x, offset)]
+    streams = streams or [torch.cuda.Stream()]  # (capture needs a non-default stream)
+    graphs, outs = [], []
+    for (fn, xr, offr), st in zip(calls, streams):  # warm-up (eager), then capture
+        with torch.cuda.stream(st):
+            fn()
+    torch.cuda.synchronize()
+    for (fn, xr, offr), st in zip(calls, streams):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=st):
+            xr.neg_()
+            offr.add_(1)
+            outs.append(fn())
+        graphs.append(g)
+    torch.cuda.synchronize()
+    # capture ran nothing: the inputs are still x0, offset0 (+0 replays)
+    checks = sorted(set([1, 2, 3, replays // 3, replays - 1, replays]))
+    done = 0
+    for k in range(1, replays + 1):
+        for g, st in zip(graphs, streams):
+            with torch.cuda.stream(st):
+                g.replay()
+        if k in checks:
+            torch.cuda.synchronize()
+            ref = ops.sample(full * (-1) ** k, seed, off0 + k, **kw)
+            for o in outs:
+                assert torch.equal(o.tokens, ref.tokens), (k,)
+                assert torch.equal(o.valid, ref.valid), (k,)
+            done += 1
+    torch.cuda.synchronize()
+    for c in comms:
+        c.check()
+    assert done == len(checks)
+
+
+def dp_dead_peer_worker(rank: int, world: int) -> None:
+    """Rank 1 never joins the call: rank 0's swap gives up after the timeout, comm.check() raises
+    CommError, no hang."""
+    dev = torch.device("cuda", rank)
+    comm = ops.create_dp_sampling_comm(max_rows=8, vocab_size=4096, dtype=torch.float32,
+                                       timeout_ms=300)
+    if rank == 0:
+        x = torch.randn(8, comm.shard_width, device=dev)
+        ops.dp_sample(comm, x, 1, 0, temperature=1.0)
+        torch.cuda.synchronize()
+        try:
+            comm.check()
+        except ops.CommError as e:
+            assert "gave up" in str(e)
+        else:
+            raise AssertionError("no CommError")
+
+
+# ---------------------------------------------------------------------------------------------
+# one GPU: virtual ranks
+# ---------------------------------------------------------------------------------------------
+def virtual_dp_sample(world: int, B: int, V: int, dtype: torch.dtype, mode: str,
+                      logprobs: bool = True, shard_width=None, timeout_ms: int = 10_000,
+                      block_bytes: int = None):
+    """Every virtual rank's dp_sample (each on its own stream) and the full-logits reference.
+    Returns (outputs per rank, ops.sample output, comms)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    kw_c = {} if block_bytes is None else {"block_bytes": block_bytes}
+    comms = ops.dp.create_virtual_dp_comms(world, max_rows=max(B, 1), vocab_size=V, dtype=dtype,
+                                           shard_width=shard_width, device=dev,
+                                           timeout_ms=timeout_ms, **kw_c)
+    w = comms[0].shard_width
+    full = full_logits(B, V, dtype, dev)
+    shards = [shard_of(full, world, r, w) for r in range(world)]
+    seed, offset, kw = sample_params(B, dev, mode)
+    fn = ops.sample_with_logprobs if logprobs else ops.sample
+    ref = fn(full, seed, offset, **kw)
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in range(world)]
+    outs = []
+    for r in range(world):
+        with torch.cuda.stream(streams[r]):
+            outs.append(ops.dp_sample(comms[r], shards[r], seed, offset, logprobs=logprobs,
+                                      backend="cuda", validate=False, **kw))
+    torch.cuda.synchronize()
+    return outs, ref, comms
+
+
+def virtual_graph_replays(world: int, replays: int) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    B, V = 16, 151936
+    comms = ops.dp.create_virtual_dp_comms(world, max_rows=B, vocab_size=V, dtype=torch.bfloat16,
+                                           device=dev)
+    full = full_logits(B, V, torch.bfloat16, dev)
+    xs = [shard_of(full, world, r, comms[0].shard_width) for r in range(world)]
+    seed, offset, kw = sample_params(B, dev, "topk_topp")
+    off0 = offset.clone()
+    offs = [offset.clone() for _ in range(world)]
+    calls = [(lambda r=r: ops.dp_sample(comms[r], xs[r], seed, offs[r], validate=False, **kw),
+              xs[r], offs[r]) for r in range(world)]
+    streams = [torch.cuda.Stream() for _ in range(world)]
+    run_graph_replays(None, None, None, full, seed, off0, kw, replays, comms, streams, calls)
+
+
+# ---------------------------------------------------------------------------------------------
+# virtual-rank checks: each runs in a fresh process (run_virtual) with CUDA_MODULE_LOADING=EAGER.
+# One host thread drives every virtual rank, so a kernel that spins for a peer must never wait
+# on the host: with lazy module loading, the first launch of a kernel can block while another
+# rank's kernel spins (a deadlock until the bounded wait gives up). Real ranks are separate
+# processes and do not have this problem.
+# ---------------------------------------------------------------------------------------------
+def _virtual_entry(fn_name: str, args: tuple, q) -> None:
+    try:
+        globals()[fn_name](*args)
+        q.put(None)
+    except BaseException:
+        q.put(traceback.format_exc())
+
+
+def run_virtual(fn_name: str, *args, timeout_s: float = 300.0) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    old = os.environ.get("CUDA_MODULE_LOADING")
+    os.environ["CUDA_MODULE_LOADING"] = "EAGER"
+    try:
+        p = ctx.Process(target=_virtual_entry, args=(fn_name, tuple(args), q))
+        p.start()
+    finally:
+        if old is None:
+            del os.environ["CUDA_MODULE_LOADING"]
+        else:
+            os.environ["CUDA_MODULE_LOADING"] = old
+    p.join(timeout_s)
+    if p.is_alive():
+        p.kill()
+        raise TimeoutError(f"{fn_name}{args}: did not finish within {timeout_s:.0f} s")
+    err = q.get() if not q.empty() else f"exit code {p.exitcode} (no report)"
+    if err is not None:
+        raise AssertionError(f"{fn_name}{args} failed:\n{err}")
+
+
+def virtual_cases(kind: str, cases) -> None:
+    fn = {"swap": virtual_swap_check, "sample": virtual_sample_check,
+          "verify": virtual_verify_check}[kind]
+    for c in cases:
+        fn(*c)
+
+
+def _streams(world):
+    return [torch.cuda.Stream() for _ in range(world)]
+
+
+def virtual_swap_check(world: int, dtname: str) -> None:
+    dtype = DTYPES[dtname]
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for V in (151936, 4099, 1000):
+        for B in (1, 5, 64):
+            comms = ops.dp.create_virtual_dp_comms(world, max_rows=64, vocab_size=V, dtype=dtype,
+                                                   device=dev, timeout_ms=10_000)
+            w = comms[0].shard_width
+            full = full_logits(B, V, dtype, dev)
+            xs = [shard_of(full, world, r, w) for r in range(world)]
+            streams = _streams(world)
+            views = []
+            torch.cuda.synchronize()
+            for r in range(world):
+                with torch.cuda.stream(streams[r]):
+                    views.append(ops.swap_vocab_to_batch(comms[r], xs[r], backend="cuda"))
+            torch.cuda.synchronize()
+            for r in range(world):
+                comms[r].check()
+                s, n = comms[r].row_range(B)
+                assert same(views[r], full[s:s + n]), (world, dtname, V, B, r)
+
+
+def virtual_sample_check(mode: str, world: int, B: int, dtname: str, V: int = 151936) -> None:
+    outs, ref, comms = virtual_dp_sample(world, B, V, DTYPES[dtname], mode)
+    for r, o in enumerate(outs):
+        comms[r].check()
+        assert torch.equal(o.tokens, ref.tokens), (mode, world, B, dtname, V, r)
+        assert torch.equal(o.valid, ref.valid), r
+        assert close(o.logprobs, ref.logprobs), r
+        assert close(o.processed_logprobs, ref.processed_logprobs), r
+
+
+def virtual_verify_check(mode: str) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    world, bs, nd, V = 3, 7, 3, 32000
+    comms = ops.dp.create_virtual_dp_comms(world, max_rows=bs * (nd + 1), vocab_size=V,
+                                           dtype=torch.bfloat16, device=dev, slots=2)
+    w = comms[0].shard_width
+    tgt = full_logits(bs * (nd + 1), V, torch.bfloat16, dev, nan_row=False, seed=5)
+    drf = full_logits(bs * nd, V, torch.bfloat16, dev, nan_row=False, seed=6)
+    g = torch.Generator(device="cpu").manual_seed(3)
+    ids = torch.randint(0, V, (bs, nd), generator=g).to(dev)
+    ids[:, 0] = tgt.view(bs, nd + 1, V)[:, 0].float().argmax(-1)  # some accepted drafts
+    seed = torch.arange(bs, device=dev) + 3
+    offset = torch.zeros(bs, dtype=torch.int64, device=dev)
+    temp = torch.full((bs,), 0.8, device=dev)
+    dl = drf if mode == "probabilistic" else None
+    ref = ops.verify_with_logprobs(tgt, ids, seed, offset, mode=mode, temperature=temp,
+                                   draft_logits=None if dl is None else dl.view(bs, nd, V))
+    streams = _streams(world)
+    outs = []
+    torch.cuda.synchronize()
+    for r in range(world):
+        with torch.cuda.stream(streams[r]):
+            outs.append(ops.dp_verify(comms[r], shard_of(tgt, world, r, w), ids, seed, offset,
+                                      draft_shard=None if dl is None else shard_of(dl, world, r, w),
+                                      mode=mode, temperature=temp, logprobs=True, backend="cuda",
+                                      validate=False))
+    torch.cuda.synchronize()
+    for o in outs:
+        assert torch.equal(o.tokens, ref.tokens)
+        assert torch.equal(o.num_accepted, ref.num_accepted)
+        assert torch.equal(o.valid, ref.valid)
+        assert close(o.logprobs, ref.logprobs)
+
+
+def virtual_dead_peer_check() -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    comms = ops.dp.create_virtual_dp_comms(2, max_rows=8, vocab_size=4096, dtype=torch.float32,
+                                           device=dev, timeout_ms=200)
+    x = torch.randn(8, comms[0].shard_width, device=dev)
+    ops.dp_sample(comms[0], x, 1, 0, temperature=1.0, backend="cuda", validate=False)
+    torch.cuda.synchronize()
+    try:
+        comms[0].check()
+    except ops.CommError as e:
+        assert "gave up" in str(e)
+    else:
+        raise AssertionError("no CommError")
+    # poisoned: the next call returns at once instead of waiting again
+    t = time.monotonic()
+    ops.dp_sample(comms[0], x, 1, 0, temperature=1.0, backend="cuda", validate=False)
+    torch.cuda.synchronize()
+    assert time.monotonic() - t < 0.15
+
+
+
+def sanitize_main() -> None:
+    for world, B, V, dt in ((2, 5, 4099, torch.float32), (3, 7, 1000, torch.bfloat16),
+                            (4, 16, 151936, torch.float16)):
+        outs, ref, comms = virtual_dp_sample(world, B, V, dt, "topk_topp")
+        for r, o in enumerate(outs):
+            assert torch.equal(o.tokens, ref.tokens), (world, B, V, dt, r)
+        for c in comms:
+            c.check()
+    print("dp sanitize workload: OK")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "sanitize":
+        sanitize_main()
+    else:
+        print(__doc__)
