@@ -49,8 +49,8 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
              out_dtype, backend, validate, top_k_max):
     C.check_logits(logits)
     # (messages are formatted only when a check fails)
-    if not (isinstance(tokens_per_request, int) and tokens_per_request >= 1):
-        C.check(False, "tokens_per_request", f"must be an int >= 1, got {tokens_per_request!r}")
+    if not (type(tokens_per_request) is int and tokens_per_request >= 1):   # bools refused
+        tokens_per_request = C.check_int(tokens_per_request, "tokens_per_request", lo=1)
     rows, vocab = logits.shape
     if rows % tokens_per_request:
         C.check(False, "tokens_per_request",
@@ -65,12 +65,11 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
     if validate and not C.is_tracing() and n > 0:
         _check_values(temperature, top_p, min_p)
     if top_k_max is not None:
-        C.check(isinstance(top_k_max, int) and not isinstance(top_k_max, bool) and 0 < top_k_max,
-                "top_k_max", f"must be a positive int, got {top_k_max!r}")
+        C.check_int(top_k_max, "top_k_max", lo=1)
     flags = ((F_TEMP if temperature is not None else 0) | (F_TOPK if top_k is not None else 0)
              | (F_TOPP if top_p is not None else 0) | (F_MINP if min_p is not None else 0)
              | _CUDA_TEST_FLAGS)
-    return seed, offset, temperature, top_k, top_p, min_p, backend, flags
+    return seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, backend, flags
 
 
 def _level_test_flags() -> int:
@@ -154,7 +153,8 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
     ...              top_p=torch.tensor([0.9]))
     >>> out.tokens
     """
-    seed, offset, temperature, top_k, top_p, min_p, backend, flags = _prepare(
+    (seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, backend,
+     flags) = _prepare(
         logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
         backend, validate, top_k_max)
     tok, valid, _, _ = _run(logits, seed, offset, temperature, top_k, top_p, min_p,
@@ -176,9 +176,9 @@ def sample_with_logprobs(logits: torch.Tensor, seed, offset, *, temperature=None
     Processed logprob of a greedy row is 0. Invalid rows: NaN logprobs.
     """
     C.check_logits(logits)
-    C.check(isinstance(top_n, int) and 0 <= top_n <= logits.shape[-1], "top_n",
-            f"must be an int in [0, V], got {top_n!r}")
-    seed, offset, temperature, top_k, top_p, min_p, backend, flags = _prepare(
+    top_n = C.check_int(top_n, "top_n", 0, logits.shape[-1])
+    (seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, backend,
+     flags) = _prepare(
         logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
         backend, validate, top_k_max)
     tok, valid, lp, plp = _run(logits, seed, offset, temperature, top_k, top_p, min_p,
