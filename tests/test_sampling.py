@@ -534,6 +534,41 @@ def test_sample_special_values(backend):
     assert torch.equal(out.tokens, want[0]) and torch.equal(out.valid, want[1])
 
 
+@pytest.mark.parametrize("filters", ["temperature", "all"])
+def test_sample_subnormal_temperature_is_the_greedy_limit(backend, filters):
+    """0 < T < ~2.9e-39: 1/T overflows to +inf. Validation accepts it on every backend, and the
+    row is valid: y = 0 at the maxima and -inf elsewhere (docs/DESIGN.md), so the token is
+    uniform over the tied maxima (the T -> 0 limit; greedy T = 0 takes the lowest id instead).
+    The same token as the reference (tiny V; rows with 1, 2 and 3 tied maxima), with and
+    without the other filters (which keep the maxima)."""
+    R, V = 10, 13
+    gen = _gen(55)
+    z = _logits(R, V, gen)
+    z[1:4, 2] = z[1:4, 9] = 50.0                 # two tied maxima
+    z[4:7, 0] = z[4:7, 5] = z[4:7, 12] = 50.0    # three
+    T = torch.tensor([1e-45, 1e-40, 2.9e-39, 2**-149, 1e-42, 1e-39, 2.9e-39, 3e-39, 1e-38, 1e-30],
+                     device=DEVICE)
+    assert torch.isinf(1.0 / T[:7]).all() and torch.isfinite(1.0 / T[7:]).all()
+    seed, offset = _seeds(R, gen)
+    kw = dict(temperature=T)
+    if filters == "all":
+        kw.update(top_k=torch.full((R,), 3, device=DEVICE),
+                  top_p=torch.full((R,), 0.5, device=DEVICE),
+                  min_p=torch.full((R,), 0.1, device=DEVICE))
+    out = ops.sample_with_logprobs(z, seed, offset, backend=backend, **kw)
+    assert out.valid.all()
+    assert (z.gather(1, out.tokens[:, None])[:, 0] == z.max(1).values).all()
+    want = _ref(z, seed, offset, **kw)
+    assert torch.equal(out.tokens, want[0]) and torch.equal(out.valid, want[1])
+    assert torch.isfinite(out.logprobs).all()
+    # over many seeds the tied rows take every one of their maxima (not always the lowest id)
+    S = 40
+    zz = z[4:5].expand(S, V).contiguous()
+    many = ops.sample(zz, torch.arange(S, device=DEVICE), torch.zeros(S, dtype=torch.int64,
+                      device=DEVICE), temperature=1e-40, backend=backend).tokens
+    assert set(many.tolist()) == {0, 5, 12}
+
+
 def test_sample_boundary_ties(backend):
     """Ties exactly at the top-k and top-p boundaries: the lowest ids of the tied group are
     kept (key order), on every backend, and both sides of the boundary are exercised."""
@@ -605,6 +640,23 @@ def test_sample_empty_batch(backend):
     e = torch.zeros(0, dtype=torch.int64, device=DEVICE)
     out = ops.sample(z, e, e, backend=backend)
     assert out.tokens.shape == (0,) and out.valid.shape == (0,)
+    # with every filter, Python-scalar parameters and logprobs: still empty, no error
+    out = ops.sample_with_logprobs(z, 1, 2, temperature=0.5, top_k=3, top_p=0.9, min_p=0.1,
+                                   top_n=2, backend=backend)
+    assert out.tokens.shape == (0,) and out.top_ids.shape == (0, 2)
+
+
+def test_sample_one_token_vocabulary(backend):
+    """V = 1: a valid row samples token 0 with logprob 0 under any filter; a NaN / +inf / -inf
+    row is invalid (token 0, valid False, NaN logprobs) like any other."""
+    z = torch.tensor([[2.0], [float("nan")], [float("inf")], [float("-inf")], [-1e30]],
+                     device=DEVICE)
+    out = ops.sample_with_logprobs(z, 3, 4, temperature=0.7, top_k=1, top_p=0.5, min_p=0.9,
+                                   top_n=1, backend=backend)
+    assert out.tokens.tolist() == [0] * 5
+    assert out.valid.tolist() == [True, False, False, False, True]
+    assert out.logprobs[[0, 4]].tolist() == [0.0, 0.0]
+    assert torch.isnan(out.logprobs[1:4]).all()
 
 
 # ---------------------------------------------------------------------------------------------

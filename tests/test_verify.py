@@ -559,6 +559,98 @@ def test_bad_parameter_types_and_ranges():
         assert_same(call(backend=b, seed=2**64 - 1), call(backend=b, seed=-1))
 
 
+def _bad_verify_cases():
+    """(argument named, case id, overrides of a valid 2-request ragged problem, V = 100)."""
+    f = torch.float32
+    nan1 = torch.tensor([1.0, float("nan")], device=DEV)
+    inf1 = torch.tensor([1.0, float("inf")], device=DEV)
+    return [
+        ("target_logits", "int", dict(tl=lambda p: p["target_logits"].to(torch.int32))),
+        ("target_logits", "float64", dict(tl=lambda p: p["target_logits"].double())),
+        ("target_logits", "noncontig", dict(tl=lambda p: p["target_logits"].t().contiguous().t())),
+        ("target_logits", "meta", dict(tl=lambda p: torch.empty(5, 100, device="meta"))),
+        ("target_logits", "1-D", dict(tl=lambda p: p["target_logits"][0])),
+        ("target_logits", "not_tensor", dict(tl=lambda p: [[0.0] * 100] * 5)),
+        ("draft_token_ids", "float", dict(ids=lambda p: p["draft_token_ids"].to(f))),
+        ("draft_token_ids", "bool", dict(ids=lambda p: p["draft_token_ids"] > 0)),
+        ("draft_token_ids", "3-D", dict(ids=lambda p: p["draft_token_ids"].view(1, 1, 3))),
+        ("draft_token_ids", "device", dict(ids=lambda p: p["draft_token_ids"].to("meta"))),
+        ("cu_num_draft", "float", dict(cu_num_draft=torch.tensor([0.0, 2.0, 3.0], device=DEV))),
+        ("cu_num_draft", "2-D", dict(cu_num_draft=torch.tensor([[0, 2, 3]], device=DEV))),
+        ("cu_num_draft", "device", dict(cu_num_draft=torch.tensor([0, 2, 3], device="meta"))),
+        ("cu_num_draft", "missing", dict(cu_num_draft=None)),
+        ("draft_logits", "dtype", dict(draft_logits=lambda p: p["draft_logits"].half())),
+        ("draft_logits", "device", dict(draft_logits=lambda p: p["draft_logits"].to("meta"))),
+        ("draft_logits", "rows", dict(draft_logits=lambda p: p["draft_logits"][:2])),
+        ("temperature", "nan", dict(temperature=nan1)),
+        ("temperature", "inf", dict(temperature=inf1)),
+        ("temperature", "shape", dict(temperature=torch.ones(3, device=DEV))),
+        ("top_p", "nan", dict(top_p=nan1)),
+        ("top_p", "inf", dict(top_p=inf1)),
+        ("min_p", "nan", dict(min_p=nan1)),
+        ("min_p", "inf", dict(min_p=inf1)),
+        ("top_k", "float_tensor", dict(top_k=torch.ones(2, device=DEV))),
+        ("seed", "2**64", dict(seed=2**64)),
+        ("seed", "float_tensor", dict(seed=torch.zeros(2, device=DEV))),
+        ("offset", "shape", dict(offset=torch.zeros(3, dtype=torch.int64, device=DEV))),
+        ("backend", "unknown", dict(backend="numpy")),
+    ]
+
+
+@pytest.mark.parametrize("arg,kw", [(a, kw) for a, _, kw in _bad_verify_cases()],
+                         ids=[f"{a}-{i}" for a, i, _ in _bad_verify_cases()])
+def test_bad_tensors_and_values_name_the_argument(arg, kw):
+    """Wrong dtype / shape / device / contiguity of every tensor, NaN / inf / out-of-range
+    parameters: ValueError whose message starts with the argument's name."""
+    prob = make_problem([2, 1], 100, seed=65)
+    a = dict(cu_num_draft=prob["cu_num_draft"], draft_logits=prob["draft_logits"],
+             backend="reference", seed=prob["seed"], offset=prob["offset"])
+    a.update({k: (v(prob) if callable(v) else v) for k, v in kw.items()})
+    tl = a.pop("tl", prob["target_logits"])
+    ids = a.pop("ids", prob["draft_token_ids"])
+    with pytest.raises(ValueError, match=rf"^{arg}\b"):
+        ops.verify(tl, ids, a.pop("seed"), a.pop("offset"), **a)
+
+
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram", "strict"])
+def test_documented_edges_empty_batch_one_token_vocab_no_drafts(mode):
+    """Documented behaviour at the edges, on every backend: an empty batch (bs = 0) gives empty
+    outputs; V = 1 accepts every draft (p = q = one-hot on token 0) and emits token 0; ragged
+    requests with 0 drafts (all of them, no draft ids at all) emit one token, the sampler's
+    token of their row at offset (strict / bonus), num_accepted 0."""
+    dl = None
+    for b in _backends():
+        kw = dict(backend=b, mode=mode)
+        e = torch.zeros(0, dtype=torch.int64, device=DEV)
+        out = ops.verify_with_logprobs(torch.zeros(0, 7, device=DEV), e, e, e,
+                                       cu_num_draft=torch.zeros(1, dtype=torch.int64, device=DEV),
+                                       draft_logits=(torch.zeros(0, 7, device=DEV)
+                                                     if mode == "probabilistic" else None),
+                                       **kw)
+        assert out.tokens.shape == (0, 1) and out.num_accepted.shape == (0,)
+        assert out.valid.shape == (0,) and out.logprobs.shape == (0, 1)
+        # V = 1
+        n = [3, 0, 1]
+        cu = torch.tensor([0, 3, 3, 4], device=DEV)
+        tl = torch.randn(7, 1, device=DEV)
+        dl = torch.randn(4, 1, device=DEV) if mode == "probabilistic" else None
+        out = ops.verify(tl, torch.zeros(4, dtype=torch.int64, device=DEV), 1, 2,
+                         cu_num_draft=cu, draft_logits=dl, temperature=0.7, **kw)
+        assert out.num_accepted.tolist() == n and out.valid.all()
+        assert out.tokens.tolist() == [[0, 0, 0, 0], [0, -1, -1, -1], [0, 0, -1, -1]]
+        # ragged, no drafts at all
+        prob = make_problem([0, 0, 0], 50, seed=66)
+        T = torch.tensor([0.8, 0.0, 1.3], device=DEV)
+        out = ops.verify(prob["target_logits"], prob["draft_token_ids"], prob["seed"],
+                         prob["offset"], cu_num_draft=prob["cu_num_draft"],
+                         draft_logits=prob["draft_logits"] if mode == "probabilistic" else None,
+                         temperature=T, **kw)
+        want = ops.sample(prob["target_logits"], prob["seed"], prob["offset"], temperature=T,
+                          backend=b)
+        assert out.tokens.shape == (3, 1) and out.num_accepted.tolist() == [0, 0, 0]
+        assert torch.equal(out.tokens[:, 0], want.tokens) and out.valid.all()
+
+
 def test_validate_false_without_max_num_draft_says_what_is_needed():
     """Ragged drafts, validate=False, no max_num_draft, no capture / compile: the error says
     that validate=False is the reason, not CUDA-graph capture."""
