@@ -121,10 +121,13 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
     ----------
     logits : Tensor [rows, V], float32 / bfloat16 / float16, last dim contiguous (any row
         stride). Read natively, never copied to fp32. Not modified.
-    seed, offset : int64 [n] (n = rows // tokens_per_request) or Python ints. Row r uses request
+    seed, offset : int64 [n] (n = rows // tokens_per_request) or Python ints (64-bit: in
+        ``[-2**63, 2**64)``; floats and bools raise TypeError). Row r uses request
         ``q = r // tokens_per_request`` and Philox offset ``offset[q] + r % tokens_per_request``.
-    temperature : float32 [n] or float or None (= 1). 0 = greedy argmax (ties: lowest id).
-    top_k : int [n] or int or None. ``k <= 0`` or ``k >= V`` = off; any k up to V.
+    temperature : float32 [n] or float or None (= 1). 0 = greedy argmax (ties: lowest id);
+        ``0 < T < ~2.9e-39`` is the ``T -> 0`` limit (uniform over the tied maxima).
+    top_k : int [n] or int or None. ``k <= 0`` or ``k >= V`` = off, at any size (values beyond
+        int32 saturate, never wrap); any k up to V.
     top_p : float32 [n] or float or None. In (0, 1]; 1 = off. Applied to the top-k mass.
     min_p : float32 [n] or float or None. In [0, 1]; 0 = off. Relative to the max probability.
     tokens_per_request : rows per request (speculative verify samples several positions).

@@ -365,7 +365,9 @@ _DOC_ARGS = """
     temperature, top_k, top_p, min_p : per-request sampling parameters (as ``ops.sample``),
         applied identically to target and draft rows. T = 0 is greedy (argmax).
     max_num_draft : int, the padded width of the outputs for ragged input (default: max n_i, one
-        host sync; required under CUDA-graph capture / torch.compile).
+        host sync; required under CUDA-graph capture / torch.compile and with validate=False).
+        Unvalidated, a request with more drafts than this is invalid (token 0 in slot 0,
+        num_accepted 0, valid False); nothing is written outside the outputs.
     out_dtype : torch.int64 or torch.int32 (tokens and num_accepted).
     backend : 'auto' | 'cuda' | 'triton' | 'reference'.
     validate : check values (one host sync; skipped under capture / compile).
