@@ -161,6 +161,89 @@ def gloo_fallback_worker(rank: int, world: int) -> None:
         comm.close()
 
 
+# Mismatched creation arguments (issue 33): (case, name in the error, per-rank overrides
+# cycled over the ranks, substrings every rank's message must hold).
+MISMATCH_CASES = [
+    ("dtype", "dtype", [dict(dtype=torch.float32), dict(dtype=torch.bfloat16)],
+     ["rank 0 torch.float32", "rank 1 torch.bfloat16"]),
+    ("max_tokens", "max_tokens", [dict(max_tokens=4), dict(max_tokens=2)],
+     ["rank 0 4", "rank 1 2"]),
+    ("max_total_width", "max_total_width", [dict(max_total_width=64),
+                                            dict(max_total_width=128)],
+     ["rank 0 64", "rank 1 128"]),
+    ("several", "dtype", [dict(dtype=torch.float16, max_tokens=8),
+                          dict(dtype=torch.bfloat16, max_tokens=2)],
+     ["rank 1 torch.bfloat16", "; max_tokens: rank 0 8, rank 1 2"]),
+    ("timeout_ms", "timeout_ms", [dict(timeout_ms=1000), dict(timeout_ms=2000)], ["rank 1 2000"]),
+    ("enable_view", "enable_view", [dict(enable_view=False), dict(enable_view=True)],
+     ["rank 0 False", "rank 1 True"]),
+    ("trap_on_timeout", "trap_on_timeout", [dict(), dict(trap_on_timeout=True)],
+     ["rank 1 True"]),
+    ("max_blocks", "max_blocks", [dict(max_blocks=None), dict(max_blocks=3)],
+     ["rank 0 None", "rank 1 3"]),
+    ("block_bytes", "block_bytes", [dict(), dict(block_bytes=8192)], ["rank 1 8192"]),
+    ("p2p_max_bytes", "p2p_max_bytes", [dict(), dict(p2p_max_bytes=1)], ["rank 1 1"]),
+    ("ll_max_bytes", "ll_max_bytes", [dict(ll_max_bytes=None), dict(ll_max_bytes=16)],
+     ["rank 1 16"]),
+    ("use_symmetric_memory", "use_symmetric_memory",
+     [dict(), dict(use_symmetric_memory=False)], ["rank 0 True", "rank 1 False"]),
+]
+
+
+def gloo_mismatch_worker(rank: int, world: int) -> None:
+    """Every case of MISMATCH_CASES: every rank raises, with the same message (naming the
+    parameter and every rank's value), and nobody hangs; a rank whose own argument check fails
+    raises that error while the others raise one naming it. Afterwards the group still works: a
+    matching creation and a call succeed (no rank was left inside a collective)."""
+    from tokenspeed_kernel import ops
+    from tokenspeed_kernel.ops import comm as oc
+
+    base = dict(max_tokens=4, max_total_width=64, dtype=torch.bfloat16, device="cpu")
+
+    def raised(kw) -> str:
+        try:
+            oc.create_all_gather_comm(**{**base, **kw})
+        except ValueError as e:
+            return f"{type(e).__name__}: {e}"
+        raise AssertionError(f"rank {rank}: {kw} accepted")
+
+    for case, name, per_rank, parts in MISMATCH_CASES:
+        msg = raised(per_rank[rank % len(per_rank)])
+        msgs = [None] * world
+        dist.all_gather_object(msgs, msg)
+        assert all(m == msgs[0] for m in msgs), f"{case}: messages differ: {msgs}"
+        assert msg.startswith(f"ValueError: {name}: create_all_gather_comm needs the same value "
+                              f"on every rank"), f"{case}: {msg}"
+        for p in parts:
+            assert p in msg, f"{case}: {p!r} not in {msg!r}"
+    # rank 1's own check fails (max_tokens=0); the others name it; nobody waits
+    msg = raised(dict(max_tokens=0) if rank == 1 else {})
+    if rank == 1:
+        assert msg.startswith("ValueError: max_tokens: must be an int >= 1"), msg
+    else:
+        assert msg.startswith("ValueError: group: rank(s) [1] refused their "
+                              "create_all_gather_comm arguments"), msg
+    # a float on one rank: TypeError there
+    msg = raised(dict(max_tokens=4.0) if rank == 0 else {})
+    assert msg.startswith("ArgumentTypeError: max_tokens:" if rank == 0 else
+                          "ValueError: group: rank(s) [0]"), msg
+    # agree_config on its own, with strings and floats (as other communicators use it)
+    try:
+        oc.agree_config(dist.group.WORLD, None, [("mode", "ll" if rank == 0 else "flag"),
+                                                 ("scale", 0.5)], "test_comm")
+        raise AssertionError("agree_config accepted different strings")
+    except ValueError as e:
+        assert str(e).startswith("mode: test_comm needs the same value on every rank; got "
+                                 "mode: rank 0 'll', rank 1 'flag'"), e
+        assert "scale" not in str(e), e
+    oc.agree_config(dist.group.WORLD, None, [("mode", "ll"), ("scale", 0.5)], "test_comm")
+    # the group is healthy: a matching creation and a call
+    comm = oc.create_all_gather_comm(**base)
+    slices = [make_slice(SEED, s, 3, 16, torch.bfloat16, "cpu") for s in range(world)]
+    assert_bits_equal(ops.all_gather_hidden(comm, slices[rank]), torch.cat(slices, 1),
+                      "after the mismatches")
+
+
 def attach_cpu_workspace(comm, enable_view=False):
     """Give a world-size-1 CPU communicator a (process-local) workspace laid out like the
     symmetric one, so the P2P code paths can run in the interpreter / under fake tensors

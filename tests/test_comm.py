@@ -318,9 +318,18 @@ def test_create_comm_argument_errors(gloo1):
                      ("p2p_max_bytes", dict(p2p_max_bytes=-5)),
                      ("enable_pdl", dict(enable_pdl=True)),         # CPU: no sm_90
                      ("enable_pdl", dict(enable_pdl=1)),
-                     ("device", dict(device="meta"))]:
+                     ("device", dict(device="meta")), ("device", dict(device="nonsense")),
+                     ("max_tokens", dict(max_tokens=4.0)), ("timeout_ms", dict(timeout_ms=True)),
+                     ("ll_max_bytes", dict(ll_max_bytes=1.5))]:
         with pytest.raises(ValueError, match=f"^{arg}:"):
             mk(**{**base, **upd})
+    # wrong Python types: TypeError naming the argument (not AttributeError from deep inside)
+    for arg, a, upd in [("group", ("not-a-group",), {}), ("group", (3,), {}),
+                        ("max_tokens", (), dict(max_tokens=4.0)),
+                        ("max_total_width", (), dict(max_total_width=True)),
+                        ("enable_pdl", (), dict(enable_pdl=1))]:
+        with pytest.raises(TypeError, match=f"^{arg}:"):
+            mk(*a, **{**base, **upd})
 
 
 def test_comm_error_reporting():
@@ -345,6 +354,15 @@ def test_comm_error_reporting():
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_gloo_processes_fallback_bit_exact(world):
     H.run_workers("gloo_fallback_worker", world, "gloo", timeout_s=600)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gloo_processes_mismatched_creation_arguments_raise_on_every_rank(world):
+    """Ranks that pass different dtype / max_tokens / max_total_width / any other creation
+    parameter: every rank raises the same ValueError naming the parameter and each rank's
+    value, before anything is allocated, and no rank hangs (run_workers fails on a hang);
+    see comm_helpers.gloo_mismatch_worker."""
+    H.run_workers("gloo_mismatch_worker", world, "gloo", timeout_s=300)
 
 
 # ---------------------------------------------------------------------------------------------

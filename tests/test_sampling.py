@@ -145,7 +145,41 @@ _BAD = [  # (argument named in the error, case id, call overrides)
     ("backend", "unknown", dict(backend="numpy")),
     ("top_n", "negative", dict(top_n=-1, _logprobs=True)),
     ("top_n", "above_V", dict(top_n=17, _logprobs=True)),
+    # issue 33: wrong Python types (ArgumentTypeError: a TypeError and a ValueError), values
+    # out of the parameter's range, meta tensors
+    ("logits", "meta", dict(logits=torch.randn(4, 16, device="meta"))),
+    ("seed", "py_float", dict(seed=1.5)),
+    ("seed", "py_float_integral", dict(seed=2.0)),
+    ("seed", "py_bool", dict(seed=True)),
+    ("seed", "2**64", dict(seed=2**64)),
+    ("seed", "below_-2**63", dict(seed=-(2**63) - 1)),
+    ("seed", "bool_tensor", dict(seed=torch.ones(4, dtype=torch.bool))),
+    ("seed", "string", dict(seed="7")),
+    ("offset", "py_float", dict(offset=1.5)),
+    ("offset", "2**64", dict(offset=2**64)),
+    ("top_k", "py_float", dict(top_k=2.5)),
+    ("top_k", "py_bool", dict(top_k=True)),
+    ("top_k", "bool_tensor", dict(top_k=torch.ones(4, dtype=torch.bool))),
+    ("temperature", "py_bool", dict(temperature=True)),
+    ("temperature", "string", dict(temperature="0.5")),
+    ("temperature", "int_tensor", dict(temperature=torch.ones(4, dtype=torch.int32))),
+    ("temperature", "beyond_float", dict(temperature=10**400)),
+    ("temperature", "f64_beyond_f32", dict(temperature=torch.full((4,), 1e300,
+                                                                  dtype=torch.float64))),
+    ("temperature", "neg_inf_scalar", dict(temperature=float("-inf"))),
+    ("top_p", "nan_scalar", dict(top_p=float("nan"))),
+    ("top_p", "inf", dict(top_p=torch.tensor([0.5, float("inf"), 0.5, 0.5]))),
+    ("min_p", "nan", dict(min_p=torch.tensor([0.5, float("nan"), 0.5, 0.5]))),
+    ("min_p", "py_bool", dict(min_p=False)),
+    ("tokens_per_request", "py_bool", dict(tokens_per_request=True)),
+    ("tokens_per_request", "tensor", dict(tokens_per_request=torch.tensor(2))),
+    ("top_n", "py_bool", dict(top_n=True, _logprobs=True)),
+    ("top_n", "py_float", dict(top_n=2.0, _logprobs=True)),
+    ("top_k_max", "py_bool", dict(top_k_max=True)),
+    ("top_k_max", "zero", dict(top_k_max=0)),
 ]
+# the cases above whose error is an ArgumentTypeError (a wrong Python type)
+_TYPE_ERRORS = {"py_float", "py_float_integral", "py_bool", "string"}
 
 
 @pytest.mark.parametrize("arg,kw", [(a, kw) for a, _, kw in _BAD],
@@ -164,6 +198,51 @@ def test_sample_validation_errors(arg, kw):
     offset = call.pop("offset")
     with pytest.raises(ValueError, match=rf"^{arg}\b"):
         fn(logits, seed, offset, **call)
+
+
+@pytest.mark.parametrize("arg,kw", [(a, kw) for a, i, kw in _BAD if i in _TYPE_ERRORS],
+                         ids=[f"{a}-{i}" for a, i, _ in _BAD if i in _TYPE_ERRORS])
+def test_sample_wrong_python_types_raise_type_error(arg, kw):
+    """A float (1.5 and 2.0 alike) or a bool for an integer parameter, a bool or a string for a
+    float one: TypeError naming the argument (never a truncated value). It is also a
+    ValueError (ops' other argument errors), so one ``except ValueError`` catches all."""
+    kw = dict(kw)
+    fn = ops.sample_with_logprobs if kw.pop("_logprobs", False) else ops.sample
+    call = dict(seed=torch.arange(4), offset=torch.arange(4), backend="reference")
+    call.update(kw)
+    with pytest.raises(TypeError, match=rf"^{arg}\b"):
+        fn(torch.randn(4, 16), call.pop("seed"), call.pop("offset"), **call)
+
+
+def test_sample_huge_top_k_is_off_and_seeds_are_64_bit(backend):
+    """top_k means "off" for k <= 0 and k >= V whatever its size: 2**32 + 1 (which an int32 cast
+    would wrap to 1), 2**40, 10**30, int64 tensors beyond int32 and hugely negative values all
+    give the tokens of no top-k (they saturate, never wrap). A seed / offset is 64 bits: ints in
+    [2**63, 2**64) are their two's-complement int64 (same Philox key / counter); numpy ints are
+    ints."""
+    import numpy as np
+    gen = _gen(33)
+    R, V = 5, 37
+    z = _logits(R, V, gen)
+    seed, offset = _seeds(R, gen)
+    T = torch.full((R,), 0.8, device=DEVICE)
+    base = ops.sample(z, seed, offset, temperature=T, backend=backend).tokens
+    for k in (2**32 + 1, 2**40, 10**30, -(2**40), V, np.int64(2**40),
+              torch.full((R,), 2**32 + 1, device=DEVICE),
+              torch.full((R,), -(2**40), device=DEVICE)):
+        got = ops.sample(z, seed, offset, temperature=T, top_k=k, backend=backend).tokens
+        assert torch.equal(got, base), k
+    # k = 1 is greedy-like: the wrap that 2**32 + 1 used to take would give this
+    k1 = ops.sample(z, seed, offset, temperature=T, top_k=1, backend=backend).tokens
+    assert torch.equal(k1, z.argmax(1))
+    for s_big, s_neg in ((2**64 - 1, -1), (2**63, -(2**63))):
+        a = ops.sample(z, s_big, s_big, temperature=T, backend=backend).tokens
+        b = ops.sample(z, s_neg, s_neg, temperature=T, backend=backend).tokens
+        assert torch.equal(a, b)
+    a = ops.sample(z, np.int64(7), np.uint32(3), temperature=0.8, backend=backend,
+                   tokens_per_request=np.int64(R)).tokens
+    b = ops.sample(z, 7, 3, temperature=0.8, backend=backend, tokens_per_request=R).tokens
+    assert torch.equal(a, b)
 
 
 def test_sample_validation_accepts_edges():
@@ -455,6 +534,41 @@ def test_sample_special_values(backend):
     assert torch.equal(out.tokens, want[0]) and torch.equal(out.valid, want[1])
 
 
+@pytest.mark.parametrize("filters", ["temperature", "all"])
+def test_sample_subnormal_temperature_is_the_greedy_limit(backend, filters):
+    """0 < T < ~2.9e-39: 1/T overflows to +inf. Validation accepts it on every backend, and the
+    row is valid: y = 0 at the maxima and -inf elsewhere (docs/DESIGN.md), so the token is
+    uniform over the tied maxima (the T -> 0 limit; greedy T = 0 takes the lowest id instead).
+    The same token as the reference (tiny V; rows with 1, 2 and 3 tied maxima), with and
+    without the other filters (which keep the maxima)."""
+    R, V = 10, 13
+    gen = _gen(55)
+    z = _logits(R, V, gen)
+    z[1:4, 2] = z[1:4, 9] = 50.0                 # two tied maxima
+    z[4:7, 0] = z[4:7, 5] = z[4:7, 12] = 50.0    # three
+    T = torch.tensor([1e-45, 1e-40, 2.9e-39, 2**-149, 1e-42, 1e-39, 2.9e-39, 3e-39, 1e-38, 1e-30],
+                     device=DEVICE)
+    assert torch.isinf(1.0 / T[:7]).all() and torch.isfinite(1.0 / T[7:]).all()
+    seed, offset = _seeds(R, gen)
+    kw = dict(temperature=T)
+    if filters == "all":
+        kw.update(top_k=torch.full((R,), 3, device=DEVICE),
+                  top_p=torch.full((R,), 0.5, device=DEVICE),
+                  min_p=torch.full((R,), 0.1, device=DEVICE))
+    out = ops.sample_with_logprobs(z, seed, offset, backend=backend, **kw)
+    assert out.valid.all()
+    assert (z.gather(1, out.tokens[:, None])[:, 0] == z.max(1).values).all()
+    want = _ref(z, seed, offset, **kw)
+    assert torch.equal(out.tokens, want[0]) and torch.equal(out.valid, want[1])
+    assert torch.isfinite(out.logprobs).all()
+    # over many seeds the tied rows take every one of their maxima (not always the lowest id)
+    S = 40
+    zz = z[4:5].expand(S, V).contiguous()
+    many = ops.sample(zz, torch.arange(S, device=DEVICE), torch.zeros(S, dtype=torch.int64,
+                      device=DEVICE), temperature=1e-40, backend=backend).tokens
+    assert set(many.tolist()) == {0, 5, 12}
+
+
 def test_sample_boundary_ties(backend):
     """Ties exactly at the top-k and top-p boundaries: the lowest ids of the tied group are
     kept (key order), on every backend, and both sides of the boundary are exercised."""
@@ -526,6 +640,23 @@ def test_sample_empty_batch(backend):
     e = torch.zeros(0, dtype=torch.int64, device=DEVICE)
     out = ops.sample(z, e, e, backend=backend)
     assert out.tokens.shape == (0,) and out.valid.shape == (0,)
+    # with every filter, Python-scalar parameters and logprobs: still empty, no error
+    out = ops.sample_with_logprobs(z, 1, 2, temperature=0.5, top_k=3, top_p=0.9, min_p=0.1,
+                                   top_n=2, backend=backend)
+    assert out.tokens.shape == (0,) and out.top_ids.shape == (0, 2)
+
+
+def test_sample_one_token_vocabulary(backend):
+    """V = 1: a valid row samples token 0 with logprob 0 under any filter; a NaN / +inf / -inf
+    row is invalid (token 0, valid False, NaN logprobs) like any other."""
+    z = torch.tensor([[2.0], [float("nan")], [float("inf")], [float("-inf")], [-1e30]],
+                     device=DEVICE)
+    out = ops.sample_with_logprobs(z, 3, 4, temperature=0.7, top_k=1, top_p=0.5, min_p=0.9,
+                                   top_n=1, backend=backend)
+    assert out.tokens.tolist() == [0] * 5
+    assert out.valid.tolist() == [True, False, False, False, True]
+    assert out.logprobs[[0, 4]].tolist() == [0.0, 0.0]
+    assert torch.isnan(out.logprobs[1:4]).all()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -513,6 +513,224 @@ def test_bad_input_names_the_argument():
         call(out_dtype=torch.float32)
 
 
+def test_bad_parameter_types_and_ranges():
+    """Integer parameters refuse floats and bools (TypeError naming the argument, never a
+    truncated value); seed is a 64-bit value (2**64 refused); top_k of any size saturates (k >=
+    V stays "off": 2**32 + 1 does not wrap to 1); bools for max_num_draft are refused; meta
+    target logits get an error naming target_logits."""
+    prob = make_problem([2, 0, 3], 100, seed=62)
+    tl, ids, cu = prob["target_logits"], prob["draft_token_ids"], prob["cu_num_draft"]
+    dl, seed, off = prob["draft_logits"], prob["seed"], prob["offset"]
+
+    def call(backend="reference", **kw):
+        a = dict(cu_num_draft=cu, draft_logits=dl, backend=backend)
+        a.update(kw)
+        s = a.pop("seed", seed)
+        o = a.pop("offset", off)
+        return ops.verify(a.pop("tl", tl), ids, s, o, **a)
+
+    for arg, kw in [("seed", dict(seed=1.5)), ("seed", dict(seed=2.0)), ("seed", dict(seed=True)),
+                    ("offset", dict(offset=1.5)), ("top_k", dict(top_k=2.5)),
+                    ("top_k", dict(top_k=False)), ("num_draft", None),
+                    ("max_num_draft", dict(max_num_draft=True)),
+                    ("max_num_draft", dict(max_num_draft=3.0)),
+                    ("temperature", dict(temperature=True)), ("min_p", dict(min_p="0.1"))]:
+        if kw is None:   # padded form
+            with pytest.raises(TypeError, match=f"^{arg}"):
+                ops.verify(torch.zeros(6, 100, device=DEV), torch.tensor([[1, 3], [1, 2]],
+                           device=DEV), 1, 0, mode="ngram", num_draft=2.0)
+            continue
+        with pytest.raises(TypeError, match=f"^{arg}"):
+            call(**kw)
+    with pytest.raises(ValueError, match="^seed: must be a 64-bit integer"):
+        call(seed=2**64)
+    with pytest.raises(ValueError, match="^offset: must be a 64-bit integer"):
+        call(offset=-(2**63) - 1)
+    with pytest.raises(ValueError, match="^target_logits: is a meta tensor"):
+        call(tl=torch.empty(tl.shape, device="meta"))
+    with pytest.raises(ValueError, match="^max_num_draft: must be an int >= 0"):
+        call(max_num_draft=-1)
+    for b in _backends():
+        base = call(backend=b, top_k=None)
+        for k in (2**32 + 1, 2**40, 10**30, torch.full((3,), 2**32 + 1, device=DEV),
+                  torch.full((3,), -(2**40), device=DEV)):
+            assert_same(base, call(backend=b, top_k=k))
+        # seed is 64 bits: 2**64 - 1 and -1 are the same Philox key
+        assert_same(call(backend=b, seed=2**64 - 1), call(backend=b, seed=-1))
+
+
+def _bad_verify_cases():
+    """(argument named, case id, overrides of a valid 2-request ragged problem, V = 100)."""
+    f = torch.float32
+    nan1 = torch.tensor([1.0, float("nan")], device=DEV)
+    inf1 = torch.tensor([1.0, float("inf")], device=DEV)
+    return [
+        ("target_logits", "int", dict(tl=lambda p: p["target_logits"].to(torch.int32))),
+        ("target_logits", "float64", dict(tl=lambda p: p["target_logits"].double())),
+        ("target_logits", "noncontig", dict(tl=lambda p: p["target_logits"].t().contiguous().t())),
+        ("target_logits", "meta", dict(tl=lambda p: torch.empty(5, 100, device="meta"))),
+        ("target_logits", "1-D", dict(tl=lambda p: p["target_logits"][0])),
+        ("target_logits", "not_tensor", dict(tl=lambda p: [[0.0] * 100] * 5)),
+        ("draft_token_ids", "float", dict(ids=lambda p: p["draft_token_ids"].to(f))),
+        ("draft_token_ids", "bool", dict(ids=lambda p: p["draft_token_ids"] > 0)),
+        ("draft_token_ids", "3-D", dict(ids=lambda p: p["draft_token_ids"].view(1, 1, 3))),
+        ("draft_token_ids", "device", dict(ids=lambda p: p["draft_token_ids"].to("meta"))),
+        ("cu_num_draft", "float", dict(cu_num_draft=torch.tensor([0.0, 2.0, 3.0], device=DEV))),
+        ("cu_num_draft", "2-D", dict(cu_num_draft=torch.tensor([[0, 2, 3]], device=DEV))),
+        ("cu_num_draft", "device", dict(cu_num_draft=torch.tensor([0, 2, 3], device="meta"))),
+        ("cu_num_draft", "missing", dict(cu_num_draft=None)),
+        ("draft_logits", "dtype", dict(draft_logits=lambda p: p["draft_logits"].half())),
+        ("draft_logits", "device", dict(draft_logits=lambda p: p["draft_logits"].to("meta"))),
+        ("draft_logits", "rows", dict(draft_logits=lambda p: p["draft_logits"][:2])),
+        ("temperature", "nan", dict(temperature=nan1)),
+        ("temperature", "inf", dict(temperature=inf1)),
+        ("temperature", "shape", dict(temperature=torch.ones(3, device=DEV))),
+        ("top_p", "nan", dict(top_p=nan1)),
+        ("top_p", "inf", dict(top_p=inf1)),
+        ("min_p", "nan", dict(min_p=nan1)),
+        ("min_p", "inf", dict(min_p=inf1)),
+        ("top_k", "float_tensor", dict(top_k=torch.ones(2, device=DEV))),
+        ("seed", "2**64", dict(seed=2**64)),
+        ("seed", "float_tensor", dict(seed=torch.zeros(2, device=DEV))),
+        ("offset", "shape", dict(offset=torch.zeros(3, dtype=torch.int64, device=DEV))),
+        ("backend", "unknown", dict(backend="numpy")),
+    ]
+
+
+@pytest.mark.parametrize("arg,kw", [(a, kw) for a, _, kw in _bad_verify_cases()],
+                         ids=[f"{a}-{i}" for a, i, _ in _bad_verify_cases()])
+def test_bad_tensors_and_values_name_the_argument(arg, kw):
+    """Wrong dtype / shape / device / contiguity of every tensor, NaN / inf / out-of-range
+    parameters: ValueError whose message starts with the argument's name."""
+    prob = make_problem([2, 1], 100, seed=65)
+    a = dict(cu_num_draft=prob["cu_num_draft"], draft_logits=prob["draft_logits"],
+             backend="reference", seed=prob["seed"], offset=prob["offset"])
+    a.update({k: (v(prob) if callable(v) else v) for k, v in kw.items()})
+    tl = a.pop("tl", prob["target_logits"])
+    ids = a.pop("ids", prob["draft_token_ids"])
+    with pytest.raises(ValueError, match=rf"^{arg}\b"):
+        ops.verify(tl, ids, a.pop("seed"), a.pop("offset"), **a)
+
+
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram", "strict"])
+def test_documented_edges_empty_batch_one_token_vocab_no_drafts(mode):
+    """Documented behaviour at the edges, on every backend: an empty batch (bs = 0) gives empty
+    outputs; V = 1 accepts every draft (p = q = one-hot on token 0) and emits token 0; ragged
+    requests with 0 drafts (all of them, no draft ids at all) emit one token, the sampler's
+    token of their row at offset (strict / bonus), num_accepted 0."""
+    dl = None
+    for b in _backends():
+        kw = dict(backend=b, mode=mode)
+        e = torch.zeros(0, dtype=torch.int64, device=DEV)
+        out = ops.verify_with_logprobs(torch.zeros(0, 7, device=DEV), e, e, e,
+                                       cu_num_draft=torch.zeros(1, dtype=torch.int64, device=DEV),
+                                       draft_logits=(torch.zeros(0, 7, device=DEV)
+                                                     if mode == "probabilistic" else None),
+                                       **kw)
+        assert out.tokens.shape == (0, 1) and out.num_accepted.shape == (0,)
+        assert out.valid.shape == (0,) and out.logprobs.shape == (0, 1)
+        # V = 1
+        n = [3, 0, 1]
+        cu = torch.tensor([0, 3, 3, 4], device=DEV)
+        tl = torch.randn(7, 1, device=DEV)
+        dl = torch.randn(4, 1, device=DEV) if mode == "probabilistic" else None
+        out = ops.verify(tl, torch.zeros(4, dtype=torch.int64, device=DEV), 1, 2,
+                         cu_num_draft=cu, draft_logits=dl, temperature=0.7, **kw)
+        assert out.num_accepted.tolist() == n and out.valid.all()
+        assert out.tokens.tolist() == [[0, 0, 0, 0], [0, -1, -1, -1], [0, 0, -1, -1]]
+        # ragged, no drafts at all
+        prob = make_problem([0, 0, 0], 50, seed=66)
+        T = torch.tensor([0.8, 0.0, 1.3], device=DEV)
+        out = ops.verify(prob["target_logits"], prob["draft_token_ids"], prob["seed"],
+                         prob["offset"], cu_num_draft=prob["cu_num_draft"],
+                         draft_logits=prob["draft_logits"] if mode == "probabilistic" else None,
+                         temperature=T, **kw)
+        want = ops.sample(prob["target_logits"], prob["seed"], prob["offset"], temperature=T,
+                          backend=b)
+        assert out.tokens.shape == (3, 1) and out.num_accepted.tolist() == [0, 0, 0]
+        assert torch.equal(out.tokens[:, 0], want.tokens) and out.valid.all()
+
+
+def test_validate_false_without_max_num_draft_says_what_is_needed():
+    """Ragged drafts, validate=False, no max_num_draft, no capture / compile: the error says
+    that validate=False is the reason, not CUDA-graph capture."""
+    prob = make_problem([2, 0, 3], 100, seed=63)
+    with pytest.raises(ValueError, match="^max_num_draft: is required with ragged drafts when "
+                                         "validate=False") as e:
+        run("reference", "probabilistic", prob, validate=False)
+    assert "capture" not in str(e.value) and "compile" not in str(e.value)
+
+
+@pytest.mark.parametrize("mode", ["probabilistic", "ngram", "strict"])
+def test_wrong_max_num_draft_never_writes_outside_outputs(mode):
+    """A request with more drafts than max_num_draft (possible with validate=False, e.g. a wrong
+    bound inside a CUDA graph, where validation is skipped) is made invalid: token 0 at slot 0,
+    num_accepted 0, valid False, NaN logprob; the other requests are unaffected, and nothing is
+    written outside the outputs (sentinels after each output stay). Triton kernels under the
+    interpreter against the reference, ragged and padded (num_draft larger than max_n)."""
+    from tokenspeed_kernel.triton import verify as tv
+    prob = make_problem([3, 1, 0, 2], 100, seed=64, agree=1.0, noise=0.0)
+    max_n = 1
+    ref = run("reference", mode, prob, max_num_draft=max_n, validate=False)
+    assert ref.valid.tolist() == [False, True, True, False]
+    assert ref.num_accepted.tolist()[0::3] == [0, 0]
+    assert ref.tokens[0].tolist() == [0, -1] and ref.tokens[3].tolist() == [0, -1]
+    assert torch.isnan(ref.logprobs[0, 0]) and torch.isnan(ref.logprobs[3, 0])
+    # requests 1 and 2 are as without the wrong bound
+    good = make_problem([3, 1, 0, 2], 100, seed=64, agree=1.0, noise=0.0)
+    full = run("reference", mode, good)
+    assert ref.tokens[1:3].tolist() == full.tokens[1:3, :2].tolist()
+    if not (HAS_CUDA or INTERP):
+        return
+    bs, W, S = 4, max_n + 1, 8
+    dev = prob["target_logits"].device
+
+    def guarded(shape, dtype, fill):
+        n = 1
+        for d in shape:
+            n *= d
+        buf = torch.full((n + S,), fill, dtype=dtype, device=dev)
+        return buf, buf[:n].view(shape)
+
+    bufs = [guarded((bs, W), torch.int64, 77), guarded((bs,), torch.int64, 77),
+            guarded((bs,), torch.bool, True), guarded((bs, W), torch.float32, 7.0),
+            guarded((bs, W), torch.float32, 7.0)]
+    outs = [v for _, v in bufs]
+    tgt, cu = prob["target_logits"], prob["cu_num_draft"]
+    ids = prob["draft_token_ids"].to(torch.int64)
+    seed, off = prob["seed"], prob["offset"]
+    T = torch.full((bs,), 0.9, device=dev)
+    if mode == "strict":
+        rows = tgt.shape[0]
+        req = torch.repeat_interleave(torch.arange(bs, device=dev), cu[1:] - cu[:-1] + 1)
+        pos = torch.arange(rows, device=dev) - (cu[:-1] + torch.arange(bs, device=dev))[req]
+        s = ops.sample_with_logprobs(tgt, seed[req], off[req] + pos, backend="triton")
+        tv.strict_accept(s.tokens, s.valid, s.logprobs, s.processed_logprobs, ids, cu, max_n,
+                         False, *outs)
+    else:
+        tv.verify_probabilistic(tgt, prob["draft_logits"] if mode == "probabilistic" else None,
+                                ids, cu, seed, off, None, None, max_n, False, mode == "ngram",
+                                *outs, block=64)
+    for buf, _ in bufs:
+        assert bool((buf[-S:] == buf[-1]).all()) and buf[-1].item() in (77, True, 7.0), \
+            "a kernel wrote past the end of an output"
+    assert outs[0].tolist() == ref.tokens.tolist()
+    assert outs[1].tolist() == ref.num_accepted.tolist()
+    assert outs[2].tolist() == ref.valid.tolist()
+    torch.testing.assert_close(outs[3], ref.logprobs, atol=2e-4, rtol=1e-4, equal_nan=True)
+    # the public op (Triton backend) gives the same, padded form too (num_draft > max_n)
+    assert_same(ref, run("triton", mode, prob, max_num_draft=max_n, validate=False))
+    bsz, V = 2, 100
+    z = torch.randn(bsz * (max_n + 1), V, device=dev)
+    dpad = torch.randint(0, V, (bsz, max_n), device=dev)
+    kw = dict(mode="ngram" if mode == "probabilistic" else mode, num_draft=torch.tensor(
+        [3, 1], device=dev), validate=False)
+    outs = [ops.verify_with_logprobs(z, dpad, 5, 6, backend=b, **kw) for b in _backends()[:2]]
+    assert outs[0].valid.tolist() == [False, True]
+    assert outs[0].tokens[0].tolist() == [0, -1] and int(outs[0].num_accepted[0]) == 0
+    assert_same(outs[0], outs[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # opcheck of the op schemas (CPU kernels = reference; CUDA kernels on the GPU)
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Shared helpers of the public ops: argument checks, backend choice, scalar broadcasting."""
 from __future__ import annotations
 
+import numbers
 import warnings
 from typing import Optional, Union
 
@@ -22,9 +23,38 @@ def is_tracing() -> bool:
         return False
 
 
+class ArgumentTypeError(TypeError, ValueError):
+    """A Python value of the wrong type for an argument (a float or a bool for an integer
+    parameter, a string for a group, ...). A ``TypeError``, and a ``ValueError`` too, so that
+    ``except ValueError`` still catches every argument error of ``ops.*``."""
+
+
 def check(cond: bool, arg: str, msg: str) -> None:
     if not cond:
         raise ValueError(f"{arg}: {msg}")
+
+
+def check_type(cond: bool, arg: str, msg: str) -> None:
+    """Like ``check`` for a wrong Python type: raises ``ArgumentTypeError`` ("arg: msg")."""
+    if not cond:
+        raise ArgumentTypeError(f"{arg}: {msg}")
+
+
+def is_int(v) -> bool:
+    """A Python / numpy integer that is not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def check_int(v, arg: str, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
+    """An integer argument: ``ArgumentTypeError`` unless an int (bools and floats are refused,
+    never truncated), ``ValueError`` unless ``lo <= v <= hi`` (bounds that are not None)."""
+    if not is_int(v):
+        check_type(False, arg, f"must be an int, got {type(v).__name__} {v!r}")
+    v = int(v)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = (f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]")
+        check(False, arg, f"must be an int {rng}, got {v}")
+    return v
 
 
 def check_backend(backend: str) -> None:
@@ -55,10 +85,42 @@ def pick_backend(backend: str, device: torch.device, op: str) -> str:
     return "reference"
 
 
+# Integer parameters: the dtype they are passed to the kernels in, and what a Python int may be.
+# seed / offset are 64-bit Philox words: ints in [-2**63, 2**64) (the upper half is taken as its
+# two's-complement int64: the same 64 bits, the same key / counter). top_k saturates to the int32
+# range: k <= 0 and k >= V both mean "off", so clamping any int (2**32 + 1, 2**40, ...) keeps
+# its meaning; it never wraps.
+_I64_LO, _I64_HI, _U64_END = -(1 << 63), (1 << 63) - 1, 1 << 64
+_I32_LO, _I32_HI = -(1 << 31), (1 << 31) - 1
+SATURATING_PARAMS = ("top_k",)
+
+
+def _int_scalar(value, name: str, dtype: torch.dtype) -> int:
+    v = int(value)
+    if name in SATURATING_PARAMS:
+        info = torch.iinfo(dtype)
+        return min(max(v, info.min), info.max)
+    if dtype == torch.int64:
+        if not (_I64_LO <= v < _U64_END):
+            check(False, name, f"must be a 64-bit integer in [-2**63, 2**64), got {v}")
+        return v - _U64_END if v > _I64_HI else v
+    info = torch.iinfo(dtype)
+    if not (info.min <= v <= info.max):
+        check(False, name, f"must be an integer in [{info.min}, {info.max}], got {v}")
+    return v
+
+
 def as_param(value, name: str, n: int, dtype: torch.dtype, device: torch.device,
              allow_none: bool = True) -> Optional[torch.Tensor]:
     """Per-request parameter: None, a Python scalar (broadcast; not CUDA-graph safe), or a
-    1-D tensor of n values on ``device`` (converted to ``dtype`` if needed)."""
+    1-D tensor of n values on ``device`` (converted to ``dtype`` if needed).
+
+    Integer parameters (``dtype`` int32 / int64) take ints only: a bool, a float (1.5 *and*
+    2.0) or any other Python value raises ``ArgumentTypeError`` naming the argument, never a
+    truncated value. A Python int is range-checked before it is narrowed (``_int_scalar``);
+    integer tensors of another dtype saturate (``SATURATING_PARAMS``) or are widened. Float
+    parameters take ints and floats (not bools) and float tensors, rounded to float32 (a value
+    beyond float32 becomes inf, which the value checks refuse)."""
     if value is None:
         check(allow_none, name, "is required")
         return None
@@ -67,20 +129,34 @@ def as_param(value, name: str, n: int, dtype: torch.dtype, device: torch.device,
     if (isinstance(value, torch.Tensor) and value.dtype == dtype and value.dim() == 1
             and value.shape[0] == n and value.device == device and value.is_contiguous()):
         return value
-    if isinstance(value, (bool,)):
-        raise ValueError(f"{name}: must be a number or a tensor, got bool")
-    if isinstance(value, (int, float)):
-        return torch.full((n,), value, dtype=dtype, device=device)
-    check(isinstance(value, torch.Tensor), name, f"must be a tensor or a number, got {type(value)}")
+    integer = not dtype.is_floating_point
+    if not isinstance(value, torch.Tensor):
+        if integer:
+            if not is_int(value):
+                check_type(False, name, f"must be an int or an integer tensor, got "
+                           f"{type(value).__name__} {value!r}")
+            return torch.full((n,), _int_scalar(value, name, dtype), dtype=dtype, device=device)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            check_type(False, name, f"must be a float or a floating tensor, got "
+                       f"{type(value).__name__} {value!r}")
+        try:
+            v = float(value)
+        except OverflowError:
+            v = float("inf") if value > 0 else float("-inf")   # refused by the value checks
+        return torch.full((n,), v, dtype=dtype, device=device)
     check(value.dim() == 1 and value.shape[0] == n, name,
           f"must have shape [{n}] (one value per request), got {tuple(value.shape)}")
     check(value.device == device, name, f"must be on {device}, got {value.device}")
-    if dtype.is_floating_point:
+    if not integer:
         check(value.dtype.is_floating_point, name, f"must be a floating tensor, got {value.dtype}")
     else:
-        check(not value.dtype.is_floating_point and value.dtype != torch.bool, name,
+        check(not value.dtype.is_floating_point and not value.dtype.is_complex
+              and value.dtype != torch.bool, name,
               f"must be an integer tensor, got {value.dtype}")
     if value.dtype != dtype:
+        if name in SATURATING_PARAMS and torch.iinfo(value.dtype).bits > torch.iinfo(dtype).bits:
+            info = torch.iinfo(dtype)
+            value = value.to(torch.int64).clamp(info.min, info.max)
         value = value.to(dtype)
     return value.contiguous()
 
@@ -88,13 +164,21 @@ def as_param(value, name: str, n: int, dtype: torch.dtype, device: torch.device,
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def check_not_meta(t: torch.Tensor, name: str) -> None:
+    check(t.device.type != "meta", name,
+          "is a meta tensor (no data): pass CPU or CUDA tensors (under torch.compile the "
+          "registered fake kernels handle fake tensors)")
+
+
 def check_logits(logits, name: str = "logits") -> None:
     # Fast path: the same conditions as below, no message formatted.
     if (isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.dtype in _LOGIT_DTYPES
             and 1 <= logits.shape[1] <= (1 << 24)
-            and (logits.stride(1) == 1 or logits.shape[1] == 1)):
+            and (logits.stride(1) == 1 or logits.shape[1] == 1)
+            and logits.device.type != "meta"):
         return
     check(isinstance(logits, torch.Tensor), name, "must be a torch.Tensor")
+    check_not_meta(logits, name)
     check(logits.dim() == 2, name, f"must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
     check(logits.dtype in _LOGIT_DTYPES, name,
           f"dtype must be float32, bfloat16 or float16, got {logits.dtype}")

@@ -182,6 +182,128 @@ def _agree_min(group, device: torch.device, values: Sequence[int]) -> List[int]:
     return [int(v) for v in t.tolist()]
 
 
+# ---- creation-time agreement (one small collective; shared with the other communicators) ----
+MAX_AGREED_ITEMS = 64
+_TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_DTYPE, _TAG_FLOAT, _TAG_STR, _TAG_OTHER = range(7)
+
+
+def _crc(text: str) -> int:
+    import zlib
+    return zlib.crc32(text.encode())
+
+
+def _encode(v) -> Tuple[int, int]:
+    """(tag, int64 payload) of a parameter value, decodable by ``_decode`` for None, bools,
+    ints of 64 bits, torch dtypes, floats and strings of up to 7 ASCII bytes; anything else is
+    compared by a hash of its repr."""
+    import struct
+    if v is None:
+        return _TAG_NONE, 0
+    if isinstance(v, bool):
+        return _TAG_BOOL, int(v)
+    if C.is_int(v) and -(1 << 63) <= int(v) < (1 << 63):
+        return _TAG_INT, int(v)
+    if isinstance(v, torch.dtype):
+        return _TAG_DTYPE, _crc(str(v))
+    if isinstance(v, float):
+        return _TAG_FLOAT, struct.unpack("<q", struct.pack("<d", v))[0]
+    if isinstance(v, str) and v.isascii() and len(v) <= 7:
+        return _TAG_STR, int.from_bytes(v.encode(), "little")
+    return _TAG_OTHER, _crc(f"{type(v).__qualname__}:{v!r}")
+
+
+def _decode(tag: int, payload: int) -> str:
+    import struct
+    if tag == _TAG_NONE:
+        return "None"
+    if tag == _TAG_BOOL:
+        return str(bool(payload))
+    if tag == _TAG_INT:
+        return str(payload)
+    if tag == _TAG_DTYPE:
+        names = {_crc(str(d)): str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
+        return names.get(payload, f"<dtype {payload:#x}>")
+    if tag == _TAG_FLOAT:
+        return repr(struct.unpack("<d", struct.pack("<q", payload))[0])
+    if tag == _TAG_STR:
+        return repr(payload.to_bytes(8, "little").rstrip(b"\0").decode())
+    return f"<value of hash {payload:#x}>"
+
+
+def _collective_device(group, device: Optional[torch.device]) -> torch.device:
+    """Where a small creation-time collective of ``group`` runs: the rank's CUDA device for a
+    non-gloo group (NCCL needs CUDA tensors), else the CPU."""
+    import torch.distributed as dist
+    if str(dist.get_backend(group)) == "gloo":
+        return torch.device("cpu")
+    if device is not None and device.type == "cuda" and device.index is not None:
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agree_config(group, device: Optional[torch.device], items: Sequence[Tuple[str, object]],
+                 what: str, local_error: Optional[BaseException] = None) -> None:
+    """Check that every rank of ``group`` passed the same creation-time parameters (collective:
+    every rank calls it with the same names in the same order; host-blocking; never under
+    CUDA-graph capture). Run it before allocating anything.
+
+    Parameters
+    ----------
+    group : the ProcessGroup (every rank of it calls this).
+    device : the rank's device, or None: the collective runs on it for NCCL-style groups (CPU for
+        gloo; ``_collective_device``).
+    items : ``[(name, value), ...]``, at most ``MAX_AGREED_ITEMS``. Values: None, bool, int,
+        torch.dtype, float, str (anything else is compared by a hash of its repr).
+    what : the caller, for messages (e.g. ``"create_all_gather_comm"``).
+    local_error : this rank's own argument error, if its local checks failed. Every rank still
+        joins the collective, so that nobody is left waiting: the failing ranks re-raise their
+        error, the others raise ``ValueError("group: ...")`` naming the failing ranks.
+
+    Raises ``ValueError`` on every rank, with the same message, when the values differ:
+    ``"<first differing name>: <what> needs the same value on every rank; got <name>: rank 0
+    <v0>, rank 1 <v1>, ...; <next differing name>: ..."``.
+
+    One all_gather of ``2 + 2 * MAX_AGREED_ITEMS`` int64 per rank: a local-check flag, a hash of
+    ``what`` and the names (ranks calling with different lists are reported as such), then a
+    (type tag, payload) pair per value.
+    """
+    import torch.distributed as dist
+    items = list(items)
+    if len(items) > MAX_AGREED_ITEMS:
+        raise AssertionError(f"agree_config: at most {MAX_AGREED_ITEMS} items")
+    names = [n for n, _ in items]
+    vec = [0 if local_error is not None else 1, _crc(what + "|" + ",".join(names))]
+    for _, v in items:
+        vec.extend(_encode(v))
+    vec.extend([0] * (2 + 2 * MAX_AGREED_ITEMS - len(vec)))
+    dev = _collective_device(group, device)
+    world = dist.get_world_size(group)
+    t = torch.tensor(vec, dtype=torch.int64, device=dev)
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=group)
+    rows = [o.tolist() for o in out]
+    failed = [r for r in range(world) if rows[r][0] == 0]
+    if local_error is not None:
+        raise local_error
+    if failed:
+        raise ValueError(f"group: rank(s) {failed} refused their {what} arguments (see the error "
+                         f"on those ranks); nothing was allocated")
+    if any(row[1] != rows[0][1] for row in rows):
+        raise ValueError(f"group: the ranks call {what} with different parameter lists "
+                         f"(different library versions?)")
+    diffs = []
+    for k, name in enumerate(names):
+        vals = [(row[2 + 2 * k], row[3 + 2 * k]) for row in rows]
+        if any(v != vals[0] for v in vals):
+            per_rank = ", ".join(f"rank {r} {_decode(*v)}" for r, v in enumerate(vals))
+            diffs.append(f"{name}: {per_rank}")
+    if diffs:
+        raise ValueError(f"{diffs[0].split(':')[0]}: {what} needs the same value on every rank; "
+                         f"got {'; '.join(diffs)}")
+
+
 def _rendezvous(t: torch.Tensor, group):
     from torch.distributed import _symmetric_memory as symm_mem
     name = group.group_name
@@ -276,6 +398,35 @@ class AllGatherComm:
         return t
 
 
+def _check_create_args(group, max_tokens, max_total_width, dtype, device, timeout_ms,
+                       block_bytes, p2p_max_bytes, ll_max_bytes, enable_pdl,
+                       max_blocks) -> torch.device:
+    """This rank's checks of create_all_gather_comm's arguments; returns the resolved device."""
+    import torch.distributed as dist
+    C.check(dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {dtype}")
+    for name, v in (("max_tokens", max_tokens), ("max_total_width", max_total_width)):
+        C.check_int(v, name, lo=1)
+    C.check_int(timeout_ms, "timeout_ms", lo=0)
+    C.check_int(block_bytes, "block_bytes", lo=16)
+    C.check_int(p2p_max_bytes, "p2p_max_bytes", lo=0)
+    C.check_int(ll_max_bytes, "ll_max_bytes", lo=0)
+    C.check_type(isinstance(enable_pdl, bool), "enable_pdl", f"must be a bool, got {enable_pdl!r}")
+    if max_blocks is not None:
+        C.check_int(max_blocks, "max_blocks", 1, MAX_BLOCKS)
+    if device is None:
+        backend = str(dist.get_backend(group))
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if backend != "gloo" and torch.cuda.is_available() else torch.device("cpu"))
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: not a device: {device!r} ({e})") from None
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    C.check(device.type in ("cuda", "cpu"), "device", f"must be a CUDA device or CPU, got {device}")
+    return device
+
+
 def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
                            dtype: torch.dtype, device=None, enable_view: bool = False,
                            allow_multimem: bool = False, timeout_ms: int = DEFAULT_TIMEOUT_MS,
@@ -302,23 +453,30 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     timeout_ms : bound of every device-side wait; after it the kernel records an error in the
         communicator (``check()`` raises ``CommError``), or traps if ``trap_on_timeout``.
         ``0`` waits forever.
-    p2p_max_bytes, block_bytes, max_blocks : auto-policy crossover and grid sizing (agreed as
-        the MIN over ranks).
+    p2p_max_bytes, block_bytes, max_blocks : auto-policy crossover and grid sizing (the grid
+        is capped by the smallest SM count of the group).
     use_symmetric_memory : False builds a communicator without P2P (NCCL-style path only).
     ll_max_bytes : output bytes (T * H * element size) up to which the CUDA backend's ``auto``
         protocol is LL (see ``cuda_protocol``); also the capacity of ``protocol="ll"``. 0
         disables LL. Default (None): ``default_ll_max_bytes(world_size)`` (4.5 MiB for 2 ranks,
         1.75 MiB for 3-4, 16 KiB for more). Costs
         ``4 * min(ll_max_bytes, max_tokens * max_total_width * elt) + 2 KiB`` bytes of symmetric
-        memory. Agreed as the MIN over ranks.
+        memory.
     enable_pdl : default of the calls' ``enable_pdl`` (CUDA backend, sm_90+): launch the push
         kernel with programmatic dependent launch, so that it is scheduled while the previous
         kernel of the stream finishes (it still waits for that kernel's completion and memory
-        before its first memory access) and lets the next PDL-launched kernel do the same. Per
-        rank (no agreement needed: it changes when a kernel is scheduled, not the protocol).
+        before its first memory access) and lets the next PDL-launched kernel do the same.
 
-    Host-blocking (symmetric allocation, rendezvous, two small all-reduces); not allowed under
-    CUDA-graph capture.
+    Every rank must pass the same values of every parameter above except ``device`` (its type
+    must match) and ``allow_multimem`` (a vote: one refusing rank refuses for the group). They
+    are checked with one small collective before anything is allocated (``agree_config``): a
+    mismatch raises the same ``ValueError`` on every rank, naming the parameter and each rank's
+    value; a rank whose own checks fail raises its error and the others raise ``ValueError``
+    naming it, so that no rank is left waiting. ``group`` that is not a ProcessGroup raises
+    ``TypeError``.
+
+    Host-blocking (the agreement, symmetric allocation, rendezvous, two small all-reduces); not
+    allowed under CUDA-graph capture.
     """
     import torch.distributed as dist
 
@@ -326,38 +484,50 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
             "torch.distributed is not initialized")
     if group is None:
         group = dist.group.WORLD
-    C.check(dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {dtype}")
-    for name, v in (("max_tokens", max_tokens), ("max_total_width", max_total_width)):
-        C.check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name,
-                f"must be an int >= 1, got {v!r}")
-    C.check(isinstance(timeout_ms, int) and timeout_ms >= 0, "timeout_ms",
-            f"must be an int >= 0, got {timeout_ms!r}")
-    C.check(isinstance(block_bytes, int) and block_bytes >= 16, "block_bytes",
-            f"must be an int >= 16, got {block_bytes!r}")
-    C.check(isinstance(p2p_max_bytes, int) and p2p_max_bytes >= 0, "p2p_max_bytes",
-            f"must be an int >= 0, got {p2p_max_bytes!r}")
+    C.check_type(isinstance(group, dist.ProcessGroup), "group",
+                 f"must be a torch.distributed ProcessGroup or None, got "
+                 f"{type(group).__name__} {group!r}")
+    C.check(dist.get_rank(group) >= 0, "group", "this process is not a member of the group")
+    world = dist.get_world_size(group)
     if ll_max_bytes is None:
-        ll_max_bytes = default_ll_max_bytes(dist.get_world_size(group))
-    C.check(isinstance(ll_max_bytes, int) and not isinstance(ll_max_bytes, bool)
-            and ll_max_bytes >= 0, "ll_max_bytes", f"must be an int >= 0, got {ll_max_bytes!r}")
-    C.check(isinstance(enable_pdl, bool), "enable_pdl", f"must be a bool, got {enable_pdl!r}")
-    C.check(max_blocks is None or (isinstance(max_blocks, int) and 1 <= max_blocks <= MAX_BLOCKS),
-            "max_blocks", f"must be None or an int in [1, {MAX_BLOCKS}], got {max_blocks!r}")
-    if device is None:
-        backend = str(dist.get_backend(group))
-        device = (torch.device("cuda", torch.cuda.current_device())
-                  if backend != "gloo" and torch.cuda.is_available() else torch.device("cpu"))
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    C.check(device.type in ("cuda", "cpu"), "device", f"must be a CUDA device or CPU, got {device}")
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise ValueError("group: create_all_gather_comm must run outside CUDA-graph capture")
+        ll_max_bytes = default_ll_max_bytes(world)
+    # Local checks first; a rank whose checks fail still joins the agreement below (so that no
+    # peer is left waiting in it) and raises there.
+    local_error, capability = None, (0, 0)
+    try:
+        device = _check_create_args(group, max_tokens, max_total_width, dtype, device,
+                                    timeout_ms, block_bytes, p2p_max_bytes, ll_max_bytes,
+                                    enable_pdl, max_blocks)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError("group: create_all_gather_comm must run outside CUDA-graph capture")
+        capability = (torch.cuda.get_device_capability(device) if device.type == "cuda"
+                      else (0, 0))
+        C.check(not enable_pdl or capability >= (9, 0), "enable_pdl",
+                f"needs a GPU of compute capability 9.0+ (programmatic dependent launch), got "
+                f"{device} with {capability}")
+    except (ValueError, TypeError) as e:
+        local_error = e
+        device = device if isinstance(device, torch.device) else None
+    # Every creation-time parameter is the same on every rank, or every rank raises the same
+    # error (before anything is allocated): a rank with another dtype / capacity would read a
+    # peer's workspace wrongly or wait for a call that never comes.
+    agree_config(group, device, [
+        ("dtype", dtype), ("max_tokens", max_tokens), ("max_total_width", max_total_width),
+        ("device", device.type if device is not None else None),
+        ("enable_view", bool(enable_view)), ("timeout_ms", timeout_ms),
+        ("trap_on_timeout", bool(trap_on_timeout)), ("p2p_max_bytes", p2p_max_bytes),
+        ("block_bytes", block_bytes), ("max_blocks", max_blocks),
+        ("use_symmetric_memory", bool(use_symmetric_memory)), ("ll_max_bytes", ll_max_bytes),
+        ("enable_pdl", enable_pdl)], "create_all_gather_comm", local_error)
+    max_tokens, max_total_width = int(max_tokens), int(max_total_width)
+    timeout_ms, block_bytes = int(timeout_ms), int(block_bytes)
+    p2p_max_bytes, ll_max_bytes = int(p2p_max_bytes), int(ll_max_bytes)
+    max_blocks = None if max_blocks is None else int(max_blocks)
 
     comm = AllGatherComm()
     comm.group = group
     comm.rank = dist.get_rank(group)
-    comm.world_size = dist.get_world_size(group)
+    comm.world_size = world
     comm.device = device
     comm.dtype = dtype
     comm.max_tokens = max_tokens
@@ -365,11 +535,7 @@ def create_all_gather_comm(group=None, *, max_tokens: int, max_total_width: int,
     comm.enable_view = bool(enable_view)
     comm.timeout_ms = timeout_ms
     comm.trap_on_timeout = bool(trap_on_timeout)
-    comm.capability = (torch.cuda.get_device_capability(device) if device.type == "cuda"
-                       else (0, 0))
-    C.check(not enable_pdl or comm.capability >= (9, 0), "enable_pdl",
-            f"needs a GPU of compute capability 9.0+ (programmatic dependent launch), got "
-            f"{device} with {comm.capability}")
+    comm.capability = capability
     comm.enable_pdl = bool(enable_pdl)
     elt = comm.element_size
     comm.buf_bytes = -(-max_tokens * max_total_width * elt // 256) * 256

@@ -49,8 +49,8 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
              out_dtype, backend, validate, top_k_max):
     C.check_logits(logits)
     # (messages are formatted only when a check fails)
-    if not (isinstance(tokens_per_request, int) and tokens_per_request >= 1):
-        C.check(False, "tokens_per_request", f"must be an int >= 1, got {tokens_per_request!r}")
+    if not (type(tokens_per_request) is int and tokens_per_request >= 1):   # bools refused
+        tokens_per_request = C.check_int(tokens_per_request, "tokens_per_request", lo=1)
     rows, vocab = logits.shape
     if rows % tokens_per_request:
         C.check(False, "tokens_per_request",
@@ -65,12 +65,11 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
     if validate and not C.is_tracing() and n > 0:
         _check_values(temperature, top_p, min_p)
     if top_k_max is not None:
-        C.check(isinstance(top_k_max, int) and not isinstance(top_k_max, bool) and 0 < top_k_max,
-                "top_k_max", f"must be a positive int, got {top_k_max!r}")
+        C.check_int(top_k_max, "top_k_max", lo=1)
     flags = ((F_TEMP if temperature is not None else 0) | (F_TOPK if top_k is not None else 0)
              | (F_TOPP if top_p is not None else 0) | (F_MINP if min_p is not None else 0)
              | _CUDA_TEST_FLAGS)
-    return seed, offset, temperature, top_k, top_p, min_p, backend, flags
+    return seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, backend, flags
 
 
 def _level_test_flags() -> int:
@@ -122,10 +121,13 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
     ----------
     logits : Tensor [rows, V], float32 / bfloat16 / float16, last dim contiguous (any row
         stride). Read natively, never copied to fp32. Not modified.
-    seed, offset : int64 [n] (n = rows // tokens_per_request) or Python ints. Row r uses request
+    seed, offset : int64 [n] (n = rows // tokens_per_request) or Python ints (64-bit: in
+        ``[-2**63, 2**64)``; floats and bools raise TypeError). Row r uses request
         ``q = r // tokens_per_request`` and Philox offset ``offset[q] + r % tokens_per_request``.
-    temperature : float32 [n] or float or None (= 1). 0 = greedy argmax (ties: lowest id).
-    top_k : int [n] or int or None. ``k <= 0`` or ``k >= V`` = off; any k up to V.
+    temperature : float32 [n] or float or None (= 1). 0 = greedy argmax (ties: lowest id);
+        ``0 < T < ~2.9e-39`` is the ``T -> 0`` limit (uniform over the tied maxima).
+    top_k : int [n] or int or None. ``k <= 0`` or ``k >= V`` = off, at any size (values beyond
+        int32 saturate, never wrap); any k up to V.
     top_p : float32 [n] or float or None. In (0, 1]; 1 = off. Applied to the top-k mass.
     min_p : float32 [n] or float or None. In [0, 1]; 0 = off. Relative to the max probability.
     tokens_per_request : rows per request (speculative verify samples several positions).
@@ -154,7 +156,8 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
     ...              top_p=torch.tensor([0.9]))
     >>> out.tokens
     """
-    seed, offset, temperature, top_k, top_p, min_p, backend, flags = _prepare(
+    (seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, backend,
+     flags) = _prepare(
         logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
         backend, validate, top_k_max)
     tok, valid, _, _ = _run(logits, seed, offset, temperature, top_k, top_p, min_p,
@@ -176,9 +179,9 @@ def sample_with_logprobs(logits: torch.Tensor, seed, offset, *, temperature=None
     Processed logprob of a greedy row is 0. Invalid rows: NaN logprobs.
     """
     C.check_logits(logits)
-    C.check(isinstance(top_n, int) and 0 <= top_n <= logits.shape[-1], "top_n",
-            f"must be an int in [0, V], got {top_n!r}")
-    seed, offset, temperature, top_k, top_p, min_p, backend, flags = _prepare(
+    top_n = C.check_int(top_n, "top_n", 0, logits.shape[-1])
+    (seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, backend,
+     flags) = _prepare(
         logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
         backend, validate, top_k_max)
     tok, valid, lp, plp = _run(logits, seed, offset, temperature, top_k, top_p, min_p,

@@ -98,6 +98,7 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
     if mode not in MODES:
         C.check(False, "mode", f"must be one of {MODES}, got {mode!r}")
     C.check(isinstance(target_logits, torch.Tensor), "target_logits", "must be a torch.Tensor")
+    C.check_not_meta(target_logits, "target_logits")
     C.check(isinstance(draft_token_ids, torch.Tensor), "draft_token_ids",
             "must be a torch.Tensor")
     if draft_token_ids.dtype.is_floating_point or draft_token_ids.dtype == torch.bool:
@@ -112,6 +113,8 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
                 "must be None with padded [bs, max_n] draft_token_ids (use num_draft)")
         bs, max_n = draft_token_ids.shape
         if max_num_draft is not None:
+            if type(max_num_draft) is not int:
+                max_num_draft = C.check_int(max_num_draft, "max_num_draft", lo=0)
             if max_num_draft != max_n:
                 C.check(False, "max_num_draft",
                         f"must equal draft_token_ids.shape[1] ({max_n}) in the padded form")
@@ -172,10 +175,14 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
                         f"last value must equal len(draft_token_ids) = {total}")
             if max_num_draft is None:
                 max_num_draft = int(vals[3])
-        C.check(max_num_draft is not None, "max_num_draft",
-                "is required with ragged drafts under CUDA-graph capture / torch.compile")
-        if not (isinstance(max_num_draft, int) and max_num_draft >= 0):
-            C.check(False, "max_num_draft", f"must be an int >= 0, got {max_num_draft!r}")
+        if max_num_draft is None:
+            C.check(False, "max_num_draft", (
+                "is required with ragged drafts under CUDA-graph capture / torch.compile (the "
+                "default, max(n_i), needs a host sync)") if tracing else (
+                "is required with ragged drafts when validate=False (the default, max(n_i), is "
+                "read in the validation's host sync): pass max_num_draft, or validate=True"))
+        if not (type(max_num_draft) is int and max_num_draft >= 0):    # bools refused
+            max_num_draft = C.check_int(max_num_draft, "max_num_draft", lo=0)
         max_n = max_num_draft
         if checks and bs:
             C.check(bool((cu[1:] - cu[:-1]).max() <= max_n), "max_num_draft",
@@ -237,6 +244,38 @@ def _to_ragged(plan: _Plan):
     return tgt, drf, plan.ids[rows_d]
 
 
+def _reference(plan: _Plan):
+    """The reference on any layout. A padded request whose draft count is outside [0, max_n]
+    (unvalidated ``num_draft``) is invalid, as in the kernels: token 0 at slot 0, num_accepted
+    0, valid False, NaN logprob (its rows are not read)."""
+    from ..reference import verify as ref
+    over = None
+    if plan.padded and plan.bs:
+        n = plan.cu[1:] - plan.cu[:-1]
+        over = (n > plan.max_n) | (n < 0)
+        if bool(over.any()):         # (host sync: the reference backend only)
+            cu = torch.zeros_like(plan.cu)
+            cu[1:] = torch.cumsum(n.masked_fill(over, 0), 0)
+            plan = plan._replace(cu=cu)
+        else:
+            over = None
+    tgt, drf, ids = _to_ragged(plan)
+    tok, acc, valid, lp, plp = ref.verify(tgt, ids, plan.cu, plan.seed, plan.offset, drf,
+                                          plan.temperature, plan.top_k, plan.top_p, plan.min_p,
+                                          plan.mode, plan.max_n)
+    if over is not None:
+        first = torch.zeros_like(tok[0], dtype=torch.bool)
+        first[0] = True
+        bad = over[:, None] & first[None, :]
+        tok = torch.where(over[:, None], torch.where(bad, 0, -1), tok)
+        acc = torch.where(over, 0, acc)
+        valid = valid & ~over
+        nan = torch.full((), float("nan"), device=lp.device)
+        lp = torch.where(over[:, None], torch.where(bad, nan, 0.0), lp)
+        plp = torch.where(over[:, None], torch.where(bad, nan, 0.0), plp)
+    return tok, acc, valid, lp, plp
+
+
 def _strict_rows(plan: _Plan):
     """(request, position) of every target row (device ops, no sync)."""
     dev = plan.tgt.device
@@ -254,11 +293,7 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
     bs, W = plan.bs, plan.max_n + 1
     dev = plan.tgt.device
     if plan.backend == "reference":
-        from ..reference import verify as ref
-        tgt, drf, ids = _to_ragged(plan)
-        tok, acc, valid, lp, plp = ref.verify(tgt, ids, plan.cu, plan.seed, plan.offset, drf,
-                                              plan.temperature, plan.top_k, plan.top_p,
-                                              plan.min_p, plan.mode, plan.max_n)
+        tok, acc, valid, lp, plp = _reference(plan)
         return tok.to(out_dtype), acc.to(out_dtype), valid, lp, plp
     tokens = torch.empty((bs, W), dtype=out_dtype, device=dev)
     acc = torch.empty(bs, dtype=out_dtype, device=dev)
@@ -330,7 +365,9 @@ _DOC_ARGS = """
     temperature, top_k, top_p, min_p : per-request sampling parameters (as ``ops.sample``),
         applied identically to target and draft rows. T = 0 is greedy (argmax).
     max_num_draft : int, the padded width of the outputs for ragged input (default: max n_i, one
-        host sync; required under CUDA-graph capture / torch.compile).
+        host sync; required under CUDA-graph capture / torch.compile and with validate=False).
+        Unvalidated, a request with more drafts than this is invalid (token 0 in slot 0,
+        num_accepted 0, valid False); nothing is written outside the outputs.
     out_dtype : torch.int64 or torch.int32 (tokens and num_accepted).
     backend : 'auto' | 'cuda' | 'triton' | 'reference'.
     validate : check values (one host sync; skipped under capture / compile).
@@ -421,14 +458,11 @@ def _register_library() -> None:
     def _cpu_prob(target_logits, draft_logits, draft_token_ids, cu_num_draft, seed, offset,
                   temperature, top_k, top_p, min_p, max_num_draft, flags, tokens, num_accepted,
                   valid, logprobs, processed_logprobs):
-        from ..reference import verify as ref
         plan = _Plan(target_logits, draft_logits, draft_token_ids, cu_num_draft,
                      bool(flags & F_PADDED), int(max_num_draft), cu_num_draft.shape[0] - 1, seed,
                      offset, temperature, top_k, top_p, min_p,
                      "ngram" if flags & F_NGRAM else "probabilistic", "reference")
-        tgt, drf, ids = _to_ragged(plan)
-        tok, acc, ok, lp, plp = ref.verify(tgt, ids, cu_num_draft, seed, offset, drf, temperature,
-                                           top_k, top_p, min_p, plan.mode, plan.max_n)
+        tok, acc, ok, lp, plp = _reference(plan)
         C.copy_outputs((tokens, num_accepted, valid, logprobs, processed_logprobs),
                        (tok, acc, ok, lp, plp))
 

@@ -148,7 +148,8 @@ def _first_failure(ok_flat, req_d, pos_d, n, bs, max_n):
     dev = n.device
     okp = torch.zeros((bs, max(max_n, 1)), dtype=torch.bool, device=dev)
     if ok_flat.numel():
-        okp[req_d, pos_d] = ok_flat
+        inside = pos_d < okp.shape[1]      # positions past max_n: requests made invalid
+        okp[req_d[inside], pos_d[inside]] = ok_flat[inside]
     col = torch.arange(okp.shape[1], device=dev)
     fail = ~okp & (col[None, :] < n[:, None])
     big = torch.full(okp.shape, 1 << 30, dtype=torch.int64, device=dev)
@@ -237,6 +238,10 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, cu_num_dr
         max_n = int(n.max().item()) if bs else 0
     else:
         max_n = int(max_num_draft)
+    # a request with more drafts than max_n (a wrong bound) is invalid: token 0 at slot 0,
+    # num_accepted 0, valid False (the Triton kernels do the same; ops.verify refuses it when
+    # validating)
+    over = n > max_n
     seed = seed.to(dev).to(torch.int64)
     offset = offset.to(dev).to(torch.int64)
     V = target_logits.shape[1]
@@ -254,10 +259,10 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, cu_num_dr
             tok_rows = torch.zeros(0, dtype=torch.int64, device=dev)
             ok_rows = torch.zeros(0, dtype=torch.bool, device=dev)
         ok = ok_rows[row_d_t] & (draft_ids == tok_rows[row_d_t])
-        f = _first_failure(ok, req_d, pos_d, n, bs, max_n)
+        f = torch.where(over, 0, _first_failure(ok, req_d, pos_d, n, bs, max_n))
         final_t = t_start + f
-        tok_final = tok_rows[final_t]
-        valid = ok_rows[final_t]
+        tok_final = torch.where(over, 0, tok_rows[final_t])
+        valid = ok_rows[final_t] & ~over
         tokens, lp, plp = _finish(bs, max_n, n, f, tok_final, valid, draft_ids, cu, t_start, z_t,
                                   y_t, kept_t, greedy_t)
         return tokens, f, valid, lp, plp
@@ -282,12 +287,12 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, cu_num_dr
     U = (bits >> 9) * 2 + 1
     accept = accept_decision(ep_x, eq_x, Sp, Sq, U)
     ok = accept & ~inv_t[row_d_t] & ~inv_q
-    f = _first_failure(ok, req_d, pos_d, n, bs, max_n)
+    f = torch.where(over, 0, _first_failure(ok, req_d, pos_d, n, bs, max_n))
 
     final_t = t_start + f
     is_bonus = f == n
     final_d = (cu[:-1] + f).clamp(max=max(draft_ids.shape[0] - 1, 0))   # draft slot at f
-    valid = ~inv_t[final_t]
+    valid = ~inv_t[final_t] & ~over
     if inv_q.numel():
         valid = valid & (is_bonus | ~inv_q[final_d])
     tok_final = torch.zeros(bs, dtype=torch.int64, device=dev)
@@ -364,15 +369,20 @@ def strict_accept(row_tokens, row_valid, draft_token_ids, cu_num_draft, row_lp, 
     ok = v & (x == t)
     big = torch.full_like(tr, 1 << 30)
     f = torch.minimum(torch.where(in_d & ~ok, col[None, :].expand_as(tr), big).min(1).values, n)
+    over = (n > max_num_draft) | (n < 0)     # a wrong bound: the request is invalid (verify)
+    f = torch.where(over, 0, f)
     at = col[None, :] == f[:, None]
     tok = torch.where(col[None, :] < f[:, None], x, torch.full_like(x, -1))
-    tok = torch.where(at, t, tok)
-    valid = (v & at).any(1)
+    tok = torch.where(at, torch.where(over[:, None], 0, t), tok)
+    valid = (v & at).any(1) & ~over
     zero = torch.zeros((bs, W), dtype=torch.float32, device=dev)
     if row_lp is not None:
         em = col[None, :] <= f[:, None]
         lp = torch.where(em, row_lp[trc], zero)
         plp = torch.where(em, row_plp[trc], zero)
+        nan = torch.full((), float("nan"), device=dev)
+        lp = torch.where(at & over[:, None], nan, lp)
+        plp = torch.where(at & over[:, None], nan, plp)
     else:
         lp, plp = zero, zero.clone()
     return tok, f, valid, lp, plp

@@ -314,7 +314,12 @@ def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_pt
           FILT: tl.constexpr, BLOCK_N: tl.constexpr):
     i = tl.program_id(0)
     c0 = tl.load(cu_ptr + i)
-    n = (tl.load(cu_ptr + i + 1) - c0).to(tl.int32)
+    n64 = tl.load(cu_ptr + i + 1) - c0
+    # a wrong bound (more drafts than MAX_N, or a negative count: unvalidated input, e.g. under
+    # graph capture) makes the request invalid; nothing of it is read and every write stays
+    # inside its output row (slot 0: token 0, num_accepted 0, valid False)
+    over = (n64 > MAX_N) | (n64 < 0)
+    n = tl.where(over, 0, n64).to(tl.int32)
     j = tl.arange(0, BLOCK_N)
     W = MAX_N + 1
     if PADDED:
@@ -323,8 +328,8 @@ def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_pt
     else:
         tr = c0 + i + j
         dr = c0 + j
-    in_t = j <= n
-    in_d = j < n
+    in_t = (j <= n) & (over == 0)
+    in_d = (j < n) & (over == 0)
     greedy, inv_t, mp_on, L = _row_params(i, temp_ptr, minp_ptr)
     zmax_t, arg_t, bad_t, S_t, se_t = _row_stats(key_ptr, nan_ptr, s_ptr, se_ptr, tr, in_t)
     x = tl.load(ids_ptr + dr, mask=in_d, other=0).to(tl.int64)
@@ -361,6 +366,7 @@ def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_pt
     at = j == f
     bonus = f == n
     bad_f = tl.sum(tl.where(at, (bad_t | (bad_q & (bonus == 0))).to(tl.int32), 0), 0) != 0
+    bad_f = bad_f | over
     # accepted drafts, -1 padding; final slot written by the final kernels (or 0 if invalid)
     outm = j < W
     tok = tl.where(j < f, x, -1)
@@ -515,7 +521,8 @@ def _final_reduce(tgt_ptr, stride_t, cu_ptr, temp_ptr, minp_ptr, jobi_ptr, jobf_
         _, tf_ = _unpack(kf)
         tok = tl.where(kr != 0, tr_, tf_)
         W = MAX_N + 1
-        tl.store(tok_ptr + i.to(tl.int64) * W + f, tok.to(tl.int64))
+        inside = (f >= 0) & (f < W)      # always (the walk bounds f); never store outside
+        tl.store(tok_ptr + i.to(tl.int64) * W + f, tok.to(tl.int64), mask=inside)
         if LOGPROBS:
             c0 = tl.load(cu_ptr + i)
             if PADDED:
@@ -530,8 +537,8 @@ def _final_reduce(tgt_ptr, stride_t, cu_ptr, temp_ptr, minp_ptr, jobi_ptr, jobf_
             lp = z - lse
             y = centered(z, zmax_t, inv_t)
             plp = tl.where(greedy, 0.0, y - (tl.log(S_t.to(tl.float32)) - _LN_2POW38))
-            tl.store(lp_ptr + i.to(tl.int64) * W + f, lp)
-            tl.store(plp_ptr + i.to(tl.int64) * W + f, plp)
+            tl.store(lp_ptr + i.to(tl.int64) * W + f, lp, mask=inside)
+            tl.store(plp_ptr + i.to(tl.int64) * W + f, plp, mask=inside)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +550,9 @@ def _strict_accept(row_tok_ptr, row_valid_ptr, row_lp_ptr, row_plp_ptr, ids_ptr,
                    LOGPROBS: tl.constexpr, BLOCK_N: tl.constexpr):
     i = tl.program_id(0)
     c0 = tl.load(cu_ptr + i)
-    n = (tl.load(cu_ptr + i + 1) - c0).to(tl.int32)
+    n64 = tl.load(cu_ptr + i + 1) - c0
+    over = (n64 > MAX_N) | (n64 < 0)        # a wrong bound: the request is invalid (_walk)
+    n = tl.where(over, 0, n64).to(tl.int32)
     j = tl.arange(0, BLOCK_N)
     W = MAX_N + 1
     if PADDED:
@@ -552,8 +561,8 @@ def _strict_accept(row_tok_ptr, row_valid_ptr, row_lp_ptr, row_plp_ptr, ids_ptr,
     else:
         tr = c0 + i + j
         dr = c0 + j
-    in_t = j <= n
-    in_d = j < n
+    in_t = (j <= n) & (over == 0)
+    in_d = (j < n) & (over == 0)
     t = tl.load(row_tok_ptr + tr, mask=in_t, other=0).to(tl.int64)
     v = tl.load(row_valid_ptr + tr, mask=in_t, other=0) != 0
     x = tl.load(ids_ptr + dr, mask=in_d, other=0).to(tl.int64)
@@ -565,13 +574,15 @@ def _strict_accept(row_tok_ptr, row_valid_ptr, row_lp_ptr, row_plp_ptr, ids_ptr,
     outm = j < W
     tl.store(tok_ptr + i.to(tl.int64) * W + j, tok, mask=outm)
     tl.store(acc_ptr + i, f)
-    vf = tl.sum(tl.where(at, v.to(tl.int32), 0), 0) != 0
+    vf = (tl.sum(tl.where(at, v.to(tl.int32), 0), 0) != 0) & (over == 0)
     tl.store(valid_ptr + i, vf.to(tl.int1))
     if LOGPROBS:
         lp = tl.load(row_lp_ptr + tr, mask=in_t, other=0.0)
         plp = tl.load(row_plp_ptr + tr, mask=in_t, other=0.0)
         lp = tl.where(j <= f, lp, 0.0)
         plp = tl.where(j <= f, plp, 0.0)
+        lp = tl.where(at & over, float("nan"), lp)
+        plp = tl.where(at & over, float("nan"), plp)
         tl.store(lp_ptr + i.to(tl.int64) * W + j, lp, mask=outm)
         tl.store(plp_ptr + i.to(tl.int64) * W + j, plp, mask=outm)
 
