@@ -87,7 +87,7 @@ def test_create_argument_errors(gloo1):
                      (dict(slots=0), "slots"), (dict(timeout_ms=-1), "timeout_ms")):
         with pytest.raises(ValueError, match=f"^{arg}:"):
             ops.create_dp_sampling_comm(**{**kw, **bad})
-    with pytest.raises(ValueError, match="^group:"):
+    with pytest.raises(TypeError, match="^group:"):
         ops.create_dp_sampling_comm("not-a-group", **kw)
 
 

@@ -38,7 +38,7 @@ import torch
 from .. import _library
 from . import _common as C
 from . import sampling as S
-from .comm import CommError, _ag_single, _rendezvous
+from .comm import CommError, _ag_single, _rendezvous, agree_config
 
 # ---- mirrors of csrc/comm/dp_swap.cuh (tests/test_dp.py checks they agree) ----
 MAX_RANKS = 16
@@ -157,34 +157,6 @@ class DPSamplingComm:
                 f"shard_width={self.shard_width}, p2p={self.p2p}, extension={self.extension})")
 
 
-def _config_vector(max_rows, vocab_size, shard_width, dtype, slots, max_top_n, timeout_ms,
-                   trap_on_timeout, block_bytes, dp_min_rows) -> List[Tuple[str, int]]:
-    return [("max_rows", max_rows), ("vocab_size", vocab_size), ("shard_width", shard_width),
-            ("dtype", DTYPES.index(dtype)), ("slots", slots), ("max_top_n", max_top_n),
-            ("timeout_ms", timeout_ms), ("trap_on_timeout", int(trap_on_timeout)),
-            ("block_bytes", block_bytes), ("dp_min_rows", dp_min_rows)]
-
-
-def _agree_config(group, device: torch.device, cfg: Sequence[Tuple[str, int]]) -> None:
-    """All-gather of the configuration (one host sync); the same ValueError on every rank when
-    ranks disagree."""
-    import torch.distributed as dist
-    backend = str(dist.get_backend(group))
-    dev = device if (device.type == "cuda" and backend != "gloo") else torch.device("cpu")
-    world = dist.get_world_size(group)
-    mine = torch.tensor([int(v) for _, v in cfg], dtype=torch.int64, device=dev)
-    allv = torch.empty((world, len(cfg)), dtype=torch.int64, device=dev)
-    _ag_single()(allv.view(-1), mine, group=group)
-    rows = allv.tolist()
-    for j, (name, _) in enumerate(cfg):
-        vals = [r[j] for r in rows]
-        if any(v != vals[0] for v in vals):
-            if name == "dtype":
-                vals = [str(DTYPES[v]) for v in vals]
-            raise ValueError(f"{name}: create_dp_sampling_comm needs the same value on every rank, "
-                             f"got {vals} (by rank)")
-
-
 def _agree_min(group, device, values: Sequence[int]) -> List[int]:
     from .comm import _agree_min as am
     return am(group, device, values)
@@ -256,28 +228,42 @@ def create_dp_sampling_comm(group=None, *, max_rows: int, vocab_size: int, dtype
     use_symmetric_memory : False forces the NCCL path.
     """
     import torch.distributed as dist
+    C.check(dist.is_available() and dist.is_initialized(), "group",
+            "torch.distributed is not initialized")
     if group is None:
         group = dist.group.WORLD
-    C.check(group is not None and hasattr(group, "size"), "group",
-            f"must be a torch.distributed ProcessGroup (or None: the default group), got "
-            f"{type(group).__name__}")
+    C.check_type(isinstance(group, dist.ProcessGroup), "group",
+                 f"must be a torch.distributed ProcessGroup or None, got "
+                 f"{type(group).__name__} {group!r}")
     world = dist.get_world_size(group)
-    C.check(world <= MAX_RANKS, "group", f"at most {MAX_RANKS} ranks, got {world}")
-    shard_width = _check_create_args(max_rows, vocab_size, dtype, shard_width, world, slots,
-                                     max_top_n, timeout_ms, block_bytes, dp_min_rows)
-    if device is None:
-        backend = str(dist.get_backend(group))
-        device = (torch.device("cuda", torch.cuda.current_device())
-                  if backend != "gloo" and torch.cuda.is_available() else torch.device("cpu"))
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    C.check(device.type in ("cuda", "cpu"), "device", f"must be a CUDA device or CPU, got {device}")
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise ValueError("group: create_dp_sampling_comm must run outside CUDA-graph capture")
-    _agree_config(group, device, _config_vector(max_rows, vocab_size, shard_width, dtype, slots,
-                                                max_top_n, timeout_ms, trap_on_timeout,
-                                                block_bytes, dp_min_rows))
+    # Local checks first; a rank whose checks fail still joins the agreement (no peer is left
+    # waiting in it) and raises there; the others raise "group: rank(s) [...] refused ...".
+    local_error = None
+    try:
+        C.check(world <= MAX_RANKS, "group", f"at most {MAX_RANKS} ranks, got {world}")
+        shard_width = _check_create_args(max_rows, vocab_size, dtype, shard_width, world, slots,
+                                         max_top_n, timeout_ms, block_bytes, dp_min_rows)
+        if device is None:
+            backend = str(dist.get_backend(group))
+            device = (torch.device("cuda", torch.cuda.current_device())
+                      if backend != "gloo" and torch.cuda.is_available() else torch.device("cpu"))
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        C.check(device.type in ("cuda", "cpu"), "device",
+                f"must be a CUDA device or CPU, got {device}")
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError("group: create_dp_sampling_comm must run outside CUDA-graph capture")
+    except (ValueError, TypeError, RuntimeError) as e:
+        local_error = e
+        device = device if isinstance(device, torch.device) else None
+    agree_config(group, device, [
+        ("max_rows", max_rows), ("vocab_size", vocab_size), ("shard_width", shard_width),
+        ("dtype", dtype), ("device", device.type if device is not None else None),
+        ("slots", slots), ("max_top_n", max_top_n), ("timeout_ms", timeout_ms),
+        ("trap_on_timeout", bool(trap_on_timeout)), ("block_bytes", block_bytes),
+        ("dp_min_rows", dp_min_rows), ("use_symmetric_memory", bool(use_symmetric_memory))],
+        "create_dp_sampling_comm", local_error)
     comm = DPSamplingComm()
     comm.group, comm.rank, comm.world_size = group, dist.get_rank(group), world
     comm.device, comm.dtype = device, dtype
