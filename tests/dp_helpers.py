@@ -3,8 +3,10 @@ one-GPU virtual-rank harness of DP sampling.
 
 Command line (device runs):
 
-    python tests/dp_helpers.py sanitize          # a few virtual-rank dp_sample calls (for
-                                                 # compute-sanitizer memcheck / racecheck)
+    python tests/dp_helpers.py sanitize-mp       # a few dp_sample / dp_verify calls on 2 real
+                                                 # ranks (compute-sanitizer memcheck / racecheck)
+    python tests/dp_helpers.py sanitize          # virtual ranks (NOT under compute-sanitizer:
+                                                 # it serializes kernels, the ranks time out)
 """
 from __future__ import annotations
 
@@ -462,8 +464,38 @@ def sanitize_main() -> None:
     print("dp sanitize workload: OK")
 
 
+def dp_sanitize_worker(rank: int, world: int) -> None:
+    """A few small real-rank calls of every DP kernel (for compute-sanitizer)."""
+    dev = torch.device("cuda", rank)
+    V = 4099
+    comm = ops.create_dp_sampling_comm(max_rows=24, vocab_size=V, dtype=torch.bfloat16, slots=2)
+    w = comm.shard_width
+    for B in (1, 5, 24):
+        full = full_logits(B, V, torch.bfloat16, dev)
+        seed, offset, kw = sample_params(B, dev, "topk_topp")
+        ref = ops.sample_with_logprobs(full, seed, offset, **kw)
+        out = ops.dp_sample(comm, shard_of(full, world, rank, w), seed, offset, logprobs=True,
+                            backend="cuda", **kw)
+        assert torch.equal(out.tokens, ref.tokens), B
+    bs, nd = 5, 3
+    tgt = full_logits(bs * (nd + 1), V, torch.bfloat16, dev, nan_row=False, seed=5)
+    drf = full_logits(bs * nd, V, torch.bfloat16, dev, nan_row=False, seed=6)
+    ids = torch.randint(0, V, (bs, nd), generator=torch.Generator().manual_seed(1)).to(dev)
+    seed, offset = torch.arange(bs, device=dev), torch.zeros(bs, dtype=torch.int64, device=dev)
+    ref = ops.verify(tgt, ids, seed, offset, draft_logits=drf.view(bs, nd, V), temperature=0.7)
+    out = ops.dp_verify(comm, shard_of(tgt, world, rank, w), ids, seed, offset,
+                        draft_shard=shard_of(drf, world, rank, w), temperature=0.7, backend="cuda")
+    assert torch.equal(out.tokens, ref.tokens)
+    torch.cuda.synchronize()
+    comm.check()
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "sanitize":
         sanitize_main()
+    elif len(sys.argv) > 1 and sys.argv[1] == "sanitize-mp":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        run_workers("dp_sanitize_worker", 2, "nccl", timeout_s=600)
+        print("dp sanitize-mp workload: OK")
     else:
         print(__doc__)
