@@ -401,7 +401,7 @@ def virtual_sample_check(mode: str, world: int, B: int, dtname: str, V: int = 15
 def virtual_verify_check(mode: str) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     world, bs, nd, V = 3, 7, 3, 32000
-    comms = ops.dp.create_virtual_dp_comms(world, max_rows=bs * (nd + 1), vocab_size=V,
+    comms = ops.dp.create_virtual_dp_comms(world, max_rows=world * 3 * (nd + 1), vocab_size=V,
                                            dtype=torch.bfloat16, device=dev, slots=2)
     w = comms[0].shard_width
     tgt = full_logits(bs * (nd + 1), V, torch.bfloat16, dev, nan_row=False, seed=5)

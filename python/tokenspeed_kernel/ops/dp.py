@@ -58,9 +58,19 @@ DEFAULT_TIMEOUT_MS = 30_000
 # Bytes of one destination's block pushed per CTA of the swap (grid = ceil(Bl * shard bytes /
 # this), capped by the SM count and MAX_BLOCKS). Not yet tuned on a multi-GPU machine.
 DEFAULT_BLOCK_BYTES = 16 << 10
-# Smallest batch for which the policy prefers dp_sample over all-gather + sample. The tokenspeed
-# project gated DP sampling at 16 rows; replace by the measured crossover (bench/results/).
+# Smallest batch for which the policy (select_route) prefers dp_sample over all-gather + sample,
+# by world size and element size. Measured on 2x H100 (bench/results/h100/dp_sampling_tp2.md,
+# T = 0.8 / top-k 50 / top-p 0.9, V = 151936): bf16 dp-sample loses at B = 16 (59.4 vs
+# 58.4 us) and wins from B = 32 (67.2 vs 72.5); fp32 loses at B = 4 (47.4 vs 39.6) and wins from
+# B = 16 (56.1 vs 58.7). Not measured beyond 2 ranks: 16 there (the tokenspeed project's gate).
+DP_MIN_ROWS_MEASURED = {(2, 2): 32, (2, 4): 16}    # (world, element bytes) -> rows
 DEFAULT_DP_MIN_ROWS = 16
+
+
+def default_dp_min_rows(world: int, element_size: int) -> int:
+    """The route policy's crossover for a group of ``world`` ranks and logits of
+    ``element_size`` bytes (measured where ``DP_MIN_ROWS_MEASURED`` has it, else 16)."""
+    return DP_MIN_ROWS_MEASURED.get((world, element_size), DEFAULT_DP_MIN_ROWS)
 # Results bytes reserved per logits row (tokens, valid flag, two logprobs; verify's per-request
 # fields fit too) plus the top-n fields.
 _RES_BYTES_PER_ROW = 32
@@ -208,14 +218,16 @@ def create_dp_sampling_comm(group=None, *, max_rows: int, vocab_size: int, dtype
                             max_top_n: int = 0, timeout_ms: int = DEFAULT_TIMEOUT_MS,
                             trap_on_timeout: bool = False,
                             block_bytes: int = DEFAULT_BLOCK_BYTES,
-                            dp_min_rows: int = DEFAULT_DP_MIN_ROWS,
+                            dp_min_rows: Optional[int] = None,
                             use_symmetric_memory: bool = True) -> DPSamplingComm:
     """Create the DP-sampling workspace of ``group`` (collective: every rank calls it, with the
     same arguments; a mismatch raises the same ValueError on every rank).
 
     Parameters
     ----------
-    max_rows : the largest batch (logits rows) of a call: ``B <= max_rows``.
+    max_rows : the largest batch (logits rows) of a call: ``B <= max_rows``. ``dp_verify``
+        keeps a request's positions on one rank, so it needs ``max_rows >= W * ceil(bs / W) *
+        (n + 1)`` (a little more than ``bs * (n + 1)`` when W does not divide bs).
     vocab_size : the true vocabulary size V.
     dtype : bfloat16, float16 or float32 (the logits' dtype in every call).
     shard_width : columns of each rank's shard (default ``ceil(V / W)``); ``W * shard_width >=
@@ -224,7 +236,8 @@ def create_dp_sampling_comm(group=None, *, max_rows: int, vocab_size: int, dtype
         target and draft).
     max_top_n : reserved results space for top-n logprobs (not gathered yet; 0).
     timeout_ms : bounded device-side waits (0 = forever); ``comm.check()`` raises CommError.
-    dp_min_rows : the policy's crossover (``select_route``).
+    dp_min_rows : the policy's crossover (``select_route``); None: ``default_dp_min_rows``
+        (measured on 2 ranks, docs/COMM.md).
     use_symmetric_memory : False forces the NCCL path.
     """
     import torch.distributed as dist
@@ -239,6 +252,8 @@ def create_dp_sampling_comm(group=None, *, max_rows: int, vocab_size: int, dtype
     # Local checks first; a rank whose checks fail still joins the agreement (no peer is left
     # waiting in it) and raises there; the others raise "group: rank(s) [...] refused ...".
     local_error = None
+    if dp_min_rows is None and dtype in DTYPES:
+        dp_min_rows = default_dp_min_rows(world, torch.empty((), dtype=dtype).element_size())
     try:
         C.check(world <= MAX_RANKS, "group", f"at most {MAX_RANKS} ranks, got {world}")
         shard_width = _check_create_args(max_rows, vocab_size, dtype, shard_width, world, slots,
@@ -625,6 +640,11 @@ def dp_verify(comm: DPSamplingComm, target_shard: torch.Tensor, draft_token_ids:
     if num_draft is not None:
         num_draft = C.as_param(num_draft, "num_draft", bs, torch.int64, dev, allow_none=False)
     per_req = comm.rows_per_rank(bs)
+    if per_req * (n_d + 1) > comm.rows_cap:
+        C.check(False, "target_shard",
+                f"{bs} requests of {n_d + 1} positions put {per_req * (n_d + 1)} rows on a rank, "
+                f"more than the communicator holds ({comm.rows_cap}): dp_verify needs max_rows >= "
+                f"W * ceil(bs / W) * (n + 1) = {comm.world_size * per_req * (n_d + 1)}")
     tview = _swap(comm, target_shard, per_req * (n_d + 1), 0, b)
     dview = _swap(comm, draft_shard, per_req * n_d, 1, b) if draft_shard is not None else None
     start, n = comm.row_range(bs)
