@@ -723,8 +723,8 @@ def test_torch_compile_inductor_runs_the_op_on_the_real_workspace(gloo1):
 @pytest.mark.skipif(not _library.extension_available(), reason="needs the compiled extension")
 def test_host_overhead_tool_runs():
     """bench/lab/tools/host_overhead.py (eager-call host time of sample / verify /
-    all_gather_hidden_out on the CPU, with no-op stand-ins for the CUDA ops, in its own process) runs and reports
-    every row. No timing is asserted (CI machines vary)."""
+    all_gather_hidden_out on the CPU, with no-op stand-ins for the CUDA ops, in its own process)
+    runs and reports every row. No timing is asserted (CI machines vary)."""
     import subprocess
     import sys
     r = subprocess.run([sys.executable, str(ROOT / "bench/lab/tools" / "host_overhead.py")],

@@ -83,9 +83,9 @@ def render(bench, meta, ceil) -> Tuple[str, List[Dict]]:
     lines = ["# All-gather scaling with the group size (same host)", "",
              f"GPU: **{gpu}**; runs: " + "; ".join(
                  f"{w} ranks at {meta[w][1]} ({meta[w][2]})" for w in worlds), "",
-             "CUDA-graph replay medians in µs (the bench's method, max over ranks). floor = incoming "
-             "bytes per rank ((tp − 1) / tp of the output) / 450 GB/s. flag = the P2P push with "
-             "flags; auto = what `protocol=\"auto\"` picks at the library default (ll or flag); "
+             "CUDA-graph replay medians in µs (the bench's method, max over ranks). floor = "
+             "incoming bytes per rank ((tp − 1) / tp of the output) / 450 GB/s. flag = the P2P "
+             "push with flags; auto = what `protocol=\"auto\"` picks at the library default (ll or flag); "
              "raw push = `bench/lab/tools/p2p_ceiling.cu` `push2` (each GPU loads its slice once "
              "and stores it to every peer and its own output, all GPUs at once, no flags), fastest "
              "configuration over the ceiling file's runs, which are separate calls (see that "
