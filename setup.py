@@ -109,7 +109,18 @@ else:
         _RequireExtension.reason = why
         kwargs = {"cmdclass": {"build_py": _RequireExtension}}
 
+# Licence metadata: the PEP 639 form (License-Expression, no deprecation warning) where setuptools
+# supports it (>= 77), else the classic field, so that GPU images with an older setuptools can
+# still run `python setup.py build_ext --inplace` (pyproject.toml declares the licence dynamic).
+import setuptools  # noqa: E402
+
+if tuple(int(x) for x in setuptools.__version__.split(".")[:2]) >= (77, 0):
+    kwargs["license_expression"] = "Apache-2.0"
+else:
+    kwargs["license"] = "Apache-2.0"
+
 setup(
+    license_files=["LICENSE"],
     packages=find_packages("python"),
     package_dir={"": "python"},
     **kwargs,
