@@ -7,9 +7,11 @@ export MAX_JOBS
 
 .PHONY: build test test-gpu bench cmake-build clean
 
+# Incremental: an editable pure-Python install once, then the extension compiled in place by ninja
+# in build/ (only changed sources recompile; nothing at all when the .so is newer than csrc/).
 build:
 	@echo "[build] $(PY)"
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
+	tools/build.sh $(PY)
 	@$(PY) -c "import tokenspeed_kernel as t; print('[build] extension:', t.extension_available() or t.extension_error())"
 
 test: build
@@ -21,8 +23,9 @@ endif
 
 bench: build
 ifeq ($(HAS_GPU),1)
-	@# FlashInfer (baseline only): an offline bundle made by ../shared/tools/flashinfer-bundle.sh .bench-deps
-	if [ -f .bench-deps/flashinfer.tgz ]; then mkdir -p /tmp/ts-fi && tar xzf .bench-deps/flashinfer.tgz -C /tmp/ts-fi; fi; \
+	@# FlashInfer (baseline only): an offline bundle made by tools/flashinfer-bundle.sh .bench-deps
+	if [ -f .bench-deps/flashinfer.tgz ]; then mkdir -p /tmp/ts-fi && tar xzf .bench-deps/flashinfer.tgz -C /tmp/ts-fi; \
+	else echo "[bench] no .bench-deps/flashinfer.tgz (tools/flashinfer-bundle.sh makes it): no FlashInfer columns"; fi; \
 	PYTHONPATH=$${PYTHONPATH:+$$PYTHONPATH:}/tmp/ts-fi $(PY) -m tokenspeed_kernel.bench all
 else
 	@echo "[bench] no GPU here: running a CPU smoke of the reference and Triton (interpreter) backends."

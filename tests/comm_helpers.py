@@ -247,7 +247,7 @@ def gloo_mismatch_worker(rank: int, world: int) -> None:
 def attach_cpu_workspace(comm, enable_view=False):
     """Give a world-size-1 CPU communicator a (process-local) workspace laid out like the
     symmetric one, so the P2P code paths can run in the interpreter / under fake tensors
-    (tests/test_comm.py, tools/host_overhead.py)."""
+    (tests/test_comm.py, bench/lab/tools/host_overhead.py)."""
     from tokenspeed_kernel.ops import comm as oc
     nbuf = 3 if enable_view else 2
     comm.ll_off = nbuf * comm.buf_bytes

@@ -403,9 +403,10 @@ def _nvcc():
 def test_comm_header_tools_compile_and_pdl_order(tmp_path):
     """The torch-free comm header builds on its own: csrc/comm/dump_sass.sh (PTX/SASS checks,
     including that no kernel touches memory before griddepcontrol.wait -- the LL kernels do their
-    first batch's index math before it), tools/ag_micro.cu (the 2-GPU A/B harness), its
-    clock64 trace variants (tools/ag_trace_patch.py and tools/ag_pipe_trace_patch.py, whose
-    markers a refactor could remove) and tools/p2p_ceiling.cu (the raw NVLink transfer rates)."""
+    first batch's index math before it), and the lab's comm tools (bench/lab/tools/): ag_micro.cu
+    (the 2-GPU A/B harness), its clock64 trace variants (ag_trace_patch.py and
+    ag_pipe_trace_patch.py, whose markers a refactor could remove) and p2p_ceiling.cu (the raw
+    NVLink transfer rates)."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
@@ -423,12 +424,12 @@ def test_comm_header_tools_compile_and_pdl_order(tmp_path):
         r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
         assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
 
-    micro = root / "tools/ag_micro.cu"
+    micro = root / "bench/lab/tools/ag_micro.cu"
     ok(nvcc, *flags, "-I" + str(root / "csrc/comm"), "-o", tmp_path / "m", micro)
-    ok(nvcc, *flags, "-o", tmp_path / "pc", root / "tools/p2p_ceiling.cu")
+    ok(nvcc, *flags, "-o", tmp_path / "pc", root / "bench/lab/tools/p2p_ceiling.cu")
     for patch, macro in (("ag_trace_patch.py", "TS_AG_TRACE"),
                          ("ag_pipe_trace_patch.py", "TS_PIPE_TRACE")):
-        ok(sys.executable, root / "tools" / patch, tmp_path / macro, timeout=60)
+        ok(sys.executable, root / "bench/lab/tools" / patch, tmp_path / macro, timeout=60)
         ok(nvcc, *flags, "-D" + macro, "-I" + str(tmp_path / macro), "-o",
            tmp_path / (macro + ".bin"), micro)
 
@@ -739,12 +740,12 @@ def test_torch_compile_inductor_runs_the_op_on_the_real_workspace(gloo1):
 
 @pytest.mark.skipif(not _library.extension_available(), reason="needs the compiled extension")
 def test_host_overhead_tool_runs():
-    """tools/host_overhead.py (eager-call host time of sample / verify / all_gather_hidden_out
-    on the CPU, with no-op stand-ins for the CUDA ops, in its own process) runs and reports
-    every row. No timing is asserted (CI machines vary)."""
+    """bench/lab/tools/host_overhead.py (eager-call host time of sample / verify /
+    all_gather_hidden_out on the CPU, with no-op stand-ins for the CUDA ops, in its own process)
+    runs and reports every row. No timing is asserted (CI machines vary)."""
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "host_overhead.py")],
+    r = subprocess.run([sys.executable, str(ROOT / "bench/lab/tools" / "host_overhead.py")],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.rstrip().endswith(" us")]

@@ -1297,7 +1297,7 @@ def test_bench_verify_filters_harness(tmp_path):
         pytest.skip("Problem() samples its drafts with Triton: needs a GPU or TRITON_INTERPRET=1")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pb = bv.Problem(2, 2, 300, torch.float32, dev)
-    pb.filt = vf._filters(pb, "top_k_top_p")
+    pb.filt = vf.filter_params(pb, "top_k_top_p")
     assert pb.filt["top_k"].dtype == torch.int32 and int(pb.filt["top_k"][0]) == 50
 
     def ref_call(p, t, d):
@@ -1330,14 +1330,15 @@ def test_bench_verify_filters_harness(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# tools/verify_tokens.py (the pruning check against a -DTS_FINAL_NOPRUNE build): the script itself,
-# on small problems with the reference backend (CPU) -- dump is deterministic, cmp finds a change
+# bench/lab/tools/verify_tokens.py (the pruning check against a -DTS_FINAL_NOPRUNE build): the
+# script itself, on small problems with the reference backend (CPU) -- dump is deterministic, cmp
+# finds a change
 # ---------------------------------------------------------------------------------------------
 def test_verify_tokens_tool(tmp_path):
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tool = os.path.join(root, "tools", "verify_tokens.py")
+    tool = os.path.join(root, "bench", "lab", "tools", "verify_tokens.py")
     env = dict(os.environ, TS_TOK_SMALL="1", TS_TOK_BACKEND="reference", TS_TOK_DEV="cpu")
     a, b = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
     for f in (a, b):
@@ -1356,11 +1357,12 @@ def test_verify_tokens_tool(tmp_path):
 
 
 def test_verify_ab_skip_summary_and_plot(tmp_path):
-    """tools/verify_ab_skip.py --plot: per (drafts, shape) of the launcher's own cluster size,
-    the mean skip / noskip ratio over the rounds of the last commit that measured it."""
+    """bench/lab/tools/verify_ab_skip.py --plot: per (drafts, shape) of the launcher's own cluster
+    size, the mean skip / noskip ratio over the rounds of the last commit that measured it."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
-        "verify_ab_skip", Path(__file__).resolve().parents[1] / "tools" / "verify_ab_skip.py")
+        "verify_ab_skip",
+        Path(__file__).resolve().parents[1] / "bench/lab/tools" / "verify_ab_skip.py")
     ab = importlib.util.module_from_spec(spec)
     had = "TOKENSPEED_VERIFY_TUNING" in os.environ
     spec.loader.exec_module(ab)   # the tool turns the launcher's tuning hook on for its runs

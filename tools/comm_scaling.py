@@ -1,13 +1,13 @@
 """How the all-gather's P2P push scales with the group size: renders one markdown table and one
 plot from bench CSVs of the same host at different world sizes (``python -m
 tokenspeed_kernel.bench comm --nproc N``) and, optionally, the raw transfer rates of
-``tools/p2p_ceiling.cu`` on the same machine kind (its CSV output with the ``# N GPUs, R-byte rows, T=..``
-headers). Not part of the library.
+``bench/lab/tools/p2p_ceiling.cu`` on the same machine kind (its CSV output with the
+``# N GPUs, R-byte rows, T=..`` headers). Not part of the library.
 
     python tools/comm_scaling.py --out bench/results/h200/comm_scaling \\
         bench/results/h200/comm_all_gather_hidden_tp2_x4host.csv \\
         bench/results/h200/comm_all_gather_hidden_tp4.csv \\
-        --ceiling bench/results/h200/comm_p2p_ceiling_tp4.csv
+        --ceiling bench/lab/h200/comm_p2p_ceiling_tp4.csv
 
 Per shape and world size: floor (incoming bytes per rank / 450 GB/s, the bench's), the flag
 protocol and what ``auto`` picks (LL or flag at the library default), NCCL + permute, their ratio,
@@ -83,11 +83,11 @@ def render(bench, meta, ceil) -> Tuple[str, List[Dict]]:
     lines = ["# All-gather scaling with the group size (same host)", "",
              f"GPU: **{gpu}**; runs: " + "; ".join(
                  f"{w} ranks at {meta[w][1]} ({meta[w][2]})" for w in worlds), "",
-             "CUDA-graph replay medians in µs (the bench's method, max over ranks). floor = incoming "
-             "bytes per rank ((tp − 1) / tp of the output) / 450 GB/s. flag = the P2P push with "
-             "flags; auto = what `protocol=\"auto\"` picks at the library default (ll or flag); "
-             "raw push = `tools/p2p_ceiling.cu` `push2` (each GPU loads its slice once and stores "
-             "it to every peer and its own output, all GPUs at once, no flags), fastest "
+             "CUDA-graph replay medians in µs (the bench's method, max over ranks). floor = "
+             "incoming bytes per rank ((tp − 1) / tp of the output) / 450 GB/s. flag = the P2P "
+             "push with flags; auto = what `protocol=\"auto\"` picks at the library default (ll or flag); "
+             "raw push = `bench/lab/tools/p2p_ceiling.cu` `push2` (each GPU loads its slice once "
+             "and stores it to every peer and its own output, all GPUs at once, no flags), fastest "
              "configuration over the ceiling file's runs, which are separate calls (see that "
              "file's header lines); flag ÷ raw = the protocol's share of the raw rate.", ""]
     rows = []
@@ -153,7 +153,7 @@ def plot(rows: List[Dict], path: Path) -> Optional[Path]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("csvs", nargs="+", help="bench comm CSVs of one host, any world sizes")
-    ap.add_argument("--ceiling", default=None, help="tools/p2p_ceiling.cu output (CSV)")
+    ap.add_argument("--ceiling", default=None, help="bench/lab/tools/p2p_ceiling.cu output (CSV)")
     ap.add_argument("--out", required=True, help="output stem: writes <out>.md and <out>.png")
     a = ap.parse_args()
     bench, meta = read_bench(a.csvs)

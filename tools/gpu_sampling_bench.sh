@@ -5,7 +5,7 @@
 #                                                   or    --vocab 151936,262144 --dtype fp32
 #
 # * unpacks the FlashInfer bundle .bench-deps/flashinfer.tgz when present (built here with
-#   ../shared/tools/flashinfer-bundle.sh .bench-deps; .bench-deps is git-ignored, so carry it to
+#   tools/flashinfer-bundle.sh .bench-deps; .bench-deps is git-ignored, so carry it to
 #   the device machine); FlashInfer's sampling module JIT-compiles on first use (~1-2 min, counted
 #   in the time budget). Without the bundle the FlashInfer columns are simply absent.
 # * builds nothing: ours-cuda needs the compiled extension already importable

@@ -233,7 +233,7 @@ def bench_input(T: int, w: int, H: int, rank: int, dtype: torch.dtype, device):
     return x, it
 
 
-def _time_provider(fns, reps: int, device, align: torch.Tensor, graph: bool):
+def time_provider(fns, reps: int, device, align: torch.Tensor, graph: bool):
     """Per-call µs samples (max over ranks) of graph replays and of eager runs of ``fns``."""
     import torch.distributed as dist
     n = len(fns)
@@ -392,7 +392,7 @@ def _bench_rank(opts: Dict) -> int:
                            for o in outs]
                     reps = opts["reps"]
                     try:
-                        res = _time_provider(fns, reps, device, align, graph=not opts["eager_only"])
+                        res = time_provider(fns, reps, device, align, graph=not opts["eager_only"])
                     except Exception as e:
                         row["note"] = f"timing failed: {type(e).__name__}: {str(e)[:80]}"
                         rows.append(row)

@@ -96,7 +96,9 @@ def shape_summary(rows: List[Dict]) -> str:
                                             else r["status"][:40]) for r in rows)
 
 
-def _ours(backend: str):
+def ours_call(backend: str):
+    """``call(pb, tgt, drf)``: ``ops.verify`` on a :class:`Problem` with ``backend`` (probabilistic,
+    temperature only, no value checks) -- the callable the bench times; public for lab scripts."""
     from .. import ops
 
     def call(pb: Problem, tgt, drf):
@@ -301,8 +303,8 @@ def run_verify_bench(args) -> int:
         avail["read-once"] = None
     except Exception as e:
         avail["read-once"] = f"not available ({type(e).__name__}: {str(e).splitlines()[0]})"
-    calls = {"ours-cuda": _ours("cuda"), "ours-triton": _ours("triton"),
-             "reference": _ours("reference"), "flashinfer": _fi_call(fs) if fs else None,
+    calls = {"ours-cuda": ours_call("cuda"), "ours-triton": ours_call("triton"),
+             "reference": ours_call("reference"), "flashinfer": _fi_call(fs) if fs else None,
              "read-once": ro}
     bss, ns, Vs, dts = _grid(args)
     rows: List[Dict] = []

@@ -51,7 +51,8 @@ CSV_COLUMNS = [
     "ratio_vs_bisect", "ratio_vs_flashinfer", "calls", "samples"]
 
 
-def _filters(pb: Problem, mode: str) -> Dict[str, torch.Tensor]:
+def filter_params(pb: Problem, mode: str) -> Dict[str, torch.Tensor]:
+    """Per-request filter tensors (temperature, top_k / top_p) of ``mode`` (a key of ``MODES``)."""
     dev = pb.tgt.device
     out = {"temperature": pb.T}
     for k, v in MODES[mode].items():
@@ -60,7 +61,9 @@ def _filters(pb: Problem, mode: str) -> Dict[str, torch.Tensor]:
     return out
 
 
-def _ours(mode: str, bisect: bool):
+def ours_call(mode: str, bisect: bool):
+    """``call(pb, tgt, drf)``: CUDA ``ops.verify`` with ``pb.filt`` (``filter_params``), the radix
+    thresholds or (``bisect``) the bisection ones -- the callable the bench times."""
     from .. import ops
     ov = importlib.import_module("tokenspeed_kernel.ops.verify")
 
@@ -154,7 +157,7 @@ def run_verify_filters_bench(args) -> int:
                         bs * n, V).contiguous()
                 floor_us = pb.bytes / (hbm * 1e3)
                 for mode in modes:
-                    pb.filt = _filters(pb, mode)
+                    pb.filt = filter_params(pb, mode)
                     # drafts from the filtered draft distribution (what a drafter with the same
                     # parameters proposes; q == p check: the same for the target rows)
                     r = torch.arange(bs * n, device=device)
@@ -165,8 +168,8 @@ def run_verify_filters_bench(args) -> int:
                         pb.ids_fi = pb.ids.view(bs, n).to(torch.int32)
                         pb.ids_same = S.sample(pb.tgt_as_draft, r + 7, torch.zeros_like(r),
                                                validate=False, **rowf).tokens
-                    calls = {"ours-cuda": _ours(mode, False),
-                             "ours-cuda-bisect": _ours(mode, True),
+                    calls = {"ours-cuda": ours_call(mode, False),
+                             "ours-cuda-bisect": ours_call(mode, True),
                              "flashinfer": _fi(fs, mode) if fs is not None else None}
                     shape_rows = []
                     for prov in PROVIDERS:

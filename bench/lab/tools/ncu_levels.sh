@@ -2,11 +2,11 @@
 # ncu of the sampler's radix level kernels (top-p 0.9, T 0.8, N(0, 3^2) logits, V 151936, without
 # the levels' compaction so that all five levels scan the rows): builds, runs two calls, profiles
 # the five scanning level launches of the second. Usage (device machine, $OUT set):
-#   bash tools/ncu_levels.sh [dtype=bf16] [rows=448]
+#   bash bench/lab/tools/ncu_levels.sh [dtype=bf16] [rows=448]
 # Writes $OUT/lv.details.txt and $OUT/lv.source.csv; prints the main metrics and
-# tools/ncu_source_top.py's summary.
+# bench/lab/tools/ncu_source_top.py's summary.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 DT=${1:-bf16}; ROWS=${2:-448}
 MAX_JOBS=16 python3 setup.py build_ext --inplace > $OUT/build.log 2>&1 || { tail -40 $OUT/build.log; exit 1; }
 export PYTHONPATH=python
@@ -30,5 +30,5 @@ echo "ncu rc=$?"; tail -2 $OUT/ncu.log
 ncu -i $OUT/lv.ncu-rep --page details > $OUT/lv.details.txt 2>&1
 ncu -i $OUT/lv.ncu-rep --page source --csv --print-source sass > $OUT/lv.source.csv 2>&1
 grep -E "Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Issued Warp|Compute \(SM\)" $OUT/lv.details.txt
-python3 tools/ncu_source_top.py $OUT/lv.source.csv 12 50 2>&1 | head -90
+python3 bench/lab/tools/ncu_source_top.py $OUT/lv.source.csv 12 50 2>&1 | head -90
 rm -f $OUT/lv.ncu-rep

@@ -1,9 +1,9 @@
 """Writes a copy of csrc/comm/all_gather_hidden.cuh with clock64() stamps in the pipelined flag
-kernel (CTA 0 only), for tools/ag_micro.cu built with -DTS_PIPE_TRACE (a diagnostic; the library
+kernel (CTA 0 only), for bench/lab/tools/ag_micro.cu built with -DTS_PIPE_TRACE (a diagnostic; the library
 never ships it).
 
-    python3 tools/ag_pipe_trace_patch.py /tmp/pt && \
-        nvcc -std=c++17 -O3 -arch=sm_90a -DTS_PIPE_TRACE -I/tmp/pt -o ag_pt tools/ag_micro.cu
+    python3 bench/lab/tools/ag_pipe_trace_patch.py /tmp/pt && \
+        nvcc -std=c++17 -O3 -arch=sm_90a -DTS_PIPE_TRACE -I/tmp/pt -o ag_pt bench/lab/tools/ag_micro.cu
 
 Per call (slot epoch % 64) and round k < 16, cycles since the kernel passed griddepcontrol.wait:
 [0] data warp 1 has issued its stores of round k, [1] the signalling warp's peer lane starts

@@ -1,5 +1,5 @@
 """Quick GPU check of the CUDA sampler: token identity vs the reference (run on the GPU) for every
-mode and dtype, then a few CUDA-graph timings. Usage: python tools/gpu_smoke.py"""
+mode and dtype, then a few CUDA-graph timings. Usage: python bench/lab/tools/gpu_smoke.py"""
 import sys
 import time
 

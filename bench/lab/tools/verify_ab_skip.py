@@ -2,9 +2,9 @@
 launcher allows it) against the same kernel without skips (tuning hook TS_VERIFY_NOSKIP), on the
 bench's problems: whole calls, CUDA-graph replay, cold L2 (the bench's timing helper).
 
-    python tools/verify_ab_skip.py [--rounds R] [--cs K | --cs-list 0,1,2] [--same-draft]
+    python bench/lab/tools/verify_ab_skip.py [--rounds R] [--cs K | --cs-list 0,1,2] [--same-draft]
                                    bs,n,V,dtype ...
-    python tools/verify_ab_skip.py --plot CSV PNG     # render a CSV (CPU)
+    python bench/lab/tools/verify_ab_skip.py --plot CSV PNG     # render a CSV (CPU)
 
 Per shape, cluster size and round, each setting is captured into its own graph and timed in
 turn (so the spread between rounds shows the noise); the tokens of the two settings must be
@@ -24,7 +24,7 @@ os.environ["TOKENSPEED_VERIFY_TUNING"] = "1"
 import torch  # noqa: E402
 
 from tokenspeed_kernel.bench.timing import measure  # noqa: E402
-from tokenspeed_kernel.bench.verify import Problem, _ours  # noqa: E402
+from tokenspeed_kernel.bench.verify import Problem, ours_call  # noqa: E402
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -103,7 +103,7 @@ def main():
     if not a.shapes:
         ap.error("give shapes bs,n,V,dtype (or --plot CSV PNG)")
     sizes = [int(x) for x in a.cs_list.split(",")] if a.cs_list else [a.cs]
-    call = _ours("cuda")
+    call = ours_call("cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
           f"git {os.environ.get('TS_GIT_SHA', '?')} cs={sizes} (0 = the launcher's pick)"
           f"{' same-draft (q = p)' if a.same_draft else ''}")

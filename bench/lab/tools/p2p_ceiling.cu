@@ -21,7 +21,7 @@
 // GBps_per_dir = the bytes one active GPU sends per call ((G - 1) slices) / time; with every GPU
 // active that is also the bytes each one receives.
 //
-//   nvcc -std=c++17 -O3 -arch=sm_90a -o p2p_ceiling tools/p2p_ceiling.cu
+//   nvcc -std=c++17 -O3 -arch=sm_90a -o p2p_ceiling bench/lab/tools/p2p_ceiling.cu
 //   ./p2p_ceiling <row bytes> <T> [calls 20] [reps 7] [modes, e.g. ce,push2,push2c; default all]
 //                 [GPUs 2]
 #include <cuda_runtime.h>

@@ -1,8 +1,8 @@
-"""One configuration for ncu: python tools/prof.py MODE B [V] [dtype]"""
+"""One configuration for ncu: python bench/lab/tools/prof.py MODE B [V] [dtype]"""
 import sys
 import torch
 from tokenspeed_kernel import ops
-sys.path.insert(0, "tools")
+sys.path.insert(0, "bench/lab/tools")
 from gpu_smoke import params  # noqa: E402
 
 mode, B = sys.argv[1], int(sys.argv[2])

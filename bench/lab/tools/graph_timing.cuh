@@ -1,4 +1,4 @@
-// Shared by the standalone multi-GPU tools (tools/ag_micro.cu, tools/p2p_ceiling.cu): error
+// Shared by the standalone multi-GPU tools (bench/lab/tools/ag_micro.cu, bench/lab/tools/p2p_ceiling.cu): error
 // check, capture of N back-to-back operations per GPU into a graph, and the replay timing the
 // comm bench also uses -- per replay the time per call is the max over the GPUs, the first
 // replay is a warm-up. Not part of the library.

@@ -1,7 +1,7 @@
 """Token dump / compare across builds of the CUDA verify kernels (device tool, not a test).
 
-    python tools/verify_tokens.py dump OUT.pt [TRIALS]   # tokens of a fixed set of problems
-    python tools/verify_tokens.py cmp A.pt B.pt          # exit 1 if any token differs
+    python bench/lab/tools/verify_tokens.py dump OUT.pt [TRIALS]   # tokens of a fixed set of problems
+    python bench/lab/tools/verify_tokens.py cmp A.pt B.pt          # exit 1 if any token differs
 
 Used to check a change of the final kernel's pruning against a build without any pruning
 (-DTS_FINAL_NOPRUNE: every element of the support scored exactly): pruning may only skip tokens

@@ -7,7 +7,7 @@
   over every float32 x in [-126, 0] (GPU only, through Triton inline PTX; the margin budgets
   2^-20 per call).
 
-Exit status 1 if a measured error exceeds its budget.  Usage: python tools/check_verify_margin.py
+Exit status 1 if a measured error exceeds its budget.  Usage: python bench/lab/tools/check_verify_margin.py
 """
 import math
 import os
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
 from tokenspeed_kernel.reference.prims import soft_exp_neg  # noqa: E402
 
 BUDGET_SOFT_EXP = 2.0 ** -23

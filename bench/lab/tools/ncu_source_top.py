@@ -1,6 +1,6 @@
 """Summarize an `ncu --page source --csv` export (SASS or CUDA view): total warp-stall samples,
 their share per window of instructions / lines, and the top rows with their two main stall
-reasons. Usage: python tools/ncu_source_top.py <source.csv> [top] [window]"""
+reasons. Usage: python bench/lab/tools/ncu_source_top.py <source.csv> [top] [window]"""
 import csv
 import sys
 

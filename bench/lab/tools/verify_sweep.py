@@ -1,9 +1,9 @@
 """Tuning sweep of the CUDA verify launcher (probabilistic, temperature only, bench inputs).
 
-    python tools/verify_sweep.py pos   bs,n,V,dtype ...   # pos kernel: cluster size 0 (= the
+    python bench/lab/tools/verify_sweep.py pos   bs,n,V,dtype ...   # pos kernel: cluster size 0 (= the
                                                           #   launcher's pick), 1, 2, 4, 8, 16
-    python tools/verify_sweep.py final bs,n,V,dtype ...   # final kernel: splits per request
-    python tools/verify_sweep.py pick  bs,n,V,dtype ...   # the launcher's own picks only
+    python bench/lab/tools/verify_sweep.py final bs,n,V,dtype ...   # final kernel: splits per request
+    python bench/lab/tools/verify_sweep.py pick  bs,n,V,dtype ...   # the launcher's own picks only
 
 Forces the sizes through the launcher's tuning hook (TOKENSPEED_VERIFY_TUNING, TS_VERIFY_CS,
 TS_VERIFY_FS; see tuning_enabled() in csrc/verify/verify.cuh) and prints CSV, one line per
@@ -18,7 +18,7 @@ os.environ["TOKENSPEED_VERIFY_TUNING"] = "1"
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from tokenspeed_kernel.bench.verify import Problem, _ours  # noqa: E402
+from tokenspeed_kernel.bench.verify import Problem, ours_call  # noqa: E402
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 POS = (0, 1, 2, 4, 8, 16)
@@ -44,7 +44,7 @@ def measure(call, pb, reps=6):
 def main():
     mode, cfgs = sys.argv[1], sys.argv[2:]
     assert mode in ("pos", "final", "pick"), "mode: pos, final or pick"
-    call = _ours("cuda")
+    call = ours_call("cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
           f"git {os.environ.get('TS_GIT_SHA', '?')}")
     print("bs,n,V,dtype,pos_cs,final_splits,pos_us,final1_us,resolve_us,final2_us,total_us,"

@@ -4,12 +4,12 @@ no-op CPU kernel and the backend choice is forced to "cuda", so what is timed is
 (argument checks, parameter tensors, output allocation, backend and flag logic) plus one
 custom-op dispatch -- not the C++ adapter's checks nor the kernel launches of a real GPU.
 
-    python tools/host_overhead.py          # needs the compiled extension (the op schemas)
-    python tools/host_overhead.py --gpu    # on a GPU: the real CUDA ops (sample, verify), host
+    python bench/lab/tools/host_overhead.py          # needs the compiled extension (the op schemas)
+    python bench/lab/tools/host_overhead.py --gpu    # on a GPU: the real CUDA ops (sample, verify), host
                                            # time of 200 eager calls issued without a sync
 
 Prints µs per call (median of 5 runs of 2000 calls after a warm-up). Used for the eager-call
-numbers in docs/BENCHMARKS.md ("Host overhead").
+numbers in docs/PERF_LOG.md ("Host overhead").
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 warnings.filterwarnings("ignore")
 
 

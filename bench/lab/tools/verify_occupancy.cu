@@ -1,7 +1,7 @@
 // Prints, for the pos kernels the verify launcher uses, the resident CTAs per SM and the cluster
 // capacity (cudaOccupancyMaxActiveClusters x size) for every cluster size, on the current GPU:
 // the launcher's own queries (resident_per_sm, max_cluster, cluster_capacity).
-//   nvcc -std=c++20 -O3 -arch=sm_90a -I csrc tools/verify_occupancy.cu -o /tmp/vo && /tmp/vo
+//   nvcc -std=c++20 -O3 -arch=sm_90a -I csrc bench/lab/tools/verify_occupancy.cu -o /tmp/vo && /tmp/vo
 #include <cstdio>
 
 #include "verify/verify.cuh"

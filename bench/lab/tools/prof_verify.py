@@ -1,6 +1,6 @@
 """Per-kernel time breakdown of ops.verify (probabilistic, temperature only) with torch.profiler.
 
-    python tools/prof_verify.py [bs,n,V,dtype ...]      e.g. 16,3,151936,fp32 256,8,151936,bf16
+    python bench/lab/tools/prof_verify.py [bs,n,V,dtype ...]      e.g. 16,3,151936,fp32 256,8,151936,bf16
 Prints, per config, the mean device time of every kernel launched by one call (10 calls).
 """
 import sys
@@ -8,7 +8,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tokenspeed_kernel.bench.verify import Problem, _ours
+from tokenspeed_kernel.bench.verify import Problem, ours_call
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 cfgs = sys.argv[1:] or ["16,3,151936,fp32", "256,8,151936,fp32", "1,3,151936,fp32",
@@ -16,7 +16,7 @@ cfgs = sys.argv[1:] or ["16,3,151936,fp32", "256,8,151936,fp32", "1,3,151936,fp3
 for c in cfgs:
     bs, n, V, dt = c.split(",")
     pb = Problem(int(bs), int(n), int(V), DT[dt], torch.device("cuda"))
-    call = _ours("cuda")
+    call = ours_call("cuda")
     for _ in range(3):
         call(pb, pb.tgt, pb.drf)
     torch.cuda.synchronize()

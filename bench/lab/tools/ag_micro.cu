@@ -5,13 +5,13 @@
 // back-to-back calls per GPU, max over the two GPUs -- after checking one call bit-exact against
 // the host's expected output. Not part of the library or the test suite.
 //
-//   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc/comm -o ag_micro tools/ag_micro.cu
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc/comm -o ag_micro bench/lab/tools/ag_micro.cu
 //   ./ag_micro <mode> <elt bytes> <H> <T,T,...> [pdl 0|1] [block_bytes 4096] [calls 256] [reps 7]
 //     mode: ll (6-byte packets), ll4, flag, or a number (raw kAgFlag* bits)
 // Prints one line per T: "mode elt H T blocks us_per_call(median) min max ok". Built with
-// -DTS_AG_TRACE against the header copy of tools/ag_trace_patch.py it also prints the LL kernels'
-// phase durations (bench/results/h200/comm_micro_trace_s23.csv); built with -DTS_PIPE_TRACE
-// against that of tools/ag_pipe_trace_patch.py, the pipelined flag kernel's per-round stamps.
+// -DTS_AG_TRACE against the header copy of bench/lab/tools/ag_trace_patch.py it also prints the LL kernels'
+// phase durations (bench/lab/h200/comm_micro_trace_s23.csv); built with -DTS_PIPE_TRACE
+// against that of bench/lab/tools/ag_pipe_trace_patch.py, the pipelined flag kernel's per-round stamps.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
     }
 #endif
 #ifdef TS_PIPE_TRACE
-    {  // the pipelined flag kernel's per-round stamps of CTA 0 (tools/ag_pipe_trace_patch.py)
+    {  // the pipelined flag kernel's per-round stamps of CTA 0 (bench/lab/tools/ag_pipe_trace_patch.py)
       int khz = 0;
       CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
       const double ns = 1e6 / khz;

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # A/B of build variants of the CUDA verify kernels on one GPU (device tool):
 #
-#   VARIANTS="new: old:-DTS_FINAL_PIPE=0" SHAPES="256,1,151936,bf16 ..." ROUNDS=2 tools/verify_ab.sh
+#   VARIANTS="new: old:-DTS_FINAL_PIPE=0" SHAPES="256,1,151936,bf16 ..." ROUNDS=2 bench/lab/tools/verify_ab.sh
 #
 # Each variant "name:flags" is a copy of the tree built in parallel with NVCC_APPEND_FLAGS=flags
 # (MAX_JOBS split between them; several flags joined by "_": "-DA=1_-DB=2"); "name=DIR:flags"
 # takes csrc/ from DIR instead (e.g. an older commit's sources carried in a git-ignored folder). Then, ROUNDS times, every variant runs
-# `tools/verify_sweep.py pick SHAPES` (per-kernel device times, back-to-back calls) in turn, so
-# the spread between rounds of one variant shows the noise; then `tools/verify_tokens.py dump`
+# `bench/lab/tools/verify_sweep.py pick SHAPES` (per-kernel device times, back-to-back calls) in turn, so
+# the spread between rounds of one variant shows the noise; then `bench/lab/tools/verify_tokens.py dump`
 # per variant and `cmp` of every variant against the first (tokens must be identical).
 # Output under $OUT (or ./verify_ab_logs): ab.csv (variant, round, sweep columns), logs.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 LOG=${OUT:-$ROOT/verify_ab_logs}
@@ -26,7 +26,7 @@ for v in "${VS[@]}"; do
   name=${v%%:*}; flags=${v#*:}; flags=${flags//_-/ -}; src=.
   case $name in *=*) src=${name#*=}; name=${name%%=*} ;; esac
   d=/tmp/ab_$name; rm -rf "$d"; mkdir -p "$d"
-  cp -a csrc python setup.py pyproject.toml CMakeLists.txt tools "$d"/
+  cp -a csrc python setup.py pyproject.toml CMakeLists.txt tools "$d"/ && mkdir -p "$d/bench/lab" && cp -a bench/lab/tools "$d/bench/lab/"
   if [ "$src" != . ]; then rm -rf "$d/csrc"; cp -a "$src/csrc" "$d/csrc"; fi
   ( cd "$d" && NVCC_APPEND_FLAGS="$flags" MAX_JOBS=$jobs timeout 500 $PY setup.py build_ext --inplace \
       > "$LOG/build_$name.log" 2>&1; echo "[ab] build $name rc=$?" ) &
@@ -37,17 +37,17 @@ names=()
 for v in "${VS[@]}"; do n=${v%%:*}; names+=("${n%%=*}"); done
 for r in $(seq 1 "$ROUNDS"); do
   for name in "${names[@]}"; do
-    PYTHONPATH=/tmp/ab_$name/python timeout 300 $PY tools/verify_sweep.py pick $SHAPES \
+    PYTHONPATH=/tmp/ab_$name/python timeout 300 $PY bench/lab/tools/verify_sweep.py pick $SHAPES \
       > "$LOG/sweep_${name}_$r.log" 2>&1
     grep -E '^[0-9]' "$LOG/sweep_${name}_$r.log" | sed "s/^/$name,$r,/" >> "$LOG/ab.csv"
   done
 done
 first=""
 for name in "${names[@]}"; do
-  PYTHONPATH=/tmp/ab_$name/python timeout 300 $PY tools/verify_tokens.py dump "/tmp/tok_$name.pt" \
+  PYTHONPATH=/tmp/ab_$name/python timeout 300 $PY bench/lab/tools/verify_tokens.py dump "/tmp/tok_$name.pt" \
     > "$LOG/tok_$name.log" 2>&1
   if [ -z "$first" ]; then first=$name; continue; fi
-  PYTHONPATH=/tmp/ab_$name/python $PY tools/verify_tokens.py cmp "/tmp/tok_$first.pt" "/tmp/tok_$name.pt" \
+  PYTHONPATH=/tmp/ab_$name/python $PY bench/lab/tools/verify_tokens.py cmp "/tmp/tok_$first.pt" "/tmp/tok_$name.pt" \
     > "$LOG/cmp_$name.log" 2>&1
   echo "[ab] tokens $name vs $first: rc=$? $(tail -n1 "$LOG/cmp_$name.log")"
 done

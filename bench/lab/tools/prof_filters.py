@@ -1,6 +1,6 @@
 """Per-kernel time breakdown of the top-k / top-p threshold path with torch.profiler.
 
-    python tools/prof_filters.py [what,bs,n,V,dtype,mode[,nolist][,noexcl] ...]
+    python bench/lab/tools/prof_filters.py [what,bs,n,V,dtype,mode[,nolist][,noexcl] ...]
         what: verify | sample      mode: top_p | top_k_top_p | temp
         nolist: with _NO_LEVEL_LIST_FOR_TESTING (the radix levels re-read every row: the A/B)
         noexcl: with _NO_LEVEL_EXCL_FOR_TESTING (level 0 of top-p rows histograms every key)
@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from tokenspeed_kernel import ops
 from tokenspeed_kernel.ops import sampling as osm
 from tokenspeed_kernel.bench.verify import Problem
-from tokenspeed_kernel.bench.verify_filters import _filters, _ours
+from tokenspeed_kernel.bench.verify_filters import filter_params, ours_call
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 cfgs = sys.argv[1:] or ["verify,64,3,151936,fp32,top_p", "verify,64,3,151936,bf16,top_k_top_p",
@@ -32,8 +32,8 @@ for c in cfgs:
     dev = torch.device("cuda")
     if what == "verify":
         pb = Problem(bs, n, V, DT[dt], dev)
-        pb.filt = _filters(pb, mode)
-        f = _ours(mode, False)
+        pb.filt = filter_params(pb, mode)
+        f = ours_call(mode, False)
 
         def call():
             return f(pb, pb.tgt, pb.drf)

@@ -13,7 +13,7 @@ plus ``nccl`` (NCCL + permute, at the first block size) and a launch floor (N ba
 1-element kernels in one graph). Writes ``<out>/comm_sweep.csv`` and prints one line per shape.
 Results used for the defaults: bench/results/h200/comm_sweep_*.csv (docs/COMM.md).
 
-    python tools/comm_sweep.py --out DIR [--block-bytes 2048,4096,...] [--providers ll,flag,...]
+    python bench/lab/tools/comm_sweep.py --out DIR [--block-bytes 2048,4096,...] [--providers ll,flag,...]
                                [--shapes "bf16:151936:32,128;fp32:151936:128"] [--quick]
                                [--nproc 4]
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "python"))
 
 SHAPES = [("bf16", 7168, [1, 8, 32, 128, 512]), ("bf16", 151936, [1, 8, 32, 128]),
           ("fp32", 151936, [1, 32, 128])]
@@ -47,7 +47,7 @@ def _worker(rank, world, port, opts, rcs):
 
 def _run(rank, world, opts):
     import torch.distributed as dist
-    from tokenspeed_kernel.bench.comm import NVLINK_GBPS, _time_provider, bench_input
+    from tokenspeed_kernel.bench.comm import NVLINK_GBPS, time_provider, bench_input
     from tokenspeed_kernel.ops import comm as oc
     from tokenspeed_kernel.reference import comm as ref
     dev = torch.device("cuda", rank)
@@ -56,7 +56,7 @@ def _run(rank, world, opts):
     say = (lambda *a: print("[sweep]", *a, flush=True)) if rank == 0 else (lambda *a: None)
     # launch floor: N dependent 1-element kernels in one graph
     z = torch.zeros(1, device=dev)
-    res = _time_provider([lambda: z.add_(1)] * 32, opts["reps"], dev, align, graph=True)
+    res = time_provider([lambda: z.add_(1)] * 32, opts["reps"], dev, align, graph=True)
     fl = sorted(res["graph"])[len(res["graph"]) // 2]
     say(f"launch floor (graph, 1-element add): {fl:.2f} us per kernel")
     rows.append(dict(dtype="-", H=0, T=0, block_bytes=0, provider="launch-floor", us=fl,
@@ -113,7 +113,7 @@ def _run(rank, world, opts):
                     outs = [torch.empty((T, H), dtype=dtype, device=dev) for _ in range(n)]
                     fns = [(lambda o=o: call(o)) for o in outs]
                     # the knob is read at capture time: capture inside the toggled state
-                    r = _time_provider(fns, opts["reps"], dev, align, graph=True)
+                    r = time_provider(fns, opts["reps"], dev, align, graph=True)
                     med = sorted(r["graph"])[len(r["graph"]) // 2]
                     nb = oc._num_blocks(comm, T, [w] * world)
                     rows.append(dict(dtype=dtname, H=H, T=T, block_bytes=bb, provider=prov,

@@ -1,8 +1,8 @@
 """Writes a copy of csrc/comm/all_gather_hidden.cuh with clock64() phase stamps in the two LL
-kernels, for tools/ag_micro.cu built with -DTS_AG_TRACE (a diagnostic; the library never ships it).
+kernels, for bench/lab/tools/ag_micro.cu built with -DTS_AG_TRACE (a diagnostic; the library never ships it).
 
-    python3 tools/ag_trace_patch.py /tmp/tr && \
-        nvcc -std=c++17 -O3 -arch=sm_90a -DTS_AG_TRACE -I/tmp/tr -o ag_trace tools/ag_micro.cu
+    python3 bench/lab/tools/ag_trace_patch.py /tmp/tr && \
+        nvcc -std=c++17 -O3 -arch=sm_90a -DTS_AG_TRACE -I/tmp/tr -o ag_trace bench/lab/tools/ag_micro.cu
 
 Per call (slot epoch % 64) and CTA: [0] entry -> after griddepcontrol.wait, [1] -> after the push
 loop (the x loads have returned and the LL stores are issued), [2] -> after the receive loop,
@@ -12,7 +12,7 @@ CTAs, in ns at the SM's nominal clock.
 import sys
 from pathlib import Path
 
-HEADER = Path(__file__).resolve().parents[1] / "csrc/comm/all_gather_hidden.cuh"
+HEADER = Path(__file__).resolve().parents[3] / "csrc/comm/all_gather_hidden.cuh"
 lines = HEADER.read_text().split("\n")
 
 

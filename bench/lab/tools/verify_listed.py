@@ -1,7 +1,7 @@
 """How often, and why, the CUDA verify kernel lists requests for its exact path, and what each
 kernel costs per call (probabilistic, temperature only, the bench's inputs).
 
-    python tools/verify_listed.py [--offsets K] bs,n,V,dtype ...
+    python bench/lab/tools/verify_listed.py [--offsets K] bs,n,V,dtype ...
 
 For each shape and each of K offsets (1000, 1016, ...: the bench uses 1000), one call with the
 launcher's list statistics on (tuning hook: TOKENSPEED_VERIFY_TUNING + TS_VERIFY_LISTSTATS, a
@@ -19,7 +19,7 @@ os.environ["TOKENSPEED_VERIFY_TUNING"] = "1"
 
 import torch  # noqa: E402
 
-from tokenspeed_kernel.bench.verify import Problem, _ours  # noqa: E402
+from tokenspeed_kernel.bench.verify import Problem, ours_call  # noqa: E402
 from verify_sweep import measure  # noqa: E402  (tools/ is sys.path[0] when run as a script)
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -54,7 +54,7 @@ def main():
     ap.add_argument("--offsets", type=int, default=8)
     ap.add_argument("shapes", nargs="+")
     a = ap.parse_args()
-    call = _ours("cuda")
+    call = ours_call("cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
           f"git {os.environ.get('TS_GIT_SHA', '?')}")
     print("bs,n,V,dtype,offset,listed,unsure,wide,interval,positions,pos_us,final1_us,"
