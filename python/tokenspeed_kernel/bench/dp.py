@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 import torch
 
 from . import report
-from .comm import _quant, _time_provider
+from .comm import _quant, time_provider
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 B_GRID = [1, 4, 16, 32, 64, 128, 256, 512]
@@ -233,7 +233,7 @@ def _bench_rank(opts: Dict) -> int:
                     xs = [x0.clone() for _ in range(n)]
                     fns = [(lambda xx=xx: fn(xx)) for xx in xs]
                     try:
-                        res = _time_provider(fns, opts["reps"], device, align, graph=True)
+                        res = time_provider(fns, opts["reps"], device, align, graph=True)
                     except Exception as e:
                         row["note"] = f"timing failed: {type(e).__name__}: {str(e)[:80]}"
                         rows.append(row)
