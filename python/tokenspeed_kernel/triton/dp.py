@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import triton
@@ -285,14 +285,15 @@ def _interpreted() -> bool:
 def swap(x: torch.Tensor, peer_recv: torch.Tensor, peer_flags: torch.Tensor,
          state: torch.Tensor, rank: int, row_bytes: int, rows_per_rank: int, num_blocks: int,
          timeout_ns: int, phase: int = PHASE_ALL, max_spins: int = 1 << 20,
-         block: int = BLOCK) -> None:
+         block: Optional[int] = None) -> None:
     """Launch the swap (arguments validated by ``ops.dp``).
 
     x: ``[B, w]`` logits shard (2- or 4-byte elements, last dim contiguous). peer_recv /
     peer_flags: int64 ``[W]`` tensors of addresses (the call's swap buffer, the flag region) of
     every rank, on x's device. state: the communicator's int64[32]. row_bytes: the swap buffer's
     row pitch (a multiple of 16). ``num_blocks`` (<= 256) must be the same on every rank.
-    Under ``TRITON_INTERPRET=1`` a wait gives up after ``max_spins`` polls.
+    Under ``TRITON_INTERPRET=1`` a wait gives up after ``max_spins`` polls. ``block``: elements
+    per (row, tile) unit (default the module's ``BLOCK``, read at call time).
     """
     world = peer_recv.numel()
     esz = x.element_size()
@@ -309,14 +310,15 @@ def swap(x: torch.Tensor, peer_recv: torch.Tensor, peer_flags: torch.Tensor,
     interp = _interpreted()
     _dp_swap_kernel[(num_blocks,)](
         xi, ldx, peer_recv, peer_flags, state, row_bytes // esz, w, rows, rows_per_rank, rank,
-        int(timeout_ns), W=world, BLOCK=block, ALIGNED=aligned, PHASE=phase,
+        int(timeout_ns), W=world, BLOCK=block or BLOCK, ALIGNED=aligned, PHASE=phase,
         USE_TIMER=not interp, MAX_SPINS=max_spins, MAXR=MAX_RANKS, num_warps=NUM_WARPS)
 
 
 def gather(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], res_off: Sequence[int],
            peer_res: torch.Tensor, peer_flags: torch.Tensor, state: torch.Tensor, rank: int,
            res_bytes: int, items: int, items_per_rank: int, timeout_ns: int,
-           phase: int = PHASE_ALL, max_spins: int = 1 << 20, block: int = BLOCK) -> None:
+           phase: int = PHASE_ALL, max_spins: int = 1 << 20,
+           block: Optional[int] = None) -> None:
     """Launch the results gather (arguments validated by ``ops.dp``).
 
     src[f]: this rank's items of field f (contiguous, ``n_rank`` items); out[f]: ``[items, ...]``
@@ -338,5 +340,5 @@ def gather(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], res_off: Se
     interp = _interpreted()
     _dp_gather_kernel[(1,)](
         tab[0], tab[1], tab[2], tab[3], peer_res, peer_flags, state, res_bytes, items,
-        items_per_rank, rank, int(timeout_ns), W=world, NF=nf, BLOCK=block, PHASE=phase,
-        USE_TIMER=not interp, MAX_SPINS=max_spins, num_warps=NUM_WARPS)
+        items_per_rank, rank, int(timeout_ns), W=world, NF=nf, BLOCK=block or BLOCK,
+        PHASE=phase, USE_TIMER=not interp, MAX_SPINS=max_spins, num_warps=NUM_WARPS)
