@@ -3,6 +3,9 @@
 CPU (CI): the constants mirror the CUDA header; gloo process groups of 2-4 ranks run the
 NCCL-style fallback and the reference backend against ops.sample / ops.verify on the full
 logits (uneven B and V, garbage past V); ranks that disagree at creation all raise.
+CPU, Triton interpreter: the Triton swap / results gather with W = 2, 3 simulated ranks (CPU
+workspaces, driven phase by phase): bit-exact swap, gather, epochs and parities, a missing rank
+-> the error words; an ahead-of-time sm_90 compile of both kernels.
 One GPU: virtual ranks (W workspaces on one GPU wired like symmetric memory, one stream each)
 run the CUDA push kernels: bit-exact swap, tokens equal to ops.sample, graph replays with
 changing inputs, a dead peer -> CommError. Several GPUs: the same on real ranks.

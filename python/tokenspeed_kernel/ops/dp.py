@@ -28,8 +28,8 @@ run on a GPU), ``"nccl"`` (``all_to_all_single`` + permute, ``all_gather_into_te
 results, over the group's own backend: NCCL on GPU, gloo on CPU), ``"reference"``
 (``torch.distributed`` all-gather of the shards; every rank keeps its rows) and ``"auto"`` (cuda
 when the symmetric workspace is mapped and the extension loads on every rank, else nccl; never
-triton). Protocol, memory and
-the policy against "all-gather + sample": docs/COMM.md ("DP sampling").
+triton). Protocol, memory and the policy against "all-gather + sample": docs/COMM.md ("DP
+sampling").
 """
 from __future__ import annotations
 
