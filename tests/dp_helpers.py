@@ -7,6 +7,7 @@ Command line (device runs):
                                                  # ranks (compute-sanitizer memcheck / racecheck)
     python tests/dp_helpers.py sanitize          # virtual ranks (NOT under compute-sanitizer:
                                                  # it serializes kernels, the ranks time out)
+    python tests/dp_helpers.py triton-aot        # CPU: compile the Triton DP kernels for sm_90
 """
 from __future__ import annotations
 
@@ -490,7 +491,66 @@ def dp_sanitize_worker(rank: int, world: int) -> None:
     comm.check()
 
 
+# ---------------------------------------------------------------------------------------------
+# CPU: ahead-of-time compile of the Triton DP kernels for sm_90 (no GPU needed)
+# ---------------------------------------------------------------------------------------------
+def triton_aot_check() -> int:
+    """Compiles both Triton kernels of triton/dp.py for sm_90 and greps their PTX. Returns 5
+    (skip) when this triton's ahead-of-time API differs, 0 on success; raises on a failed check.
+    Run with TRITON_INTERPRET unset."""
+    import re
+
+    assert os.environ.get("TRITON_INTERPRET") != "1", "run with the interpreter off"
+    import triton
+
+    from tokenspeed_kernel.triton import dp as tri
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        print(f"triton {triton.__version__}: no ahead-of-time compile API ({e})")
+        return 5
+    flags = {"flag publish (atom.release.sys)": r"atom\.global\.sys\.release\.exch\.b64",
+             "flag wait (ld.acquire.sys)": r"ld\.global\.sys\.acquire\.b64",
+             "bounded wait (%globaltimer)": r"%globaltimer",
+             "error record (atom.cas)": r"atom\.global[.a-z_]*\.cas"}
+    common = {"PHASE": 7, "USE_TIMER": True, "MAX_SPINS": 1, "BLOCK": tri.BLOCK}
+    swap_sig = {"x_ptr": "*i16", "ldx": "i32", "peer_recv_ptr": "*i64", "peer_flags_ptr": "*i64",
+                "state_ptr": "*i64", "pitch": "i32", "shard": "i32", "rows": "i32",
+                "rows_per_rank": "i32", "rank": "i32", "timeout_ns": "i64"}
+    gather_sig = {"src_tab": "*i64", "out_tab": "*i64", "off_tab": "*i64", "ib_tab": "*i64",
+                  "peer_res_ptr": "*i64", "peer_flags_ptr": "*i64", "state_ptr": "*i64",
+                  "res_bytes": "i64", "items": "i32", "items_per_rank": "i32", "rank": "i32",
+                  "timeout_ns": "i64"}
+    cases = [("swap", tri._dp_swap_kernel, swap_sig,
+              dict(common, W=2, ALIGNED=True, MAXR=tri.MAX_RANKS),
+              {(i,): [["tt.divisibility", 16]] for i in range(7)},
+              dict(flags, **{"16-byte push (st.global.v4)": r"st\.global\.v4",
+                             "done counter (atom.acq_rel.gpu add)":
+                                 r"atom\.global\.gpu\.acq_rel\.add"})),
+             ("gather", tri._dp_gather_kernel, gather_sig, dict(common, W=4, NF=3), {},
+              dict(flags, **{"L1-bypassing copy-out (ld.global.cg)": r"ld\.global\.cg"}))]
+    for name, fn, sig, const, attrs, checks in cases:
+        sig = dict(sig, **{k: "constexpr" for k in const})
+        try:
+            src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+        except TypeError as e:
+            print(f"triton {triton.__version__}: ahead-of-time compile API differs ({e})")
+            return 5
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": tri.NUM_WARPS})
+        ptx = k.asm["ptx"]
+        for what, pat in checks.items():
+            n = len(re.findall(pat, ptx))
+            assert n > 0, f"{name}: no {what} in the PTX"
+            print(f"  {name}: {what}: {n}")
+        print(f"triton-aot ok: {name}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "triton-aot":
+        sys.exit(triton_aot_check())
     if len(sys.argv) > 1 and sys.argv[1] == "sanitize":
         sanitize_main()
     elif len(sys.argv) > 1 and sys.argv[1] == "sanitize-mp":

@@ -3,12 +3,16 @@
 CPU (CI): the constants mirror the CUDA header; gloo process groups of 2-4 ranks run the
 NCCL-style fallback and the reference backend against ops.sample / ops.verify on the full
 logits (uneven B and V, garbage past V); ranks that disagree at creation all raise.
+CPU, Triton interpreter: the Triton swap / results gather with W = 2, 3 simulated ranks (CPU
+workspaces, driven phase by phase): bit-exact swap, gather, epochs and parities, a missing rank
+-> the error words; an ahead-of-time sm_90 compile of both kernels.
 One GPU: virtual ranks (W workspaces on one GPU wired like symmetric memory, one stream each)
 run the CUDA push kernels: bit-exact swap, tokens equal to ops.sample, graph replays with
 changing inputs, a dead peer -> CommError. Several GPUs: the same on real ranks.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -55,6 +59,21 @@ def test_constants_match_cuda_header():
     assert int(const("kDpErrTimeoutReady")) == D.ERR_TIMEOUT_READY
     assert int(const("kDpErrTimeoutGather")) == D.ERR_TIMEOUT_GATHER
     assert int(const("kDpFlagTrap")) == D.F_TRAP
+    assert "2 * kDpSlots" == const("kDpTritonSwapFlags") and D.TRITON_SWAP_FLAGS == 2 * D.SLOT_WORDS
+    assert "3 * kDpSlots" == const("kDpTritonReadyFlags")
+    assert D.TRITON_READY_FLAGS == 3 * D.SLOT_WORDS
+    from tokenspeed_kernel.triton import dp as tri   # the Triton kernels' own copies
+    assert (tri.MAX_RANKS, tri.MAX_BLOCKS, tri.MAX_FIELDS) == (D.MAX_RANKS, D.MAX_BLOCKS,
+                                                               D.MAX_FIELDS)
+    assert (tri.TRITON_SWAP_FLAGS, tri.TRITON_READY_FLAGS, tri.GATHER_FLAGS) == (
+        D.TRITON_SWAP_FLAGS, D.TRITON_READY_FLAGS, D.GATHER_FLAGS)
+    assert (tri.GATHER_STATE, tri.STATE_SEQ, tri.STATE_ERR, tri.STATE_ERR_BLOCK,
+            tri.STATE_ERR_SRC, tri.STATE_ERR_EPOCH) == (D.GATHER_STATE, D.STATE_SEQ, D.STATE_ERR,
+                                                        D.STATE_ERR_BLOCK, D.STATE_ERR_SRC,
+                                                        D.STATE_ERR_EPOCH)
+    assert int(re.search(r"kDpDone = (\d+)", src).group(1)) == tri.STATE_DONE
+    assert (tri.ERR_TIMEOUT_SWAP, tri.ERR_TIMEOUT_READY, tri.ERR_TIMEOUT_GATHER) == (
+        D.ERR_TIMEOUT_SWAP, D.ERR_TIMEOUT_READY, D.ERR_TIMEOUT_GATHER)
 
 
 def test_row_ranges_cover_the_batch_once():
@@ -137,6 +156,211 @@ def test_policy():
     assert D.select_route(c, 15) == "all_gather" and D.select_route(c, 16) == "dp"
     c.dp_min_rows = 0
     assert D.select_route(c, 1) == "dp"
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the Triton kernels under TRITON_INTERPRET=1, W simulated ranks in one process
+# ---------------------------------------------------------------------------------------------
+# Workspaces are CPU uint8 tensors wired by peer-pointer tables (create_virtual_dp_comms on the
+# CPU); the interpreter runs one program after the other, so the ranks are driven phase by phase
+# (comm.triton_phase): every rank's phase 1 (handshake publish), then every rank's phase 2
+# (handshake wait + push + publish), then every rank's phase 4 (wait + copy-out + advance).
+needs_interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                  reason="runs the Triton kernels on CPU tensors (interpreter)")
+_PHASES = (1, 2, 4)
+
+
+def _sim_comms(W, max_rows, V, dtype, shard_width=None, block_bytes=64, max_spins=16):
+    comms = D.create_virtual_dp_comms(W, max_rows=max_rows, vocab_size=V, dtype=dtype,
+                                      shard_width=shard_width, device="cpu",
+                                      block_bytes=block_bytes, slots=2)
+    for c in comms:
+        c.triton_max_spins = max_spins
+    return comms
+
+
+def _phased(comms, fn):
+    out = [None] * len(comms)
+    for phase in _PHASES:
+        for r, c in enumerate(comms):
+            c.triton_phase = phase
+            out[r] = fn(r, c)
+    for c in comms:
+        c.triton_phase = 7
+    return out
+
+
+def _flag_tables(comm):
+    """The flag region of a simulated rank: the [4 tables][256 blocks][16 ranks] swap tables
+    (CUDA swap, CUDA ready, Triton swap, Triton ready) and the 256 gather words."""
+    words = comm.symm[: D.FLAG_BYTES].view(torch.int64)
+    return (words[: 4 * D.SLOT_WORDS].view(4, D.MAX_BLOCKS, D.MAX_RANKS),
+            words[D.GATHER_FLAGS:])
+
+
+@needs_interp
+@pytest.mark.parametrize("W,B,V,dtname,w,block", [
+    (2, 5, 100, "float32", None, 16),      # B % W != 0, two tiles per row
+    (3, 7, 300, "bfloat16", None, 32),     # shard row 200 bytes: not a multiple of 16
+    (3, 2, 64, "float32", None, 1024),     # B < W: rank 2 owns no row
+    (2, 3, 130, "bfloat16", 69, 32),       # 138-byte shard rows, +1e4 garbage past V
+    (3, 4, 250, "float16", 84, 16),        # 168-byte shard rows, 6 tiles per row
+])
+def test_triton_swap_simulated_ranks_bit_exact(W, B, V, dtname, w, block, monkeypatch):
+    from tokenspeed_kernel.triton import dp as tri
+    monkeypatch.setattr(tri, "BLOCK", block)
+    dtype = H.DTYPES[dtname]
+    comms = _sim_comms(W, 8, V, dtype, shard_width=w)
+    w = comms[0].shard_width
+    G = D._num_blocks(comms[0], comms[0].rows_per_rank(B))
+    assert G > 1 or B < W
+    for call in range(1, 3):   # two calls: epochs advance, the same buffer is reused
+        for slot in (0, 1):
+            full = H.full_logits(B, V, dtype, "cpu", seed=call * 10 + slot)
+            xs = [H.shard_of(full, W, r, w) for r in range(W)]
+            views = _phased(comms, lambda r, c: ops.swap_vocab_to_batch(c, xs[r], slot=slot,
+                                                                        backend="triton"))
+            e = 2 * (call - 1) + slot + 1
+            for r, c in enumerate(comms):
+                s, n = c.row_range(B)
+                assert views[r].shape == (n, V)
+                assert H.same(views[r], full[s:s + n]), (W, B, V, dtname, call, slot, r)
+                st = c.state.tolist()
+                assert st[D.STATE_SEQ] == e and st[D.STATE_ERR] == 0 and st[8] == 0, st
+                assert c.error() is None
+                fl, gw = _flag_tables(c)
+                for t in (2, 3):   # the Triton swap / ready tables: one word per (block, rank)
+                    assert bool((fl[t, :G, :W] == e).all()), (t, fl[t, :G, :W])
+                    assert bool((fl[t, G:] == 0).all()) and bool((fl[t, :, W:] == 0).all())
+                assert bool((fl[:2] == 0).all())   # the CUDA kernel's tables untouched
+                assert bool((gw == 0).all())       # no gather yet
+
+
+@needs_interp
+@pytest.mark.parametrize("W,B", [(2, 5), (3, 7), (3, 2)])
+def test_triton_gather_simulated_ranks(W, B, monkeypatch):
+    from tokenspeed_kernel.triton import dp as tri
+    monkeypatch.setattr(tri, "BLOCK", 16)    # several byte tiles per section
+    comms = _sim_comms(W, 8, 64, torch.float32)
+    Bl = comms[0].rows_per_rank(B)
+    g = torch.Generator().manual_seed(B)
+    for call in range(1, 4):   # parities 1, 0, 1
+        tok = torch.randint(0, 2**40, (B,), generator=g)
+        valid = torch.rand(B, generator=g) > 0.5
+        lp = torch.randn(B, generator=g)
+        rows = torch.randint(-5, 5, (B, 3), generator=g).to(torch.int32)   # verify-shaped
+        want = [tok, valid, lp, rows]
+        # (the phases of one call must write the same outputs: _gather_triton, which _gather
+        # calls with fresh outputs for backend="triton")
+        outs = [[torch.full_like(t, -7 if t.dtype != torch.bool else 0) for t in want]
+                for _ in comms]
+
+        def run(r, c):
+            s, n = c.row_range(B)
+            D._gather_triton(c, [t[s:s + n] for t in want], outs[r], B, Bl)
+
+        _phased(comms, run)
+        for r, c in enumerate(comms):
+            for o, t in zip(outs[r], want):
+                assert o.dtype == t.dtype and torch.equal(o, t), (W, B, call, r)
+            st = c.state.tolist()
+            assert st[D.GATHER_STATE + D.STATE_SEQ] == call and st[D.GATHER_STATE + 1] == 0
+            assert st[D.STATE_SEQ] == 0   # the swap's counter untouched
+            fl, gw = _flag_tables(c)
+            assert gw[:W].tolist() == [call] * W and bool((gw[W:] == 0).all())
+            assert bool((fl == 0).all())   # no swap flag touched
+            # the peers' sections of this call's tokens lie in results buffer call & 1
+            res = c.symm[c.res_base + (call & 1) * c.res_bytes:].view(torch.int64)
+            for s in range(W):
+                if s != r:
+                    s0, n = c.row_range(B, s)
+                    assert torch.equal(res[s0:s0 + n], tok[s0:s0 + n])
+
+
+def test_gather_dispatches_triton(monkeypatch):
+    seen = []
+    monkeypatch.setattr(D, "_gather_triton", lambda *a: seen.append(a))
+    c = D.DPSamplingComm()
+    c.world_size, c.device = 2, torch.device("cpu")
+    outs = D._gather(c, [torch.zeros(2)], 3, 2, "triton", [()], [torch.float32])
+    assert len(seen) == 1 and seen[0][2] is outs and seen[0][3:] == (3, 2)
+
+
+@needs_interp
+def test_triton_missing_rank_gives_up_and_poisons():
+    from tokenspeed_kernel.ops.comm import CommError
+    W, B, V = 2, 3, 64
+    full = H.full_logits(B, V, torch.float32, "cpu")
+    # handshake: rank 1 never enters -> rank 0's ready wait gives up
+    comms = _sim_comms(W, 8, V, torch.float32, max_spins=8)
+    x0 = H.shard_of(full, W, 0, comms[0].shard_width)
+    ops.swap_vocab_to_batch(comms[0], x0, backend="triton")
+    st = comms[0].state.tolist()
+    assert st[D.STATE_ERR] == D.ERR_TIMEOUT_READY and st[D.STATE_ERR_SRC] == 1, st
+    assert st[D.STATE_ERR_EPOCH] == 1 and st[D.STATE_SEQ] == 0, st
+    with pytest.raises(CommError, match="ready flag of rank 1"):
+        comms[0].check()
+    # poisoned: a later gather returns at once (no flag, no output written)
+    flags1 = comms[1].symm[: D.FLAG_BYTES].clone()
+    outs = D._gather(comms[0], [torch.arange(2)], B, 2, "triton", [()], [torch.int64])
+    assert comms[0].state[D.GATHER_STATE].item() == 0
+    assert torch.equal(comms[1].symm[: D.FLAG_BYTES], flags1)
+    del outs
+    # data flags: rank 1 enters (phase 1) but never pushes -> rank 0's data wait gives up
+    comms = _sim_comms(W, 8, V, torch.float32, max_spins=8)
+    comms[1].triton_phase = 1
+    ops.swap_vocab_to_batch(comms[1], H.shard_of(full, W, 1, comms[1].shard_width),
+                            backend="triton")
+    ops.swap_vocab_to_batch(comms[0], x0, backend="triton")
+    st = comms[0].state.tolist()
+    assert st[D.STATE_ERR] == D.ERR_TIMEOUT_SWAP and st[D.STATE_ERR_SRC] == 1, st
+    assert comms[0].error() is not None and "data flag of rank 1" in comms[0].error()
+    # results gather: rank 1 never joins -> rank 0 gives up, the swap is poisoned too
+    comms = _sim_comms(W, 8, V, torch.float32, max_spins=8)
+    out, = D._gather(comms[0], [torch.arange(2)], B, 2, "triton", [()], [torch.int64])
+    st = comms[0].state.tolist()
+    assert st[D.GATHER_STATE + D.STATE_ERR] == D.ERR_TIMEOUT_GATHER, st
+    assert st[D.GATHER_STATE + D.STATE_ERR_SRC] == 1, st
+    assert out[:2].tolist() == [0, 1]    # own items were stored before the wait
+    with pytest.raises(CommError, match="results gather.*results flag of rank 1"):
+        comms[0].check()
+    before = comms[1].symm[: D.FLAG_BYTES].clone()
+    ops.swap_vocab_to_batch(comms[0], x0, backend="triton")
+    assert torch.equal(comms[1].symm[: D.FLAG_BYTES], before), "a poisoned swap signalled"
+    assert comms[0].state[D.STATE_SEQ].item() == 0
+
+
+def test_triton_backend_selection():
+    assert "triton" in D.BACKENDS
+    c = D.DPSamplingComm()
+    c.world_size, c.virtual, c.p2p, c.extension, c.triton = 2, False, True, False, True
+    assert D.select_backend(c) == "nccl"          # auto never picks triton
+    assert D.select_backend(c, "triton") == "triton"
+    c.extension = True
+    assert D.select_backend(c) == "cuda"
+    c.triton = False
+    with pytest.raises(ValueError, match="^backend: 'triton' needs triton"):
+        D.select_backend(c, "triton")
+    c.p2p, c.triton = False, True
+    with pytest.raises(ValueError, match="^backend: 'triton' needs the symmetric P2P"):
+        D.select_backend(c, "triton")
+    c.world_size = 1
+    assert D.select_backend(c, "triton") == "copy"
+
+
+def test_triton_kernels_compile_for_sm90():
+    """Ahead-of-time compile of both Triton kernels for sm_90 (subprocess, interpreter off):
+    catches what the interpreter does not (types of loop-carried values, atomics) and checks the
+    PTX for release / acquire flags at system scope and the %globaltimer bound."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, str(ROOT / "tests/dp_helpers.py"), "triton-aot"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode == 5:
+        pytest.skip(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.stdout.count("triton-aot ok") == 2, r.stdout
 
 
 # ---------------------------------------------------------------------------------------------

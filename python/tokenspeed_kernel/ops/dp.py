@@ -22,11 +22,14 @@ Usage::
     out.tokens                                                    # [B] on every rank
 
 Backends (``backend=``): ``"cuda"`` (one-sided P2P push kernels, csrc/comm/dp_swap.cuh),
-``"nccl"`` (``all_to_all_single`` + permute, ``all_gather_into_tensor`` for the results, over
-the group's own backend: NCCL on GPU, gloo on CPU), ``"reference"`` (``torch.distributed``
-all-gather of the shards; every rank keeps its rows) and ``"auto"`` (cuda when the symmetric
-workspace is mapped and the extension loads on every rank, else nccl). Protocol, memory and
-the policy against "all-gather + sample": docs/COMM.md ("DP sampling").
+``"triton"`` (the same push protocol on the same workspace in Triton, triton/dp.py; only with
+an explicit ``backend="triton"``: tested in the Triton interpreter with simulated ranks, never
+run on a GPU), ``"nccl"`` (``all_to_all_single`` + permute, ``all_gather_into_tensor`` for the
+results, over the group's own backend: NCCL on GPU, gloo on CPU), ``"reference"``
+(``torch.distributed`` all-gather of the shards; every rank keeps its rows) and ``"auto"`` (cuda
+when the symmetric workspace is mapped and the extension loads on every rank, else nccl; never
+triton). Protocol, memory and the policy against "all-gather + sample": docs/COMM.md ("DP
+sampling").
 """
 from __future__ import annotations
 
@@ -46,13 +49,14 @@ MAX_BLOCKS = 256
 MAX_FIELDS = 8
 SLOT_WORDS = MAX_BLOCKS * MAX_RANKS
 SWAP_FLAGS, READY_FLAGS, GATHER_FLAGS = 0, SLOT_WORDS, 4 * SLOT_WORDS
+TRITON_SWAP_FLAGS, TRITON_READY_FLAGS = 2 * SLOT_WORDS, 3 * SLOT_WORDS
 FLAG_BYTES = (GATHER_FLAGS + 256) * 8
 STATE_WORDS, GATHER_STATE = 32, 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH = 0, 1, 2, 3, 4
 ERR_TIMEOUT_SWAP, ERR_TIMEOUT_READY, ERR_TIMEOUT_GATHER = 1, 2, 3
 F_TRAP = 4
 
-BACKENDS = ("auto", "cuda", "nccl", "reference")
+BACKENDS = ("auto", "cuda", "triton", "nccl", "reference")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEFAULT_TIMEOUT_MS = 30_000
 # Bytes of one destination's block pushed per CTA of the swap (grid = ceil(Bl * shard bytes /
@@ -104,7 +108,10 @@ class DPSamplingComm:
     ``create_dp_sampling_comm`` (a collective; host-blocking; never under CUDA-graph capture).
 
     Attributes (read-only): ``group, rank, world_size, device, dtype, max_rows, vocab_size,
-    shard_width, slots, max_top_n, p2p, extension, timeout_ms, block_bytes, dp_min_rows``.
+    shard_width, slots, max_top_n, p2p, extension, triton, timeout_ms, block_bytes,
+    dp_min_rows``. Test hooks of the Triton backend (interpreter only): ``triton_phase`` (the
+    kernels' phase mask, 7 = all) and ``triton_max_spins`` (polls before an interpreted wait gives
+    up).
     Memory (symmetric, per rank): ``130 KiB + slots * ceil(max_rows / W) * row_bytes +
     2 * res_bytes`` (``row_bytes = W * shard_width * elt`` rounded up to 16).
     """
@@ -115,6 +122,9 @@ class DPSamplingComm:
         self.state: Optional[torch.Tensor] = None
         self.group = None
         self.virtual = False
+        self.triton = False
+        self.triton_phase = 7
+        self.triton_max_spins = 1 << 20
 
     # -- layout ---------------------------------------------------------------------------
     def rows_per_rank(self, rows: int) -> int:
@@ -290,6 +300,7 @@ def create_dp_sampling_comm(group=None, *, max_rows: int, vocab_size: int, dtype
 
     cuda = device.type == "cuda"
     ext = cuda and _library.extension_available()
+    tri = cuda and _triton_importable()
     try:
         from torch.distributed import _symmetric_memory  # noqa: F401,F811
         symm_ok = True
@@ -297,8 +308,9 @@ def create_dp_sampling_comm(group=None, *, max_rows: int, vocab_size: int, dtype
         symm_ok = False
     can_symm = bool(cuda and use_symmetric_memory and symm_ok)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
-    r1 = _agree_min(group, device, [can_symm, ext, min(MAX_BLOCKS, sms)])
+    r1 = _agree_min(group, device, [can_symm, ext, min(MAX_BLOCKS, sms), tri])
     can_symm, comm.extension, comm.max_blocks = bool(r1[0]), bool(r1[1]), int(r1[2])
+    comm.triton = bool(r1[3])
     ok, delta, bases = False, 0, []
     if can_symm:
         try:
@@ -333,7 +345,24 @@ def _set_tables(comm: DPSamplingComm, bases: Sequence[int]) -> None:
     comm.peer_recv = [b + FLAG_BYTES for b in comm.peer_flags]
     comm.peer_res = [b + comm.res_base for b in comm.peer_flags]
     comm.state = torch.zeros(STATE_WORDS, dtype=torch.int64, device=comm.device)
-    torch.cuda.synchronize(comm.device)
+    # the Triton kernels take the tables as device tensors (built here, outside any capture)
+    dev = comm.device
+    comm.peer_flags_dev = torch.tensor(comm.peer_flags, dtype=torch.int64, device=dev)
+    comm.peer_res_dev = torch.tensor(comm.peer_res, dtype=torch.int64, device=dev)
+    comm.peer_recv_dev = [torch.tensor([p + k * comm.recv_bytes for p in comm.peer_recv],
+                                       dtype=torch.int64, device=dev)
+                          for k in range(comm.slots)]
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _triton_importable() -> bool:
+    import importlib
+    try:
+        importlib.import_module("triton")
+        return True
+    except Exception:
+        return False
 
 
 def create_virtual_dp_comms(world: int, *, max_rows: int, vocab_size: int, dtype: torch.dtype,
@@ -342,11 +371,14 @@ def create_virtual_dp_comms(world: int, *, max_rows: int, vocab_size: int, dtype
                             block_bytes: int = DEFAULT_BLOCK_BYTES) -> List[DPSamplingComm]:
     """Testing: ``world`` virtual ranks on ONE GPU, each with its own workspace, wired to each
     other exactly as symmetric memory wires real ranks (peer pointer tables). Drive rank r's
-    calls on its own stream (all grids must be co-resident); only the 'cuda' backend works."""
+    calls on its own stream (all grids must be co-resident); only the 'cuda' and 'triton'
+    backends work. ``device="cpu"``: CPU workspaces for the Triton kernels under
+    ``TRITON_INTERPRET=1`` (drive the simulated ranks phase by phase: ``triton_phase``)."""
     C.check(isinstance(world, int) and 1 <= world <= MAX_RANKS, "world",
             f"must be an int in [1, {MAX_RANKS}], got {world!r}")
     device = torch.device(device if device is not None else "cuda")
-    if device.index is None:
+    cuda = device.type == "cuda"
+    if cuda and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     shard_width = _check_create_args(max_rows, vocab_size, dtype, shard_width, world, slots, 0,
                                      timeout_ms, block_bytes, DEFAULT_DP_MIN_ROWS)
@@ -359,10 +391,12 @@ def create_virtual_dp_comms(world: int, *, max_rows: int, vocab_size: int, dtype
         c.slots, c.max_top_n = slots, 0
         c.timeout_ms, c.trap_on_timeout = timeout_ms, False
         c.block_bytes, c.dp_min_rows = block_bytes, DEFAULT_DP_MIN_ROWS
-        c.extension = _library.extension_available()
+        c.extension = cuda and _library.extension_available()
+        c.triton = _triton_importable()
         # every rank's swap grid must be resident at once on the one GPU: at most one CTA
-        # per SM over all ranks
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        # per SM over all ranks (CPU, interpreted: programs run one after the other)
+        sms = (torch.cuda.get_device_properties(device).multi_processor_count if cuda
+               else MAX_BLOCKS * world)
         c.max_blocks = max(1, min(MAX_BLOCKS, sms // world))
         _finish_layout(c)
         c.symm = torch.zeros(c.total_bytes, dtype=torch.uint8, device=device)
@@ -378,12 +412,15 @@ def create_virtual_dp_comms(world: int, *, max_rows: int, vocab_size: int, dtype
 # backend choice, validation
 # ---------------------------------------------------------------------------------------------
 def select_backend(comm: DPSamplingComm, backend: str = "auto") -> str:
-    """``"copy"`` (one rank) | ``"cuda"`` | ``"nccl"`` | ``"reference"``. ``auto``: cuda when the
-    symmetric workspace is mapped and the extension loads on every rank, else nccl. Depends only
-    on values agreed at creation, so every rank picks the same."""
+    """``"copy"`` (one rank) | ``"cuda"`` | ``"triton"`` | ``"nccl"`` | ``"reference"``.
+    ``auto``: cuda when the symmetric workspace is mapped and the extension loads on every rank,
+    else nccl. ``auto`` never picks triton: the Triton kernels (triton/dp.py) have been tested
+    only in the Triton interpreter with simulated ranks and have never run on a GPU; name it
+    explicitly (needs the P2P workspace and triton on every rank). Depends only on values agreed
+    at creation, so every rank picks the same."""
     if backend not in BACKENDS:
         C.check(False, "backend", f"must be one of {BACKENDS}, got {backend!r}")
-    if comm.world_size == 1 and backend in ("auto", "cuda", "nccl"):
+    if comm.world_size == 1 and backend in ("auto", "cuda", "triton", "nccl"):
         return "copy"
     if backend == "auto":
         return "cuda" if (comm.p2p and comm.extension) else "nccl"
@@ -393,6 +430,12 @@ def select_backend(comm: DPSamplingComm, backend: str = "auto") -> str:
                 "memory unavailable): use 'nccl' or 'auto'")
         if not comm.extension:
             _library.require("tokenspeed_kernel.ops.swap_vocab_to_batch(backend='cuda')")
+    if backend == "triton":
+        C.check(comm.p2p, "backend", "'triton' needs the symmetric P2P workspace, which this "
+                "communicator does not have (multi-node group, no peer access, CPU, or symmetric "
+                "memory unavailable): use 'nccl' or 'auto'")
+        C.check(getattr(comm, "triton", False), "backend",
+                "'triton' needs triton importable (and CUDA) on every rank")
     if backend in ("nccl", "reference"):
         C.check(not comm.virtual, "backend", f"{backend!r} needs a process group (virtual "
                 "ranks only run the 'cuda' backend)")
@@ -444,6 +487,22 @@ def _swap_cuda(comm, x, rows_per_rank: int, slot: int) -> torch.Tensor:
     return buf.as_strided((n, comm.vocab_size), (pitch, 1))
 
 
+def _swap_triton(comm, x, rows_per_rank: int, slot: int) -> torch.Tensor:
+    from ..triton import dp as tri
+    C.check(rows_per_rank * comm.world_size >= x.shape[0] and rows_per_rank <= comm.rows_cap,
+            "logits_shard", f"{rows_per_rank} rows per rank do not fit the swap buffer "
+            f"({comm.rows_cap} rows)")
+    tri.swap(x, comm.peer_recv_dev[slot], comm.peer_flags_dev, comm.state, comm.rank,
+             comm.row_bytes, rows_per_rank, _num_blocks(comm, rows_per_rank),
+             comm.timeout_ms * 1_000_000, phase=comm.triton_phase,
+             max_spins=comm.triton_max_spins)
+    start, n = _range(x.shape[0], rows_per_rank, comm.rank)
+    off = FLAG_BYTES + slot * comm.recv_bytes
+    pitch = comm.row_bytes // comm.element_size
+    buf = comm.symm[off: off + comm.recv_bytes].view(comm.dtype)
+    return buf.as_strided((n, comm.vocab_size), (pitch, 1))
+
+
 def _range(rows: int, rows_per_rank: int, rank: int) -> Tuple[int, int]:
     start = min(rows, rank * rows_per_rank)
     return start, max(0, min(rows_per_rank, rows - start))
@@ -479,6 +538,8 @@ def _swap(comm, x, rows_per_rank: int, slot: int, backend: str) -> torch.Tensor:
         return x[:, :comm.vocab_size]
     if backend == "cuda":
         return _swap_cuda(comm, x, rows_per_rank, slot)
+    if backend == "triton":
+        return _swap_triton(comm, x, rows_per_rank, slot)
     if backend == "nccl":
         return _swap_nccl(comm, x, rows_per_rank)
     return _swap_reference(comm, x, rows_per_rank)
@@ -493,7 +554,8 @@ def swap_vocab_to_batch(comm: DPSamplingComm, logits_shard: torch.Tensor, *, slo
     not divide ``B``: padding is never materialized, so nothing can sample it). Columns are
     ``[0, V)``: the shards' columns at or past V are dropped.
 
-    The CUDA backend returns a view of the communicator's swap buffer ``slot`` (row stride
+    The CUDA and Triton backends return a view of the communicator's swap buffer ``slot`` (row
+    stride
     ``comm.row_bytes``): valid for all work enqueued on this rank's stream before the next swap
     into the same slot. Do not write into it. Other backends return fresh tensors. Every rank
     must pass the same B and slot. CUDA-graph safe (fixed addresses, device call counter).
@@ -533,6 +595,9 @@ def _gather(comm, fields: Sequence[torch.Tensor], items: int, per_rank: int, bac
             comm.peer_flags, offs, comm.rank, comm.res_bytes, items, per_rank,
             F_TRAP if comm.trap_on_timeout else 0, comm.timeout_ms * 1_000_000)
         return outs
+    if backend == "triton":
+        _gather_triton(comm, fields, outs, items, per_rank)
+        return outs
     W = comm.world_size
     for o, f in zip(outs, fields):
         pad = torch.zeros((per_rank,) + tuple(f.shape[1:]), dtype=f.dtype, device=f.device)
@@ -544,6 +609,31 @@ def _gather(comm, fields: Sequence[torch.Tensor], items: int, per_rank: int, bac
             _ag_single()(allv, pad, group=comm.group)
         o.copy_(allv[:items])
     return outs
+
+
+def _gather_triton(comm, fields, outs, items: int, per_rank: int) -> None:
+    """The Triton results gather: the CUDA gather's layout (fields' regions at 16-byte aligned
+    offsets of a results buffer) and flags. Builds the fields' address tables per call on the
+    host (not CUDA-graph capturable)."""
+    from ..triton import dp as tri
+    offs, off = [], 0
+    for o in outs:
+        offs.append(off)
+        ib = o[0].numel() * o.element_size()
+        off = _up(off + comm.world_size * per_rank * ib, 16)
+    C.check(off <= comm.res_bytes, "comm",
+            f"the results of this call ({off} bytes) exceed the communicator's results buffer "
+            f"({comm.res_bytes} bytes): create it with a larger max_rows / max_top_n")
+    C.check(len(fields) <= MAX_FIELDS, "fields", f"at most {MAX_FIELDS} fields")
+    _, n = _range(items, per_rank, comm.rank)
+    for f, o in zip(fields, outs):
+        C.check(f.shape[0] == n and f.dtype == o.dtype and f.shape[1:] == o.shape[1:], "fields",
+                f"this rank's field must be [{n}, ...] of {o.dtype}, got {tuple(f.shape)} "
+                f"{f.dtype}")
+    tri.gather([f.contiguous() for f in fields], outs, offs, comm.peer_res_dev,
+               comm.peer_flags_dev, comm.state, comm.rank, comm.res_bytes, items, per_rank,
+               comm.timeout_ms * 1_000_000, phase=comm.triton_phase,
+               max_spins=comm.triton_max_spins)
 
 
 # ---------------------------------------------------------------------------------------------

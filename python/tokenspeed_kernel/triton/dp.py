@@ -1,0 +1,344 @@
+"""Triton fallback of DP sampling's two comm kernels: the vocab -> batch swap and the results
+gather.
+
+Same protocol and workspace as the CUDA kernels (csrc/comm/dp_swap.cuh, docs/COMM.md "DP
+sampling"); only the swap's partition differs, so its flags live in tables of their own
+(``kDpTritonSwapFlags`` / ``kDpTritonReadyFlags``): ranks that disagree on the backend of one
+call time out instead of reading partial data. The call counters (state words 0 and 16) are
+shared with the CUDA kernels, so calls may alternate between the two backends.
+
+Swap, call ``e`` (= state[0] + 1), program ``b`` of rank ``p`` (the same grid ``G`` on every
+rank):
+
+1. entry handshake: publishes ``ready'[b][p] = e`` on every rank (release, system scope) and
+   waits for ``ready'[b][d] >= e`` of every rank ``d`` (acquire, bounded): ``d`` has entered
+   call ``e``, so it is done with its view of call ``e - 1``;
+2. pushes units ``[chunk(b), chunk(b + 1))`` of the ``(row, BLOCK-element tile)`` space of one
+   destination block of ``Bl`` rows to every destination ``d``: rows ``d Bl + i`` of x
+   (``i < n_d``) go to row ``i``, column ``p w`` of d's swap buffer; then publishes
+   ``swap'[b][p] = e`` on every rank;
+3. waits for ``swap'[b][s] >= e`` of every ``s``; the last program (done counter, state word 8)
+   advances the call counter.
+
+Gather, call ``g`` (= state[16] + 1), one program: pushes this rank's items of every field into
+every peer's results buffer ``g & 1`` at section ``p Bl item_bytes`` (its own straight into the
+outputs) and publishes ``gather[p] = g`` (the CUDA gather's flag words: one flag per source, no
+partition) on every rank; then waits for ``gather[s] >= g`` of every ``s``, copies the peers'
+sections out and advances state[16].
+
+Bounded waits give up after ``timeout_ns`` (``%globaltimer``; under ``TRITON_INTERPRET=1`` after
+``max_spins`` polls instead), record (code, block, source, call) in the state words 1..4 of the
+kernel's block and poison the communicator: a later call of either kernel (either backend)
+returns at once when state[1] or state[17] is set.
+
+Moves are element-level: the swap moves 2- or 4-byte integers (the logits' bits), the gather
+bytes, in vectorized tiles.
+
+``phase`` is a bit mask (1: handshake publish, 2: handshake wait + push + publish, 4: wait +
+copy-out + advance; the gather has nothing in phase 1). A GPU launch runs ``phase=7``. The CPU
+tests run every simulated rank's phase 1, then every rank's phase 2, then every rank's phase 4
+under the interpreter (which runs one program after the other): every wait of a phase is on a
+flag that every rank published in an earlier phase, so sequential execution cannot deadlock.
+
+Never run on a GPU yet: ``ops.dp`` uses it only with an explicit ``backend="triton"``.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_RANKS = 16
+MAX_BLOCKS = 256
+MAX_FIELDS = 8
+SLOT_WORDS = MAX_BLOCKS * MAX_RANKS
+TRITON_SWAP_FLAGS = 2 * SLOT_WORDS     # kDpTritonSwapFlags (uint64 words of the flag region)
+TRITON_READY_FLAGS = 3 * SLOT_WORDS    # kDpTritonReadyFlags
+GATHER_FLAGS = 4 * SLOT_WORDS          # kDpGatherFlags
+GATHER_STATE = 16
+STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
+ERR_TIMEOUT_SWAP, ERR_TIMEOUT_READY, ERR_TIMEOUT_GATHER = 1, 2, 3
+BLOCK = 1024          # elements per (row, tile) unit of the swap; bytes per gather tile
+NUM_WARPS = 4
+PHASE_ALL = 7
+
+_SEQ = tl.constexpr(STATE_SEQ)
+_ERR = tl.constexpr(STATE_ERR)
+_ERR_BLOCK = tl.constexpr(STATE_ERR_BLOCK)
+_ERR_SRC = tl.constexpr(STATE_ERR_SRC)
+_ERR_EPOCH = tl.constexpr(STATE_ERR_EPOCH)
+_DONE = tl.constexpr(STATE_DONE)
+_GSTATE = tl.constexpr(GATHER_STATE)
+_SWAP_FL = tl.constexpr(TRITON_SWAP_FLAGS)
+_READY_FL = tl.constexpr(TRITON_READY_FLAGS)
+_GATHER_FL = tl.constexpr(GATHER_FLAGS)
+_T_SWAP = tl.constexpr(ERR_TIMEOUT_SWAP)
+_T_READY = tl.constexpr(ERR_TIMEOUT_READY)
+_T_GATHER = tl.constexpr(ERR_TIMEOUT_GATHER)
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _poisoned(state_ptr):
+    # either kernel's error makes the communicator unusable: both check both words
+    e0 = tl.load(state_ptr + _ERR, volatile=True)
+    e1 = tl.load(state_ptr + _GSTATE + _ERR, volatile=True)
+    return ((e0 != 0) | (e1 != 0)).to(tl.int32)
+
+
+@triton.jit
+def _wait_ge(flag_ptr, target, state_ptr, st_ptr, code, blk, src, timeout_ns,
+             USE_TIMER: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """Spin until *flag_ptr >= target (acquire, system scope); bounded by timeout_ns
+    (%globaltimer) or MAX_SPINS polls (interpreter), or until this rank recorded an error.
+    On giving up, records (code, blk, src, target) in st_ptr[1..4] if no error was recorded
+    yet. Returns 1 on failure, else 0."""
+    cur = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    spins = tl.zeros((), tl.int32)
+    if USE_TIMER:
+        t0 = _globaltimer()
+    while (cur < target) & (spins >= 0):
+        cur = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+        spins += 1
+        if USE_TIMER:
+            if timeout_ns > 0:
+                if _globaltimer() - t0 > timeout_ns:
+                    spins = -1
+        else:
+            if spins > MAX_SPINS:
+                spins = -1
+        if _poisoned(state_ptr) != 0:
+            spins = -2
+    fail = (spins < 0).to(tl.int32)
+    if spins == -1:
+        zero = tl.zeros((), tl.int64)
+        old = tl.atomic_cas(st_ptr + _ERR, zero, zero + code)
+        if old == 0:
+            tl.store(st_ptr + _ERR_BLOCK, blk.to(tl.int64))
+            tl.store(st_ptr + _ERR_SRC, src.to(tl.int64))
+            tl.store(st_ptr + _ERR_EPOCH, target)
+    return fail
+
+
+@triton.jit(do_not_specialize=["rows", "rows_per_rank", "rank", "timeout_ns"])
+def _dp_swap_kernel(x_ptr, ldx, peer_recv_ptr, peer_flags_ptr, state_ptr, pitch, shard,
+                    rows, rows_per_rank, rank, timeout_ns,
+                    W: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
+                    PHASE: tl.constexpr, USE_TIMER: tl.constexpr, MAX_SPINS: tl.constexpr,
+                    MAXR: tl.constexpr):
+    # x_ptr [rows, shard] integer view of the logits (row stride ldx elements);
+    # peer_recv_ptr / peer_flags_ptr: int64 [W] addresses (swap buffer of this call's slot, flag
+    # region) of every rank; pitch: the swap buffer's row pitch in elements.
+    b = tl.program_id(0)
+    G = tl.num_programs(0)
+    ety = x_ptr.dtype.element_ty
+    if _poisoned(state_ptr) == 0:
+        epoch = tl.load(state_ptr + _SEQ, volatile=True) + 1
+        rank64 = rank + tl.zeros((), tl.int64)
+        fail = b * 0
+        if PHASE & 1:
+            # ---- entry handshake, publish: ready'[b][rank] = e on every rank ----
+            for q in tl.static_range(W):
+                fq = tl.load(peer_flags_ptr + q).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(fq + _READY_FL + b * MAXR + rank, epoch, sem="release",
+                               scope="sys")
+        if PHASE & 2:
+            my_flags = tl.load(peer_flags_ptr + rank).to(tl.pointer_type(tl.int64))
+            # ---- entry handshake, wait: ready'[b][d] >= e for every d ----
+            for d in tl.static_range(W):
+                if fail == 0:
+                    fail |= _wait_ge(my_flags + _READY_FL + b * MAXR + d, epoch, state_ptr,
+                                     state_ptr, _T_READY, b, d + rank64 * 0, timeout_ns,
+                                     USE_TIMER, MAX_SPINS)
+            if fail == 0:
+                # ---- push units [chunk(b), chunk(b + 1)) to every destination ----
+                cols = tl.arange(0, BLOCK)
+                shard64 = shard + tl.zeros((), tl.int64)
+                tiles = tl.cdiv(shard64, BLOCK)
+                n = (rows_per_rank + tl.zeros((), tl.int64)) * tiles
+                lo = n * b // G
+                hi = n * (b + 1) // G
+                col_off = rank64 * shard64
+                for k in tl.static_range(W):
+                    dr = (rank + 1 + k) % W          # peers first, my own rows last
+                    nd = rows - dr * rows_per_rank
+                    nd = tl.minimum(tl.maximum(nd, 0), rows_per_rank).to(tl.int64) * tiles
+                    hid = tl.minimum(hi, nd)
+                    base = tl.load(peer_recv_ptr + dr).to(tl.pointer_type(ety))
+                    if ALIGNED:
+                        base = tl.multiple_of(base, 16)
+                    xs = x_ptr + (dr * rows_per_rank).to(tl.int64) * ldx
+                    it = lo
+                    while it < hid:   # (not range(): the interpreter rejects tensor bounds)
+                        t = it // tiles
+                        c = (it - t * tiles) * BLOCK + cols
+                        m = c < shard64
+                        v = tl.load(xs + t * ldx + c, mask=m)
+                        tl.store(base + t * pitch + col_off + c, v, mask=m)
+                        it += 1
+                tl.debug_barrier()  # every thread's stores precede the releases below
+                for q in tl.static_range(W):
+                    fq = tl.load(peer_flags_ptr + q).to(tl.pointer_type(tl.int64))
+                    tl.atomic_xchg(fq + _SWAP_FL + b * MAXR + rank, epoch, sem="release",
+                                   scope="sys")
+        if PHASE & 4:
+            if fail == 0:
+                # ---- wait swap'[b][s] >= e for every s, then advance the counter ----
+                my_flags2 = tl.load(peer_flags_ptr + rank).to(tl.pointer_type(tl.int64))
+                wfail = b * 0
+                for s in tl.static_range(W):
+                    if wfail == 0:
+                        wfail |= _wait_ge(my_flags2 + _SWAP_FL + b * MAXR + s, epoch,
+                                          state_ptr, state_ptr, _T_SWAP, b, s + rank64 * 0,
+                                          timeout_ns, USE_TIMER, MAX_SPINS)
+                old_done = tl.atomic_add(state_ptr + _DONE, 1, sem="acq_rel", scope="gpu")
+                if old_done == G - 1:
+                    tl.store(state_ptr + _DONE, 0)
+                    tl.store(state_ptr + _SEQ, epoch)
+
+
+@triton.jit
+def _copy_bytes(dst_addr, src_addr, nbytes, BLOCK: tl.constexpr, REMOTE: tl.constexpr):
+    dst = dst_addr.to(tl.pointer_type(tl.uint8))
+    src = src_addr.to(tl.pointer_type(tl.uint8))
+    cols = tl.arange(0, BLOCK)
+    i = nbytes * 0
+    while i < nbytes:
+        o = i + cols
+        m = o < nbytes
+        if REMOTE:
+            v = tl.load(src + o, mask=m, cache_modifier=".cg")
+        else:
+            v = tl.load(src + o, mask=m)
+        tl.store(dst + o, v, mask=m)
+        i += BLOCK
+
+
+@triton.jit(do_not_specialize=["items", "items_per_rank", "rank", "timeout_ns"])
+def _dp_gather_kernel(src_tab, out_tab, off_tab, ib_tab, peer_res_ptr, peer_flags_ptr,
+                      state_ptr, res_bytes, items, items_per_rank, rank, timeout_ns,
+                      W: tl.constexpr, NF: tl.constexpr, BLOCK: tl.constexpr,
+                      PHASE: tl.constexpr, USE_TIMER: tl.constexpr, MAX_SPINS: tl.constexpr):
+    # src_tab / out_tab: int64 [NF] addresses of this rank's items / the outputs of each field;
+    # off_tab / ib_tab: int64 [NF] byte offset in a results buffer / item bytes of each field;
+    # peer_res_ptr / peer_flags_ptr: int64 [W] addresses (results buffer 0, flag region).
+    st = state_ptr + _GSTATE
+    if _poisoned(state_ptr) == 0:
+        epoch = tl.load(st + _SEQ, volatile=True) + 1
+        par_off = (epoch % 2) * res_bytes
+        rank64 = rank + tl.zeros((), tl.int64)
+        per = items_per_rank + tl.zeros((), tl.int64)
+        n_me = tl.minimum(tl.maximum(items - rank64 * per, 0), per)
+        if PHASE & 2:
+            # ---- push my items of every field to every rank, publish gather[rank] = g ----
+            for f in tl.static_range(NF):
+                ib = tl.load(ib_tab + f)
+                sec = rank64 * per * ib
+                src = tl.load(src_tab + f)
+                out = tl.load(out_tab + f)
+                off = tl.load(off_tab + f)
+                for k in tl.static_range(W):
+                    d = (rank + 1 + k) % W
+                    peer = tl.load(peer_res_ptr + d)
+                    dst = tl.where(d == rank, out + sec, peer + par_off + off + sec)
+                    _copy_bytes(dst, src, n_me * ib, BLOCK, False)
+            tl.debug_barrier()
+            for q in tl.static_range(W):
+                fq = tl.load(peer_flags_ptr + q).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(fq + _GATHER_FL + rank, epoch, sem="release", scope="sys")
+        if PHASE & 4:
+            # ---- wait gather[s] >= g, copy the peers' sections out, advance ----
+            my_flags = tl.load(peer_flags_ptr + rank).to(tl.pointer_type(tl.int64))
+            fail = rank * 0
+            for s0 in tl.static_range(W):
+                if fail == 0:
+                    fail |= _wait_ge(my_flags + _GATHER_FL + s0, epoch, state_ptr, st, _T_GATHER,
+                                     rank * 0, s0 + rank64 * 0, timeout_ns, USE_TIMER, MAX_SPINS)
+            tl.debug_barrier()
+            if fail == 0:
+                mine = tl.load(peer_res_ptr + rank) + par_off
+                for s in tl.static_range(W):
+                    if s != rank:
+                        ns = tl.minimum(tl.maximum(items - s * per, 0), per)
+                        for f2 in tl.static_range(NF):
+                            ib2 = tl.load(ib_tab + f2)
+                            sec2 = s * per * ib2
+                            _copy_bytes(tl.load(out_tab + f2) + sec2,
+                                        mine + tl.load(off_tab + f2) + sec2, ns * ib2, BLOCK,
+                                        True)
+            tl.store(st + _SEQ, epoch)
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def swap(x: torch.Tensor, peer_recv: torch.Tensor, peer_flags: torch.Tensor,
+         state: torch.Tensor, rank: int, row_bytes: int, rows_per_rank: int, num_blocks: int,
+         timeout_ns: int, phase: int = PHASE_ALL, max_spins: int = 1 << 20,
+         block: Optional[int] = None) -> None:
+    """Launch the swap (arguments validated by ``ops.dp``).
+
+    x: ``[B, w]`` logits shard (2- or 4-byte elements, last dim contiguous). peer_recv /
+    peer_flags: int64 ``[W]`` tensors of addresses (the call's swap buffer, the flag region) of
+    every rank, on x's device. state: the communicator's int64[32]. row_bytes: the swap buffer's
+    row pitch (a multiple of 16). ``num_blocks`` (<= 256) must be the same on every rank.
+    Under ``TRITON_INTERPRET=1`` a wait gives up after ``max_spins`` polls. ``block``: elements
+    per (row, tile) unit (default the module's ``BLOCK``, read at call time).
+    """
+    world = peer_recv.numel()
+    esz = x.element_size()
+    if esz not in (2, 4):
+        raise ValueError(f"x: 2- or 4-byte elements, got {x.dtype}")
+    if not 1 <= num_blocks <= MAX_BLOCKS:
+        raise ValueError(f"num_blocks: must be in [1, {MAX_BLOCKS}], got {num_blocks}")
+    if row_bytes % 16:
+        raise ValueError(f"row_bytes: must be a multiple of 16, got {row_bytes}")
+    xi = x.view(torch.int16 if esz == 2 else torch.int32)
+    rows, w = xi.shape
+    ldx = xi.stride(0) if rows > 1 else w
+    aligned = (w * esz) % 16 == 0 and (ldx * esz) % 16 == 0 and xi.data_ptr() % 16 == 0
+    interp = _interpreted()
+    _dp_swap_kernel[(num_blocks,)](
+        xi, ldx, peer_recv, peer_flags, state, row_bytes // esz, w, rows, rows_per_rank, rank,
+        int(timeout_ns), W=world, BLOCK=block or BLOCK, ALIGNED=aligned, PHASE=phase,
+        USE_TIMER=not interp, MAX_SPINS=max_spins, MAXR=MAX_RANKS, num_warps=NUM_WARPS)
+
+
+def gather(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], res_off: Sequence[int],
+           peer_res: torch.Tensor, peer_flags: torch.Tensor, state: torch.Tensor, rank: int,
+           res_bytes: int, items: int, items_per_rank: int, timeout_ns: int,
+           phase: int = PHASE_ALL, max_spins: int = 1 << 20,
+           block: Optional[int] = None) -> None:
+    """Launch the results gather (arguments validated by ``ops.dp``).
+
+    src[f]: this rank's items of field f (contiguous, ``n_rank`` items); out[f]: ``[items, ...]``
+    contiguous outputs; res_off[f]: byte offset of field f in a results buffer (each field's
+    region holds ``W items_per_rank`` items). peer_res / peer_flags: int64 ``[W]`` addresses
+    (results buffer 0, flag region) of every rank. res_bytes: one results buffer (the parity
+    stride)."""
+    nf = len(src)
+    if not 1 <= nf <= MAX_FIELDS or len(out) != nf or len(res_off) != nf:
+        raise ValueError(f"fields: 1..{MAX_FIELDS} (src, out, res_off of equal length)")
+    world = peer_res.numel()
+    dev = state.device
+    for t in list(src) + list(out):
+        if not t.is_contiguous():
+            raise ValueError("gather: src and out tensors must be contiguous")
+    ib = [math.prod(o.shape[1:]) * o.element_size() for o in out]
+    tab = torch.tensor([[s.data_ptr() for s in src], [o.data_ptr() for o in out],
+                        [int(v) for v in res_off], ib], dtype=torch.int64, device=dev)
+    interp = _interpreted()
+    _dp_gather_kernel[(1,)](
+        tab[0], tab[1], tab[2], tab[3], peer_res, peer_flags, state, res_bytes, items,
+        items_per_rank, rank, int(timeout_ns), W=world, NF=nf, BLOCK=block or BLOCK,
+        PHASE=phase, USE_TIMER=not interp, MAX_SPINS=max_spins, num_warps=NUM_WARPS)
