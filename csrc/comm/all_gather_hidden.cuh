@@ -221,7 +221,7 @@ __device__ __forceinline__ uint32_t chunk_begin(uint32_t n, int b, int g) {
 // r of CTA b -- is [(r G + b) span, + span) clipped to n. A round's pieces are adjacent, so the
 // grid writes one contiguous window of ~G span vectors at a time instead of G windows spread over
 // the whole slice: a raw NVLink push took 1.08x the time with per-CTA contiguous chunks
-// (tools/p2p_ceiling.cu, push2c vs push2; docs/COMM.md). 32-bit arithmetic: the launcher keeps
+// (bench/lab/tools/p2p_ceiling.cu, push2c vs push2; docs/COMM.md). 32-bit arithmetic: the launcher keeps
 // n < 2^31 and G max_span <= 2^19, so (r G + b) span < n + G span never wraps.
 __host__ __device__ __forceinline__ uint32_t ceil_div_u32(uint32_t a, uint32_t b) {
   const uint32_t q = a / b;
@@ -441,7 +441,7 @@ __device__ __forceinline__ bool spin_ll(const AllGatherHiddenParams& p, Poll pol
 // other members, and do it before the dependency wait where only parameters are involved: each
 // 32-bit division is a ~30-instruction dependent chain (reciprocal, multiply-high, fix-ups), and
 // the 6-byte kernel's three chains before its loads plus three before its output stores made its
-// load-and-push phase ~0.5 us longer than the 4-byte kernel's at T = 1 (tools/ag_micro.cu trace,
+// load-and-push phase ~0.5 us longer than the 4-byte kernel's at T = 1 (bench/lab/tools/ag_micro.cu trace,
 // 2x H200; docs/COMM.md).
 struct RowCol {
   uint32_t t, c;
@@ -1103,7 +1103,7 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
       p.num_blocks < 1 || p.num_blocks > kAgMaxBlocks || p.rows < 0 || p.state == nullptr)
     return cudaErrorInvalidValue;
   // Vector indices of a slice are 32-bit (piece_span). comm_ops.cu refuses such calls with a named
-  // error (the whole output < 2^31 vectors); this guards direct callers such as tools/ag_micro.cu.
+  // error (the whole output < 2^31 vectors); this guards direct callers such as bench/lab/tools/ag_micro.cu.
   for (int s = 0; s < p.world; ++s)
     if (int64_t(p.rows) * (p.col_vec[s + 1] - p.col_vec[s]) >= (int64_t(1) << 31))
       return cudaErrorInvalidValue;
@@ -1138,7 +1138,7 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
     return cudaGetLastError();
   }
   // Copy-out calls whose CTA chunks span more than two rounds go through the pipelined kernel.
-  // Measured on 2x H200 (tools/comm_sweep.py): with 1.2 rounds it lost (22.1 -> 23.5 us, bf16
+  // Measured on 2x H200 (bench/lab/tools/comm_sweep.py): with 1.2 rounds it lost (22.1 -> 23.5 us, bf16
   // T = 32 x 151936), with 2.4 rounds it won (39.0 -> 38.5 us, fp32 T = 32), with 5-10 rounds
   // it won 7-11 % (bf16 / fp32 T = 128 x 151936); a single round gains nothing.
   int64_t max_chunk = 0;

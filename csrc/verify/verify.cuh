@@ -50,7 +50,7 @@ namespace tokenspeed_kernel::verify {
 // sums is sent to the exact path instead (after its scan), as an undecided one would be.
 // kBisectThresholds (testing): top-k / top-p thresholds by the bisection kernel (the oracle)
 // instead of the radix select.
-// kListStats (tuning hook only, tools/verify_listed.py): count why requests are listed for the
+// kListStats (tuning hook only, bench/lab/tools/verify_listed.py): count why requests are listed for the
 // exact path in g_verify_list_stats.
 // kNoLevelList (testing / A-B): the radix thresholds without the levels' compaction
 // (sampling::F_NO_LIST).
@@ -681,7 +681,7 @@ constexpr int pos_pu() { return sizeof(T) == 4 ? 4 : 2; }
 // |A| <= 26.4 (y = A (1 + e), |e| <= 2.01u, below); every term is counted relative to
 // S >= 2^38 (the max's own mass, y = 0):
 //  * soft_exp_neg vs e^y: <= 2^-23.2 relative (checked for every float32 y in [-27, -2^-24],
-//    tools/check_verify_margin.py); budgeted 2^-23;
+//    bench/lab/tools/check_verify_margin.py); budgeted 2^-23;
 //  * y vs A: two roundings (a subnormal z - zmax is exact, a subnormal product is off by at most
 //    2^-150), |y - A| <= (2u + u^2) |A| <= 52.8u: <= 54.5u relative. Independent of the logits'
 //    magnitude: y is relative to the max;
@@ -697,7 +697,7 @@ constexpr int pos_pu() { return sizeof(T) == 4 ? 4 : 2; }
 //    the above), and |rc| <= kFfmaRcMax = 256 where that form is used (online_rc): <= 512.1u in
 //    log2 units, <= 360u relative;
 //  * ex2.approx.ftz: 2^-22.73 relative at most (measured for every float32 x in [-126, 0] on an
-//    H200 by tools/check_verify_margin.py; budgeted 2^-20), one per term plus one per rescale on
+//    H200 by bench/lab/tools/check_verify_margin.py; budgeted 2^-20), one per term plus one per rescale on
 //    its path: a thread rescales at most once per online block -- blocks of PU * VEC elements in
 //    the main loop, then at most PU - 1 blocks of one vector and VEC - 1 single elements -- then
 //    once in the block and once in the cluster combine: <= nb + 3 calls with
@@ -1501,7 +1501,7 @@ constexpr int final_pipe_vectors() {
 // it: ~1e-5 of the elements survive); (3) only then each element with its own word; the
 // survivors reach `slow(id, w)` (the exact score) from one call site outside the unrolled loop.
 // The bases are evaluated for every element (the warp executes them anyway), so base_of should
-// be branch-free. Pruning only skips tokens that cannot win: tools/verify_tokens.py compares the
+// be branch-free. Pruning only skips tokens that cannot win: bench/lab/tools/verify_tokens.py compares the
 // tokens with a build without any pruning (-DTS_FINAL_NOPRUNE).
 template <typename T, int VEC, bool TWO, typename R, typename B, typename S>
 __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start, int64_t end,
@@ -1764,7 +1764,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   uint32_t lb = 0;   // 0 = no bound (key32 of every float is > 0)
 #ifdef TS_FINAL_NOPRUNE
   // test build: no pruning at all, every element of the support is scored exactly (the oracle
-  // that tools/verify_tokens.py compares the pruned kernel against)
+  // that bench/lab/tools/verify_tokens.py compares the pruned kernel against)
   auto may_win = [&](float) -> bool { return true; };
   auto publish = [&](float) {};
   auto refresh = [&]() {};
@@ -2112,7 +2112,7 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
 // the fused launch costs 1.1-1.6 us when nothing is listed where the two launches cost 3.4-5.0 us,
 // but 28-35 us for one listed request where the two take 20-29 us: a cluster (at most 16 SMs)
 // scans the two rows that the resolve / second-pass grids spread over ~74 SMs. Something is
-// listed in 14 of 24 calls at bs 256 (tools/verify_listed.py, 6 offsets at each of 4 shapes), in
+// listed in 14 of 24 calls at bs 256 (bench/lab/tools/verify_listed.py, 6 offsets at each of 4 shapes), in
 // 0 and 2 of 6 at two bs-64 shapes (there the expected gain is about nil: at 19ac3ab, fused up
 // to bs 64, the table's bf16 V 262144 n 3 bs 64 problem had a listed request and took 1.11x the
 // time), and the probability scales with bs, so the fused launch is used up to bs 32.
@@ -2324,9 +2324,9 @@ inline int pick_splits(int64_t units, int64_t V, int64_t resident, int max_split
 // of s (cluster_capacity: clusters must fit in a GPC, so fewer than CTAs/SM x SMs -- on an H200
 // at 4 CTAs/SM 528 / 496 / 496 / 448 for s = 2 / 4 / 8 / 16). kPosCtaBytes is a CTA's fixed
 // cost (row lookups, reductions, cluster syncs, the coin) in bytes streamed, fitted to sweeps
-// of every power of two on an H200 (tools/verify_sweep.py pos). At the 30 shapes of
+// of every power of two on an H200 (bench/lab/tools/verify_sweep.py pos). At the 30 shapes of
 // bench/results/h200/verify_sweep_pos.csv the size it picks (computed from the capacities that
-// tools/verify_occupancy.cu prints) is the fastest swept size at 27 and within 4.9 % of it at
+// bench/lab/tools/verify_occupancy.cu prints) is the fastest swept size at 27 and within 4.9 % of it at
 // all (the sweep's own "pick" rows differ from the same size's rows by up to 6 %: noise between
 // two measurements). Without the cluster capacity (waves of CTAs/SM x SMs) it picked clusters
 // of 16 for bs 16, n 1, bf16 once the 16-bit kernel reached 4 CTAs/SM: 17.2 vs 14.0 us.
@@ -2346,7 +2346,7 @@ inline int pick_pos_splits(int64_t rows, int64_t V, int elem_bytes, const int64_
   return best;
 }
 
-// Tuning hook for tools/verify_sweep.py: with TOKENSPEED_VERIFY_TUNING set (read once), the
+// Tuning hook for bench/lab/tools/verify_sweep.py: with TOKENSPEED_VERIFY_TUNING set (read once), the
 // launcher takes the pos kernel's cluster size from TS_VERIFY_CS and the final kernel's splits
 // from TS_VERIFY_FS (read per call) when they are positive. Off by default; never needed.
 inline bool tuning_enabled() {

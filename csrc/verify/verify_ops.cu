@@ -210,7 +210,7 @@ void verify_probabilistic(const at::Tensor& target_logits,
   TORCH_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
               cudaGetErrorString(err));
   if (list_stats) {
-    // tuning hook only (tools/verify_listed.py): a host sync, then one line on stderr
+    // tuning hook only (bench/lab/tools/verify_listed.py): a host sync, then one line on stderr
     unsigned int c[5] = {0, 0, 0, 0, 0}, fc = 0;
     const unsigned int z[5] = {0, 0, 0, 0, 0};
     TORCH_CHECK(cudaStreamSynchronize(stream) == cudaSuccess &&

@@ -69,7 +69,7 @@ MULTICAST_DISABLE_ENV = (("NCCL_NVLS_ENABLE", "0"),
 # 151936-wide row, 2x H200); no crossover inside that range, so the cap is a guard.
 DEFAULT_P2P_MAX_BYTES = 1 << 30
 # Bytes of the widest slice pushed per CTA (grid = ceil(slice bytes / this), capped by SMs).
-# Measured on 2x H200 (tools/comm_sweep.py, block_bytes 2-16 KiB): 4 KiB is the fastest or
+# Measured on 2x H200 (bench/lab/tools/comm_sweep.py, block_bytes 2-16 KiB): 4 KiB is the fastest or
 # within 0.15 us of it wherever auto uses the protocol (LL up to the LL crossover, flag above);
 # 16 KiB (the earlier default) was up to 1.0 us slower at T = 8 / 32 (too few CTAs storing over
 # NVLink). LL beyond its crossover wants even more CTAs (fp32 T = 1 row: 6.0 us at 2 KiB, 7.1 at
@@ -81,19 +81,19 @@ DEFAULT_TIMEOUT_MS = 30_000
 # protocol (push, release/acquire flag round trip, copy-out). It also sizes the LL region
 # (2 parities x (2 x min(this, buffer) + 1 KiB) bytes). Crossover: bench/results/<gpu>/comm_*
 # (COMM.md).
-# Until 0fa8497 (4-byte packets, a vector's two units side by side), on 2x H200 (tools/comm_sweep.py
+# Until 0fa8497 (4-byte packets, a vector's two units side by side), on 2x H200 (bench/lab/tools/comm_sweep.py
 # at block_bytes 4 KiB, pipelined flag kernel): LL won at 14-115 KB and lost from 304 KB; the
 # crossover was 192 KiB (320 KiB at d80a34b, 16 KiB blocks).
 # dc36166 (6-byte packets in planes, 4/3 of the data on the wire; 2x H100,
 # bench/results/h100/comm_sweep_ll6.csv): LL won up to 2.75 MB and lost at 3.65 MB.
-# Since 9ad4c0f (LL index math off the critical path; 2x H200, tools/ag_micro.cu with PDL,
+# Since 9ad4c0f (LL index math off the critical path; 2x H200, bench/lab/tools/ag_micro.cu with PDL,
 # bench/results/h200/comm_micro_s23.csv): LL wins at 2.75 / 3.67 / 4.59 MB of H = 7168 bf16
 # (7.94 vs 8.65, 9.81 vs 10.17, 11.71 vs 11.88 us) and at 3.6 MB of a bf16 / fp32 vocab row
 # (9.79 vs 10.20, 9.78 vs 10.32), ties at 4.86 MB (12.35 vs 12.34, 12.36 vs 12.39) and loses
 # from 5.5 MB (13.53 vs 13.42; 6.1 MB: 14.88 vs 14.47). Crossover set between the last win
 # and the tie.
 DEFAULT_LL_MAX_BYTES = 9 << 19          # 2 ranks: 4.5 MiB
-# 3-4 ranks: 4x H200, d3331c0 (tools/comm_sweep.py --nproc 4, bench/results/h200/
+# 3-4 ranks: 4x H200, d3331c0 (bench/lab/tools/comm_sweep.py --nproc 4, bench/results/h200/
 # comm_sweep_tp4.csv; LL at the library's packing vs flag, us): H = 7168 bf16 LL wins up to
 # 1.38 MB (10.20 vs 10.88), ties at 1.84 MB (12.53 vs 12.50; the bench: 12.3 vs 12.8) and loses
 # at 2.29 MB (14.85 vs 14.28); a bf16 vocab row wins at 1.82 MB (12.48 vs 12.69) and loses at
@@ -107,7 +107,7 @@ DEFAULT_LL_MAX_BYTES_MULTI = 16 << 10
 # Output bytes up to which an LL call uses the 4-byte-packet kernel instead of the 6-byte one.
 # Until 8255459 the 6-byte kernel lost up to ~600 KB (2x H100 with PDL: 3.32 vs 2.75 us at 14 KB):
 # its index divisions sat on the critical path (docs/COMM.md, "LL index math"). Since 9ad4c0f
-# (2x H200, tools/ag_micro.cu, PDL, H = 7168 bf16, 4-byte vs 6-byte): 2.61 vs 2.74 us at 115 KB,
+# (2x H200, bench/lab/tools/ag_micro.cu, PDL, H = 7168 bf16, 4-byte vs 6-byte): 2.61 vs 2.74 us at 115 KB,
 # 2.92 vs 2.98 at 229 KB, 3.11 vs 3.10 at 287 KB, 3.30 vs 3.21 at 344 KB, 3.64 vs 3.45 at 458 KB.
 DEFAULT_LL4_MAX_BYTES = 256 << 10
 
