@@ -46,7 +46,13 @@ def _entry(rank: int, world: int, port: int, backend: str, fn_name: str, args: t
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, **kw)
     try:
-        globals()[fn_name](rank, world, *args)
+        if ":" in fn_name:  # "module:function" (a helper module of tests/, e.g. dp_helpers)
+            import importlib
+            mod, fn = fn_name.split(":")
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            getattr(importlib.import_module(mod), fn)(rank, world, *args)
+        else:
+            globals()[fn_name](rank, world, *args)
         if backend == "nccl":
             torch.cuda.synchronize()
         dist.barrier()

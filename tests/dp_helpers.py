@@ -23,7 +23,6 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tokenspeed_kernel import ops
@@ -33,40 +32,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 # ---------------------------------------------------------------------------------------------
-# process plumbing (as tests/comm_helpers.py; the worker functions live in this module)
+# process plumbing: comm_helpers' (the worker functions live in this module)
 # ---------------------------------------------------------------------------------------------
-def _entry(rank: int, world: int, port: int, backend: str, fn_name: str, args: tuple) -> None:
-    kw = {}
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        kw["device_id"] = torch.device("cuda", rank)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, **kw)
-    try:
-        globals()[fn_name](rank, world, *args)
-        if backend == "nccl":
-            torch.cuda.synchronize()
-        dist.barrier()
-    except BaseException:
-        traceback.print_exc()
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
 def run_workers(fn_name: str, world: int, backend: str, args: tuple = (),
                 timeout_s: float = 600.0) -> None:
-    from comm_helpers import free_port
-    port = free_port()
-    ctx = mp.start_processes(_entry, args=(world, port, backend, fn_name, tuple(args)),
-                             nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            raise TimeoutError(f"{fn_name}: workers did not finish within {timeout_s:.0f} s")
+    """``fn_name(rank, world, *args)`` of this module in ``world`` spawned processes
+    (comm_helpers.run_workers: its process plumbing, failure and hang handling)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import comm_helpers
+    comm_helpers.run_workers(f"dp_helpers:{fn_name}", world, backend, args, timeout_s)
 
 
 # ---------------------------------------------------------------------------------------------
