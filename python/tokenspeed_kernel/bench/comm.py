@@ -426,16 +426,57 @@ def _bench_rank(opts: Dict) -> int:
     return 1 if failed else 0
 
 
-def _spawn_entry(rank: int, world: int, port: int, opts: Dict, rcs) -> None:
+def _spawn_entry(rank: int, world: int, port: int, fn, opts: Dict, rcs) -> None:
     import torch.distributed as dist
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, device_id=torch.device("cuda", rank))
     try:
-        rc = _bench_rank(opts)
-        rcs[rank] = rc
+        rcs[rank] = fn(opts)
     finally:
         dist.destroy_process_group()
+
+
+def run_ranks(fn, opts: Dict, tag: str) -> int:
+    """Runs ``fn(opts)`` (a module-level per-rank bench function returning 0 / 1) on every rank:
+    under torchrun (RANK / WORLD_SIZE set) this process is one rank; otherwise one process per
+    GPU is spawned (``opts["nproc"]``, default all visible GPUs) over NCCL. Returns the max rc
+    over ranks, 1 when a rank raised, 2 with fewer than 2 GPUs. (The comm and dp benches.)"""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        import torch.distributed as dist
+        local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+        torch.cuda.set_device(local)
+        own = not dist.is_initialized()
+        if own:
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        try:
+            rc = fn(opts)
+            t = torch.tensor([rc], device="cuda")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return int(t.item())
+        finally:
+            if own:
+                dist.destroy_process_group()
+    n = opts.get("nproc") or (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if n < 2 or n > torch.cuda.device_count():
+        print(f"[bench {tag}] needs >= 2 GPUs (have {torch.cuda.device_count()}, asked {n})",
+              file=sys.stderr)
+        return 2
+    import socket
+
+    import torch.multiprocessing as mp
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    rcs = mp.get_context("spawn").Manager().dict()
+    try:
+        mp.spawn(_spawn_entry, args=(n, port, fn, opts, rcs), nprocs=n, join=True)
+    except Exception as e:  # a rank raised: its traceback is printed above
+        print(f"[bench {tag}] a rank failed: {type(e).__name__}: {str(e)[-500:]}",
+              file=sys.stderr)
+        return 1
+    return max([int(v) for v in rcs.values()] or [1])
 
 
 def _options(args) -> Dict:
@@ -473,42 +514,7 @@ def run_comm_bench(args) -> int:
     (RANK / WORLD_SIZE set) this process is one rank; otherwise one process per GPU is spawned
     (``--nproc N`` in the extra arguments, default all visible GPUs). Returns 0, 1 (a provider
     failed verification) or 2 (fewer than 2 GPUs)."""
-    opts = _options(args)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        import torch.distributed as dist
-        local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-        torch.cuda.set_device(local)
-        own = not dist.is_initialized()
-        if own:
-            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-        try:
-            rc = _bench_rank(opts)
-            t = torch.tensor([rc], device="cuda")
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            return int(t.item())
-        finally:
-            if own:
-                dist.destroy_process_group()
-    n = opts["nproc"] or (torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    if n < 2 or n > torch.cuda.device_count():
-        print(f"[bench comm] needs >= 2 GPUs (have {torch.cuda.device_count()}, asked {n})",
-              file=sys.stderr)
-        return 2
-    import socket
-
-    import torch.multiprocessing as mp
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    rcs = mp.get_context("spawn").Manager().dict()
-    try:
-        mp.spawn(_spawn_entry, args=(n, port, opts, rcs), nprocs=n, join=True)
-    except Exception as e:  # a rank raised: its traceback is printed above
-        print(f"[bench comm] a rank failed: {type(e).__name__}: {str(e)[-500:]}",
-              file=sys.stderr)
-        return 1
-    return max([int(v) for v in rcs.values()] or [1])
+    return run_ranks(_bench_rank, _options(args), "comm")
 
 
 def main(argv=None) -> int:

@@ -11,7 +11,6 @@ Every end-to-end provider is checked against ops.sample on the full logits befor
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Dict, List, Optional
 import torch
 
 from . import report
-from .comm import _quant, time_provider
+from .comm import _quant, run_ranks, time_provider
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 B_GRID = [1, 4, 16, 32, 64, 128, 256, 512]
@@ -262,17 +261,6 @@ def _bench_rank(opts: Dict) -> int:
     return 1 if failed else 0
 
 
-def _spawn_entry(rank: int, world: int, port: int, opts: Dict, rcs) -> None:
-    import torch.distributed as dist
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, device_id=torch.device("cuda", rank))
-    try:
-        rcs[rank] = _bench_rank(opts)
-    finally:
-        dist.destroy_process_group()
-
-
 def _options(args) -> Dict:
     import argparse
     extra = argparse.ArgumentParser(add_help=False)
@@ -301,35 +289,4 @@ def _options(args) -> Dict:
 def run_dp_bench(args) -> int:
     """Entry point of ``python -m tokenspeed_kernel.bench dp``. Returns 0, 1 (a provider failed
     verification) or 2 (fewer than 2 GPUs)."""
-    opts = _options(args)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        import torch.distributed as dist
-        local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-        torch.cuda.set_device(local)
-        own = not dist.is_initialized()
-        if own:
-            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-        try:
-            return _bench_rank(opts)
-        finally:
-            if own:
-                dist.destroy_process_group()
-    n = opts["nproc"] or (torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    if n < 2 or n > torch.cuda.device_count():
-        print(f"[bench dp] needs >= 2 GPUs (have {torch.cuda.device_count()}, asked {n})",
-              file=sys.stderr)
-        return 2
-    import socket
-
-    import torch.multiprocessing as mp
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    rcs = mp.get_context("spawn").Manager().dict()
-    try:
-        mp.spawn(_spawn_entry, args=(n, port, opts, rcs), nprocs=n, join=True)
-    except Exception as e:
-        print(f"[bench dp] a rank failed: {type(e).__name__}: {str(e)[-500:]}", file=sys.stderr)
-        return 1
-    return max([int(v) for v in rcs.values()] or [1])
+    return run_ranks(_bench_rank, _options(args), "dp")
