@@ -570,6 +570,19 @@ def swap_vocab_to_batch(comm: DPSamplingComm, logits_shard: torch.Tensor, *, slo
 # ---------------------------------------------------------------------------------------------
 # the results gather
 # ---------------------------------------------------------------------------------------------
+def _res_layout(comm, outs: Sequence[torch.Tensor], per_rank: int) -> List[int]:
+    """Byte offset of each field's region in a results buffer (W sections of ``per_rank`` items,
+    16-byte aligned), shared by the CUDA and Triton gathers; checks that the call fits."""
+    offs, off = [], 0
+    for o in outs:
+        offs.append(off)
+        off = _up(off + comm.world_size * per_rank * o[0].numel() * o.element_size(), 16)
+    C.check(off <= comm.res_bytes, "comm",
+            f"the results of this call ({off} bytes) exceed the communicator's results buffer "
+            f"({comm.res_bytes} bytes): create it with a larger max_rows / max_top_n")
+    return offs
+
+
 def _gather(comm, fields: Sequence[torch.Tensor], items: int, per_rank: int, backend: str,
             shapes: Sequence[Tuple[int, ...]], dtypes) -> List[torch.Tensor]:
     """Every rank's ``fields`` (this rank's ``n`` items each) -> ``[items, ...]`` on every rank."""
@@ -582,14 +595,7 @@ def _gather(comm, fields: Sequence[torch.Tensor], items: int, per_rank: int, bac
             o.copy_(f)
         return outs
     if backend == "cuda":
-        offs, off = [], 0
-        for o in outs:
-            offs.append(off)
-            ib = o[0].numel() * o.element_size()
-            off = _up(off + comm.world_size * per_rank * ib, 16)
-        C.check(off <= comm.res_bytes, "comm",
-                f"the results of this call ({off} bytes) exceed the communicator's results buffer "
-                f"({comm.res_bytes} bytes): create it with a larger max_rows / max_top_n")
+        offs = _res_layout(comm, outs, per_rank)
         torch.ops.tokenspeed_kernel.dp_gather(
             [f.contiguous() for f in fields], outs, comm.state, comm.symm, comm.peer_res,
             comm.peer_flags, offs, comm.rank, comm.res_bytes, items, per_rank,
@@ -616,14 +622,7 @@ def _gather_triton(comm, fields, outs, items: int, per_rank: int) -> None:
     offsets of a results buffer) and flags. Builds the fields' address tables per call on the
     host (not CUDA-graph capturable)."""
     from ..triton import dp as tri
-    offs, off = [], 0
-    for o in outs:
-        offs.append(off)
-        ib = o[0].numel() * o.element_size()
-        off = _up(off + comm.world_size * per_rank * ib, 16)
-    C.check(off <= comm.res_bytes, "comm",
-            f"the results of this call ({off} bytes) exceed the communicator's results buffer "
-            f"({comm.res_bytes} bytes): create it with a larger max_rows / max_top_n")
+    offs = _res_layout(comm, outs, per_rank)
     C.check(len(fields) <= MAX_FIELDS, "fields", f"at most {MAX_FIELDS} fields")
     _, n = _range(items, per_rank, comm.rank)
     for f, o in zip(fields, outs):
