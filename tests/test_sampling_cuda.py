@@ -1,8 +1,8 @@
 """GPU tests of the CUDA sampler's internal paths (csrc/sampling/sampler.cuh).
 
 The CUDA kernel picks per row between a streamed gap test (temperature only), candidate lists
-(top-k <= 256, top-p / min-p), cluster-wide radix thresholds (k > 256, or when the candidates
-cannot hold the kept set) and the exact pass, and per call between chunks staged in shared memory
+(top-k <= 512, top-p; min-p when chunks stream), cluster-wide radix thresholds (k > 512, or when
+the candidates cannot hold the kept set) and the exact pass, and per call between chunks staged in shared memory
 (small batches) and streamed chunks (large batches, one CTA per row). Every path must return the
 reference's token. Here each path is forced (``ops.sampling._CUDA_TEST_FLAGS``) or provoked by
 the input (flat rows whose top-p / min-p kept set exceeds the candidate cap, top values laid out
@@ -92,6 +92,7 @@ MODES = {
     "temperature": dict(),
     "top_k_50": dict(k=50),
     "top_k_256": dict(k=256),
+    "top_k_500": dict(k=500),
     "top_k_1000": dict(k=1000),
     "top_p": dict(p=0.9),
     "min_p": dict(mp=0.1),
@@ -127,7 +128,7 @@ def test_cuda_half_dtypes(dtype, mode, B):
 @pytest.mark.parametrize("B", [1, 300])
 @pytest.mark.parametrize("mode", ["top_p", "min_p"])
 def test_cuda_kept_set_beyond_candidates(B, mode):
-    """Flat rows: the top-p (min-p) kept set holds thousands of tokens, far more than the 256
+    """Flat rows: the top-p (min-p) kept set holds thousands of tokens, far more than the 512
     candidates, so the kernel must fall back to its exact thresholds."""
     skip_unless_backend("cuda")
     g = _gen(11)
@@ -135,6 +136,25 @@ def test_cuda_kept_set_beyond_candidates(B, mode):
     logits = (torch.randn(B, V, generator=g) * 0.05).to(DEVICE)
     kw = _per_row(B, g, p=0.95) if mode == "top_p" else _per_row(B, g, mp=0.5)
     _check(logits, kw)
+
+
+@pytest.mark.parametrize("B", [1, 300])
+@pytest.mark.parametrize("flags", ["default", "stream"])
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_cuda_min_p_plain_path(B, flags, logprobs):
+    """min-p alone: the PLAIN path's exact pass with the filter y >= L when the chunks sit in
+    shared memory (B = 1), the candidates when they stream (B = 300, "stream"). Flat rows with
+    min_p = 0.9 keep few tokens (the unfiltered winner is mostly dropped); peaked rows with
+    min_p = 0.001 keep it almost always."""
+    skip_unless_backend("cuda")
+    if flags == "stream" and B == 300:
+        pytest.skip("B = 300 already streams")
+    g = _gen(13)
+    V = 151936 if B == 1 else 32000
+    flat = (torch.randn(B, V, generator=g) * 0.05).to(DEVICE)
+    peaked = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
+    for logits, mp in ((flat, 0.9), (peaked, 0.001), (peaked, 0.3)):
+        _check(logits, _per_row(B, g, mp=mp), FLAGS[flags], logprobs=logprobs)
 
 
 @pytest.mark.parametrize("B", [1, 300])

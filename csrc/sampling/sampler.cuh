@@ -19,7 +19,9 @@
 //   PLAIN    resident (the chunk fits in shared memory): nothing; after the merge (zmax known)
 //            the exact pass reads the chunk from shared memory with the max token's exact score
 //            as the starting bar, so almost no element needs the exact noise.
-//   CAND     (top-k with k <= kCandCap, or top-p / min-p without top-k): a bound th0 = the K-th
+//   PLAIN rows include min-p without top-k / top-p: the filter y >= L joins the exact pass, and
+//            the streamed winner stands when it is kept (y >= L; logprobs: the exact pass).
+//   CAND     (top-k with k <= kCandCap, or top-p without top-k): a bound th0 = the K-th
 //            largest of the threads' maximum keys (key56 of the raw logit) over each thread's
 //            first vectors, then every key >= th0 goes to a kCandBuf-key shared buffer; the CTA
 //            selects its top K of the buffer (radix select) and pushes them to rank 0, which
@@ -55,8 +57,13 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kCandCap = 256;      // CAND rows: at most this many candidates (top-k fast path k)
+constexpr int kCandCap = 512;      // CAND rows: at most this many candidates (top-k fast path k)
 constexpr int kCandBuf = 4096;     // CAND: a CTA's buffer of keys >= its bound (32 KB)
+constexpr int kCandMinP = 256;     // candidates of min-p rows (their kept sets are small)
+// CAND: the bound th0 comes from a chunk's first kHeadElems elements (a multiple of
+// kThreads * kUnroll * VEC for every dtype), so that a streamed 152k-element chunk appends about
+// K * chunk / kHeadElems keys: K = 512 fits the buffer with room to spare
+constexpr int kHeadElems = 32768;
 // rank 0's receive buffer per CTA of the cluster: K candidate keys, or a radix level's count,
 // mass and min-key histograms (3 x 256)
 constexpr int kCbufPerCta = 3 * 256 > kCandCap ? 3 * 256 : kCandCap;
@@ -91,6 +98,7 @@ struct Params {
   int cs;                  // CTAs (cluster size) per row
   int chunk;               // elements per CTA, multiple of 8
   int resident;            // chunk staged in shared memory
+  int minp_cand;           // min-p-only rows take the CAND path (set when chunks stream)
   void* tokens;
   int out64;
   bool* valid;
@@ -133,10 +141,19 @@ __device__ __forceinline__ Row row_params(const Params& p, int row) {
   } else if (r.k_on) {
     r.mode = (r.k <= kCandCap && !(p.flags & F_FORCE_GENERIC)) ? kCand : kGeneric;
     r.K = r.k;
-  } else if (r.p_on || r.mp_on) {
+  } else if (r.p_on) {
     r.mode = (p.flags & F_FORCE_GENERIC) ? kGeneric : kCand;
     r.K = p.vocab < kCandCap ? p.vocab : kCandCap;
+  } else if (r.mp_on && (p.flags & F_FORCE_GENERIC)) {
+    r.mode = kGeneric;
+  } else if (r.mp_on && p.minp_cand) {
+    // streamed chunks: the candidates decide in one read, where the PLAIN path would read the
+    // row again whenever the unfiltered winner is not kept
+    r.mode = kCand;
+    r.K = p.vocab < kCandMinP ? p.vocab : kCandMinP;
   } else {
+    // min-p alone is a threshold on y (known once zmax is): the PLAIN path with the filter
+    // y >= L (r.L = -inf when min-p is off)
     r.mode = kPlain;
   }
   return r;
@@ -306,13 +323,17 @@ struct Smem {
   unsigned int bar_key;    // key32 of a CTA-wide bar (PLAIN streamed / exact pass)
   unsigned int ncb;        // CAND: keys appended to the CTA's candidate buffer
   Summary row;             // the cluster's summaries merged (warp 0 writes, all read)
-  // finish (rank 0)
+};
+// CAND finish (rank 0), in the CTA's candidate buffer (dead once its keys were pushed)
+struct Fin {
   unsigned long long skey[kCandCap];
   unsigned long long sprefix[kCandCap];  // inclusive mass prefix in key order
   float sy[kCandCap];
 };
-// dynamic shared memory after Smem: cbuf [cs][kCandCap] keys (rank 0 reads), then the
-// resident chunk (16-byte slots) when p.resident.
+static_assert(sizeof(Fin) <= size_t(kCandBuf) * 8, "Fin must fit the candidate buffer");
+// dynamic shared memory after Smem: cbuf [cs][kCbufPerCta] (rank 0 reads), the candidate buffer
+// (FILT; reused as Fin by rank 0's finish), then the resident chunk (16-byte slots) when
+// p.resident.
 
 // ------------------------------------------------------------------------------------------
 // block reductions (all threads call; results broadcast)
@@ -971,32 +992,34 @@ __device__ __forceinline__ void write_row(const Params& p, int row, int tok, boo
 // candidates cannot decide (the generic path must run). S_row: top-p without top-k: the row's
 // total mass; psum: sum of exp(y) over the kept candidates (logprobs).
 // ------------------------------------------------------------------------------------------
-__device__ int cand_finish(const Row& r, Smem& s, int n, int vocab, float zmax,
+__device__ int cand_finish(const Row& r, Smem& s, Fin& f, int n, int vocab, float zmax,
                            unsigned long long S_row, bool lp, float& psum, float& ytok) {
   const int tid = threadIdx.x;
-  // skey[0..n) holds the candidates unsorted: rank by counting (4 threads per key)
+  // skey[0..n) holds the candidates unsorted: rank by counting (kTpk threads per key)
+  constexpr int kTpk = kThreads / kCandCap;
+  static_assert(kTpk >= 1 && kTpk <= 32 && (kTpk & (kTpk - 1)) == 0, "threads per key");
   unsigned long long key = 0;
   int rk = 0;
-  const int kk = tid >> 2, part = tid & 3;
+  const int kk = tid / kTpk, part = tid % kTpk;
   if (kk < n) {
-    key = s.skey[kk];
-    for (int j = part; j < n; j += 4) rk += s.skey[j] > key;
+    key = f.skey[kk];
+    for (int j = part; j < n; j += kTpk) rk += f.skey[j] > key;
   }
-  rk += __shfl_xor_sync(0xffffffffu, rk, 1);
-  rk += __shfl_xor_sync(0xffffffffu, rk, 2);
+#pragma unroll
+  for (int o = 1; o < kTpk; o <<= 1) rk += __shfl_xor_sync(0xffffffffu, rk, o);
   __syncthreads();
-  if (kk < n && part == 0) s.sprefix[rk] = key;   // sprefix as scratch for the sorted keys
+  if (kk < n && part == 0) f.sprefix[rk] = key;   // sprefix as scratch for the sorted keys
   __syncthreads();
   float y = -INFINITY;
   unsigned long long e = 0;
   if (tid < n) {
-    key = s.sprefix[tid];
+    key = f.sprefix[tid];
     y = centered(key56_value(key), zmax, r.inv_t);
     if (r.p_on) e = (unsigned long long)mass_fixed_nonpos(y);
   }
   __syncthreads();
-  if (tid < n) { s.skey[tid] = key; s.sy[tid] = y; }
-  // inclusive prefix of masses in key order (n <= 256: warps 0..7)
+  if (tid < n) { f.skey[tid] = key; f.sy[tid] = y; }
+  // inclusive prefix of masses in key order (n <= kCandCap: warps 0..kCandCap / 32 - 1)
   unsigned long long incl = e;
   const int lane = tid & 31, warp = tid >> 5;
 #pragma unroll
@@ -1004,37 +1027,37 @@ __device__ int cand_finish(const Row& r, Smem& s, int n, int vocab, float zmax,
     const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += v;
   }
-  if (lane == 31 && warp < 8) s.red64[warp] = incl;
+  if (lane == 31 && warp < kCandCap / 32) s.red64[warp] = incl;
   __syncthreads();
   if (tid < n) {
     unsigned long long off = 0;
     for (int w = 0; w < warp; ++w) off += s.red64[w];
-    s.sprefix[tid] = incl + off;
+    f.sprefix[tid] = incl + off;
   }
   __syncthreads();
   // decisions
-  const unsigned long long S = r.k_on ? (n ? s.sprefix[n - 1] : 0) : S_row;
+  const unsigned long long S = r.k_on ? (n ? f.sprefix[n - 1] : 0) : S_row;
   const int64_t P = r.p_on ? top_p_limit(r.top_p, int64_t(S)) : 0;
   bool kept = false;
   if (tid < n) {
     kept = y >= r.L && tid < r.k;
-    if (r.p_on) kept = kept && int64_t(s.sprefix[tid] - e) < P;
+    if (r.p_on) kept = kept && int64_t(f.sprefix[tid] - e) < P;
   }
   // can the candidates decide? (only rows whose kept set is not bounded by top-k)
   if (!r.k_on && n > 0) {
     bool last_kept;
     {
-      const float yl = s.sy[n - 1];
+      const float yl = f.sy[n - 1];
       bool kl = yl >= r.L;
       if (r.p_on) {
         const unsigned long long el = (unsigned long long)mass_fixed_nonpos(yl);
-        kl = kl && int64_t(s.sprefix[n - 1] - el) < P;
+        kl = kl && int64_t(f.sprefix[n - 1] - el) < P;
       }
       last_kept = kl;
     }
     // the kept set may continue past the last candidate: undecided if such a token could win,
     // or if logprobs need its mass
-    if (n >= r.K && r.K < vocab && last_kept && (s.sy[n - 1] >= kDead || lp)) return -1;
+    if (n >= r.K && r.K < vocab && last_kept && (f.sy[n - 1] >= kDead || lp)) return -1;
   }
   // Gumbel over the kept candidates
   float c = -INFINITY;
@@ -1057,8 +1080,8 @@ __device__ int cand_finish(const Row& r, Smem& s, int n, int vocab, float zmax,
 // ------------------------------------------------------------------------------------------
 // the kernel
 // ------------------------------------------------------------------------------------------
-// FILT = false: no row has a filter (greedy / PLAIN rows only); true: any mode, and PLAIN rows
-// take the exact pass. Two instantiations keep each one's registers to its own paths.
+// FILT = false: no row has a top-k / top-p filter (greedy / PLAIN rows only, min-p included);
+// true: any mode. Two instantiations keep each one's registers to its own paths.
 template <typename T, bool FILT>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   constexpr int VEC = VecOf<T>::n;
@@ -1112,9 +1135,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   unsigned long long th0 = 0;
   if (FILT && r.mode == kCand) {
     // head (each thread's first kUnroll vectors): a bound th0 = the K-th largest of the threads'
-    // maximum keys (K distinct elements are >= it; 0 when fewer than K threads have one)
-    const int head_end = min(c1, c0 + kThreads * kUnroll * VEC);
-    unsigned long long tkey = 0;
+    // two largest keys (K distinct elements are >= it; 0 when fewer than K keys were seen)
+    const int head_end = min(c1, c0 + kHeadElems);
+    unsigned long long tkey = 0, tkey2 = 0;
     for_each_vec<T>(rowp, c0, head_end, aligned, sdata, resident, false,
                     [&](int i, const float (&z)[VEC]) {
                       common(i, z);
@@ -1122,13 +1145,14 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
                       for (int j = 0; j < VEC; ++j) {
                         if (z[j] > -INFINITY) {
                           const unsigned long long k = key_of(z[j], i + j);
-                          tkey = k > tkey ? k : tkey;
+                          if (k > tkey) { tkey2 = tkey; tkey = k; }
+                          else if (k > tkey2) { tkey2 = k; }
                         }
                       }
                     });
-    unsigned long long keys1[1] = {tkey};
+    unsigned long long keys1[2] = {tkey, tkey2};
     int nvalid = 0;
-    th0 = block_select<1>(keys1, r.K, s, &nvalid);
+    th0 = block_select<2>(keys1, r.K, s, &nvalid);
     if (nvalid < r.K) th0 = 0;
     if (tid == 0) s.ncb = 0;
     __syncthreads();
@@ -1290,7 +1314,10 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     if (rank == 0 && tid == 0) write_row(p, row, zid, true, raw_lp(zid), 0.0f);
     return;
   }
-  if (!FILT && plain_stream && plain_gap_ok(h1, h2, z1, zmax, r.inv_t)) {
+  // (min-p rows stream only through CAND (p.minp_cand); were one here, the unfiltered winner
+  // would be the kept set's winner only when kept, and its logprob would need the exact pass)
+  if (!FILT && plain_stream && plain_gap_ok(h1, h2, z1, zmax, r.inv_t) &&
+      (!r.mp_on || (!lp && centered(z1, zmax, r.inv_t) >= r.L))) {
     if (rank == 0 && tid == 0) {
       float plp = 0.0f;
       if (lp) {
@@ -1318,11 +1345,12 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     unsigned long long S_row = 0;
     if (!r.k_on && r.p_on) S_row = cluster_mass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, 0ull);
     int need_generic = 0;
+    Fin& fin = *reinterpret_cast<Fin*>(cand);
     if (rank == 0) {
       // the row's top K among the cs * K candidates
       int n = ncand;
       if (cs > 1) {
-        constexpr int RR = kMaxCluster * kCandCap / kThreads;   // 4
+        constexpr int RR = kMaxCluster * kCandCap / kThreads;   // 8
         unsigned long long keys[RR];
         int q = 0;
 #pragma unroll
@@ -1340,17 +1368,17 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
         for (int i = 0; i < RR; ++i) {
           if (t && keys[i] >= t) {
             const unsigned pos = atomicAdd(&s.counter, 1u);
-            if (pos < unsigned(kCandCap)) s.skey[pos] = keys[i];
+            if (pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
           }
         }
         __syncthreads();
         n = min(int(s.counter), r.K);
       } else {
-        if (tid < n) s.skey[tid] = cbuf[tid];
+        if (tid < n) fin.skey[tid] = cbuf[tid];
         __syncthreads();
       }
       float ps = 0.0f, ytok = 0.0f;
-      const int tok = cand_finish(r, s, n, p.vocab, zmax, S_row, lp, ps, ytok);
+      const int tok = cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
       if (tok < 0) {
         need_generic = 1;
       } else if (tid == 0) {
@@ -1468,9 +1496,11 @@ inline int active_clusters(Kernel kernel, int cs, size_t smem) {
 template <typename T>
 cudaError_t launch(Params p, cudaStream_t stream, int cs_override = 0) {
   if (p.rows == 0) return cudaSuccess;
-  const bool filt = p.flags & (F_TOPK | F_TOPP | F_MINP | F_FORCE_GENERIC);
+  // min-p alone runs on the PLAIN path (the kernel without the candidate machinery) when the
+  // chunks are staged in shared memory, on the CAND path when they stream
+  bool filt = p.flags & (F_TOPK | F_TOPP | F_FORCE_GENERIC);
   auto kernel = filt ? sample_kernel<T, true> : sample_kernel<T, false>;
-  const DeviceInfo d = device_info(kernel);
+  DeviceInfo d = device_info(kernel);
   constexpr int VEC = VecOf<T>::n;
   // CTAs per row (cluster size): the largest cs whose clusters all run in one wave (measured on
   // an H100: B = 16 rows take 28.7 us with clusters of 4 and 36.3 us with clusters of 8, which
@@ -1482,25 +1512,36 @@ cudaError_t launch(Params p, cudaStream_t stream, int cs_override = 0) {
            smem_fixed_bytes(c, filt) + res_bytes_of(c) <= size_t(d.max_smem) &&
            res_bytes_of(c) <= (160u << 10);
   };
-  int cs = 1;
   const int forced = (p.flags >> F_CS_SHIFT) & 7;
   if (cs_override == 0 && forced) cs_override = 1 << (forced - 1);
-  if (cs_override > 0) {
-    cs = cs_override < d.max_cs ? cs_override : d.max_cs;
-  } else if (int64_t(p.rows) * 2 <= d.sms) {
-    for (int c = d.max_cs; c >= 2; c >>= 1) {
-      if (chunk_of(c) < 2048) continue;
-      const size_t smem = smem_fixed_bytes(c, filt) + (resident_ok(c) ? res_bytes_of(c) : 0);
-      if (int64_t(active_clusters(kernel, c, smem)) >= p.rows) { cs = c; break; }
+  auto pick_cs = [&]() {
+    int cs = 1;
+    if (cs_override > 0) {
+      cs = cs_override < d.max_cs ? cs_override : d.max_cs;
+    } else if (int64_t(p.rows) * 2 <= d.sms) {
+      for (int c = d.max_cs; c >= 2; c >>= 1) {
+        if (chunk_of(c) < 2048) continue;
+        const size_t smem = smem_fixed_bytes(c, filt) + (resident_ok(c) ? res_bytes_of(c) : 0);
+        if (int64_t(active_clusters(kernel, c, smem)) >= p.rows) { cs = c; break; }
+      }
     }
+    while (cs > 1 && (cs - 1) * chunk_of(cs) >= p.vocab) cs >>= 1;
+    return cs;
+  };
+  int cs = pick_cs();
+  if (!filt && (p.flags & F_MINP) && !resident_ok(cs)) {
+    filt = true;
+    kernel = sample_kernel<T, true>;
+    d = device_info(kernel);
+    cs = pick_cs();
   }
-  while (cs > 1 && (cs - 1) * chunk_of(cs) >= p.vocab) cs >>= 1;
   const int64_t chunk = chunk_of(cs);
   p.cs = cs;
   p.chunk = int(chunk);
   const size_t fixed = smem_fixed_bytes(cs, filt);
   const size_t res_bytes = res_bytes_of(cs);
   p.resident = resident_ok(cs);
+  p.minp_cand = !p.resident;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   cfg.gridDim = dim3(unsigned(int64_t(p.rows) * cs), 1, 1);

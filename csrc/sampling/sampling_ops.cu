@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/all.h>
 
+#include "common/check.h"
 #include "sampling/sampler.cuh"
 #include "sampling/sampling_ops.h"
 
@@ -15,10 +16,10 @@ template <typename T>
 const T* opt_ptr(const std::optional<at::Tensor>& t, at::ScalarType st, const char* name, int64_t n,
                  const at::Tensor& like) {
   if (!t.has_value()) return nullptr;
-  TORCH_CHECK(t->scalar_type() == st, name, ": expected dtype ", st, ", got ", t->scalar_type());
-  TORCH_CHECK(t->dim() == 1 && t->size(0) == n && t->is_contiguous(), name,
+  TS_CHECK(t->scalar_type() == st, name, ": expected dtype ", st, ", got ", t->scalar_type());
+  TS_CHECK(t->dim() == 1 && t->size(0) == n && t->is_contiguous(), name,
               ": expected a contiguous 1-D tensor of ", n, " values");
-  TORCH_CHECK(t->device() == like.device(), name, ": must be on ", like.device());
+  TS_CHECK(t->device() == like.device(), name, ": must be on ", like.device());
   return t->data_ptr<T>();
 }
 }  // namespace
@@ -31,13 +32,13 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
             const std::optional<at::Tensor>& logprobs,
             const std::optional<at::Tensor>& processed_logprobs) {
   using namespace tokenspeed_kernel::sampler;
-  TORCH_CHECK(logits.is_cuda() && logits.dim() == 2, "logits: expected a 2-D CUDA tensor");
-  TORCH_CHECK(logits.stride(1) == 1 || logits.size(1) == 1,
+  TS_CHECK(logits.is_cuda() && logits.dim() == 2, "logits: expected a 2-D CUDA tensor");
+  TS_CHECK(logits.stride(1) == 1 || logits.size(1) == 1,
               "logits: last dimension must be contiguous");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  TORCH_CHECK(vocab >= 1 && vocab <= (1 << 24), "logits: vocab must be in [1, 2^24]");
-  TORCH_CHECK(rows < (int64_t(1) << 27), "logits: fewer than 2^27 rows");
-  TORCH_CHECK(tokens_per_request >= 1 && rows % tokens_per_request == 0,
+  TS_CHECK(vocab >= 1 && vocab <= (1 << 24), "logits: vocab must be in [1, 2^24]");
+  TS_CHECK(rows < (int64_t(1) << 27), "logits: fewer than 2^27 rows");
+  TS_CHECK(tokens_per_request >= 1 && rows % tokens_per_request == 0,
               "tokens_per_request: must divide rows");
   const int64_t n = rows / tokens_per_request;
   const at::cuda::CUDAGuard guard(logits.device());
@@ -59,18 +60,18 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   if (p.min_p) p.flags |= F_MINP;
   p.seed = opt_ptr<int64_t>(seed, at::kLong, "seed", n, logits);
   p.offset = opt_ptr<int64_t>(offset, at::kLong, "offset", n, logits);
-  TORCH_CHECK(tokens.is_cuda() && tokens.numel() == rows && tokens.is_contiguous() &&
+  TS_CHECK(tokens.is_cuda() && tokens.numel() == rows && tokens.is_contiguous() &&
                   (tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt),
               "tokens: expected a contiguous int64/int32 CUDA tensor of ", rows, " values");
-  TORCH_CHECK(valid.is_cuda() && valid.numel() == rows && valid.scalar_type() == at::kBool &&
+  TS_CHECK(valid.is_cuda() && valid.numel() == rows && valid.scalar_type() == at::kBool &&
                   valid.is_contiguous(), "valid: expected a contiguous bool tensor of ", rows);
-  TORCH_CHECK(tokens.device() == logits.device() && valid.device() == logits.device(),
+  TS_CHECK(tokens.device() == logits.device() && valid.device() == logits.device(),
               "tokens/valid: must be on ", logits.device());
   if (flags & F_LOGPROBS) {
-    TORCH_CHECK(logprobs.has_value() && processed_logprobs.has_value(),
+    TS_CHECK(logprobs.has_value() && processed_logprobs.has_value(),
                 "logprobs/processed_logprobs: required when the logprobs flag is set");
     for (const auto* t : {&*logprobs, &*processed_logprobs})
-      TORCH_CHECK(t->is_cuda() && t->numel() == rows && t->scalar_type() == at::kFloat &&
+      TS_CHECK(t->is_cuda() && t->numel() == rows && t->scalar_type() == at::kFloat &&
                       t->is_contiguous() && t->device() == logits.device(),
                   "logprobs: expected contiguous float32 of ", rows);
     p.lp = logprobs->data_ptr<float>();
@@ -81,7 +82,7 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   p.valid = valid.data_ptr<bool>();
   p.stats = nullptr;
   if (rows == 0) return;
-  TORCH_CHECK(p.seed && p.offset, "seed/offset: required");
+  TS_CHECK(p.seed && p.offset, "seed/offset: required");
 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(logits.get_device());
   cudaError_t err = cudaSuccess;
@@ -89,9 +90,9 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
     case at::kFloat: err = launch<float>(p, stream); break;
     case at::kHalf: err = launch<__half>(p, stream); break;
     case at::kBFloat16: err = launch<__nv_bfloat16>(p, stream); break;
-    default: TORCH_CHECK(false, "logits: dtype must be float32, float16 or bfloat16");
+    default: TS_CHECK(false, "logits: dtype must be float32, float16 or bfloat16");
   }
-  TORCH_CHECK(err == cudaSuccess, "tokenspeed_kernel.sample: CUDA error: ", cudaGetErrorString(err));
+  TS_CHECK(err == cudaSuccess, "tokenspeed_kernel.sample: CUDA error: ", cudaGetErrorString(err));
 }
 
 }  // namespace tokenspeed_kernel::sampling

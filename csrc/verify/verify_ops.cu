@@ -1,5 +1,6 @@
 // Torch adapter of the verify family: schemas, checks, device guard, stream, dtype dispatch.
 // Kernels: verify.cuh (torch-free). Python wrapper: python/tokenspeed_kernel/ops/verify.py.
+#include "common/check.h"
 #include "verify_ops.h"
 
 #include <ATen/ATen.h>
@@ -16,37 +17,37 @@ namespace tokenspeed_kernel::verify {
 namespace {
 
 void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& ref) {
-  TORCH_CHECK(t.is_cuda(), name, ": must be a CUDA tensor");
-  TORCH_CHECK(t.device() == ref.device(), name, ": must be on ", ref.device(), ", got ",
+  TS_CHECK(t.is_cuda(), name, ": must be a CUDA tensor");
+  TS_CHECK(t.device() == ref.device(), name, ": must be on ", ref.device(), ", got ",
               t.device());
 }
 void check_vec(const at::Tensor& t, const char* name, int64_t n, at::ScalarType dtype,
                const at::Tensor& ref) {
   check_cuda(t, name, ref);
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == n, name, ": must have shape [", n, "], got ",
+  TS_CHECK(t.dim() == 1 && t.size(0) == n, name, ": must have shape [", n, "], got ",
               t.sizes());
-  TORCH_CHECK(t.scalar_type() == dtype, name, ": must be ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, ": must be contiguous");
+  TS_CHECK(t.scalar_type() == dtype, name, ": must be ", dtype, ", got ", t.scalar_type());
+  TS_CHECK(t.is_contiguous(), name, ": must be contiguous");
 }
 void check_out_tokens(const at::Tensor& tokens, const at::Tensor& num_accepted,
                       const at::Tensor& valid, int64_t bs, int64_t W, const at::Tensor& ref) {
   check_cuda(tokens, "tokens", ref);
-  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == bs && tokens.size(1) == W &&
+  TS_CHECK(tokens.dim() == 2 && tokens.size(0) == bs && tokens.size(1) == W &&
                   tokens.is_contiguous(),
               "tokens: must be contiguous [", bs, ", ", W, "], got ", tokens.sizes());
-  TORCH_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt,
+  TS_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt,
               "tokens: must be int64 or int32");
   check_vec(num_accepted, "num_accepted", bs, tokens.scalar_type(), ref);
   check_vec(valid, "valid", bs, at::kBool, ref);
 }
 void check_out_logprobs(const std::optional<at::Tensor>& lp, const std::optional<at::Tensor>& plp,
                         int64_t bs, int64_t W, const at::Tensor& ref) {
-  TORCH_CHECK(lp.has_value() == plp.has_value(),
+  TS_CHECK(lp.has_value() == plp.has_value(),
               "logprobs / processed_logprobs: give both or neither");
   if (!lp.has_value()) return;
   for (const at::Tensor* t : {&*lp, &*plp}) {
     check_cuda(*t, "logprobs", ref);
-    TORCH_CHECK(t->dim() == 2 && t->size(0) == bs && t->size(1) == W && t->is_contiguous() &&
+    TS_CHECK(t->dim() == 2 && t->size(0) == bs && t->size(1) == W && t->is_contiguous() &&
                     t->scalar_type() == at::kFloat,
                 "logprobs: must be contiguous float32 [", bs, ", ", W, "]");
   }
@@ -72,26 +73,26 @@ void verify_probabilistic(const at::Tensor& target_logits,
                           const std::optional<at::Tensor>& processed_logprobs) {
   const at::Tensor& tgt = target_logits;
   check_cuda(tgt, "target_logits", tgt);
-  TORCH_CHECK(tgt.dim() == 2 && (tgt.stride(1) == 1 || tgt.size(1) == 1),
+  TS_CHECK(tgt.dim() == 2 && (tgt.stride(1) == 1 || tgt.size(1) == 1),
               "target_logits: must be 2-D with a contiguous last dimension");
   const auto dtype = tgt.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+  TS_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
               "target_logits: dtype must be float32, bfloat16 or float16");
   const int64_t V = tgt.size(1);
-  TORCH_CHECK(V >= 1 && V <= (int64_t(1) << 24), "target_logits: vocab size must be in [1, 2^24]");
+  TS_CHECK(V >= 1 && V <= (int64_t(1) << 24), "target_logits: vocab size must be in [1, 2^24]");
   const int64_t bs = cu_num_draft.size(0) - 1;
-  TORCH_CHECK(bs >= 0, "cu_num_draft: must have shape [bs + 1]");
+  TS_CHECK(bs >= 0, "cu_num_draft: must have shape [bs + 1]");
   check_vec(cu_num_draft, "cu_num_draft", bs + 1, at::kLong, tgt);
-  TORCH_CHECK(max_num_draft >= 0, "max_num_draft: must be >= 0");
+  TS_CHECK(max_num_draft >= 0, "max_num_draft: must be >= 0");
   const int64_t W = max_num_draft + 1;
   const bool padded = flags & kPadded, ngram = flags & kNgram;
   check_cuda(draft_token_ids, "draft_token_ids", tgt);
-  TORCH_CHECK(draft_token_ids.dim() == 1 && draft_token_ids.scalar_type() == at::kLong &&
+  TS_CHECK(draft_token_ids.dim() == 1 && draft_token_ids.scalar_type() == at::kLong &&
                   draft_token_ids.is_contiguous(),
               "draft_token_ids: must be a contiguous flat int64 tensor");
   if (padded) {
-    TORCH_CHECK(tgt.size(0) == bs * W, "target_logits: padded layout needs bs * (max_n + 1) rows");
-    TORCH_CHECK(draft_token_ids.numel() == bs * max_num_draft,
+    TS_CHECK(tgt.size(0) == bs * W, "target_logits: padded layout needs bs * (max_n + 1) rows");
+    TS_CHECK(draft_token_ids.numel() == bs * max_num_draft,
                 "draft_token_ids: padded layout needs bs * max_n ids");
   }
   check_vec(seed, "seed", bs, at::kLong, tgt);
@@ -100,15 +101,15 @@ void verify_probabilistic(const at::Tensor& target_logits,
   if (min_p.has_value()) check_vec(*min_p, "min_p", bs, at::kFloat, tgt);
   if (top_k.has_value()) check_vec(*top_k, "top_k", bs, at::kInt, tgt);
   if (top_p.has_value()) check_vec(*top_p, "top_p", bs, at::kFloat, tgt);
-  TORCH_CHECK(ngram != draft_logits.has_value(),
+  TS_CHECK(ngram != draft_logits.has_value(),
               "draft_logits: required in probabilistic mode, absent in ngram mode");
   if (draft_logits.has_value()) {
     const at::Tensor& d = *draft_logits;
     check_cuda(d, "draft_logits", tgt);
-    TORCH_CHECK(d.dim() == 2 && d.size(1) == V && (d.stride(1) == 1 || V == 1),
+    TS_CHECK(d.dim() == 2 && d.size(1) == V && (d.stride(1) == 1 || V == 1),
                 "draft_logits: must be 2-D [rows, V] with a contiguous last dimension");
-    TORCH_CHECK(d.scalar_type() == dtype, "draft_logits: dtype must match target_logits");
-    TORCH_CHECK(d.size(0) == draft_token_ids.numel(),
+    TS_CHECK(d.scalar_type() == dtype, "draft_logits: dtype must match target_logits");
+    TS_CHECK(d.size(0) == draft_token_ids.numel(),
                 "draft_logits: needs one row per draft slot");
   }
   check_out_tokens(tokens, num_accepted, valid, bs, W, tgt);
@@ -207,13 +208,13 @@ void verify_probabilistic(const at::Tensor& target_logits,
       err = launch_verify_probabilistic<__half>(p, sms, clusters, fw, tw, vec_ok, stream);
       break;
   }
-  TORCH_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
+  TS_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
               cudaGetErrorString(err));
   if (list_stats) {
     // tuning hook only (bench/lab/tools/verify_listed.py): a host sync, then one line on stderr
     unsigned int c[5] = {0, 0, 0, 0, 0}, fc = 0;
     const unsigned int z[5] = {0, 0, 0, 0, 0};
-    TORCH_CHECK(cudaStreamSynchronize(stream) == cudaSuccess &&
+    TS_CHECK(cudaStreamSynchronize(stream) == cudaSuccess &&
                     cudaMemcpyFromSymbol(c, g_verify_list_stats, sizeof(c)) == cudaSuccess &&
                     cudaMemcpy(&fc, p.fcount, sizeof(fc), cudaMemcpyDeviceToHost) == cudaSuccess &&
                     cudaMemcpyToSymbol(g_verify_list_stats, z, sizeof(z)) == cudaSuccess,
@@ -234,23 +235,23 @@ void verify_strict_accept(const at::Tensor& target_tokens, const at::Tensor& tar
                           const std::optional<at::Tensor>& processed_logprobs) {
   const at::Tensor& ref = target_tokens;
   const int64_t bs = cu_num_draft.size(0) - 1;
-  TORCH_CHECK(bs >= 0, "cu_num_draft: must have shape [bs + 1]");
+  TS_CHECK(bs >= 0, "cu_num_draft: must have shape [bs + 1]");
   check_vec(cu_num_draft, "cu_num_draft", bs + 1, at::kLong, ref);
   const int64_t R = target_tokens.numel();
   check_vec(target_tokens, "target_tokens", R, at::kLong, ref);
   check_vec(target_valid, "target_valid", R, at::kBool, ref);
   check_cuda(draft_token_ids, "draft_token_ids", ref);
-  TORCH_CHECK(draft_token_ids.dim() == 1 && draft_token_ids.scalar_type() == at::kLong &&
+  TS_CHECK(draft_token_ids.dim() == 1 && draft_token_ids.scalar_type() == at::kLong &&
                   draft_token_ids.is_contiguous(),
               "draft_token_ids: must be a contiguous flat int64 tensor");
-  TORCH_CHECK(max_num_draft >= 0, "max_num_draft: must be >= 0");
+  TS_CHECK(max_num_draft >= 0, "max_num_draft: must be >= 0");
   const int64_t W = max_num_draft + 1;
   if (flags & kPadded) {
-    TORCH_CHECK(R == bs * W, "target_tokens: padded layout needs bs * (max_n + 1) rows");
+    TS_CHECK(R == bs * W, "target_tokens: padded layout needs bs * (max_n + 1) rows");
   }
   check_out_tokens(tokens, num_accepted, valid, bs, W, ref);
   check_out_logprobs(logprobs, processed_logprobs, bs, W, ref);
-  TORCH_CHECK(target_logprobs.has_value() == logprobs.has_value() &&
+  TS_CHECK(target_logprobs.has_value() == logprobs.has_value() &&
                   target_processed_logprobs.has_value() == logprobs.has_value(),
               "target_logprobs: give the row logprobs exactly when logprobs are wanted");
   if (target_logprobs.has_value()) {
@@ -277,7 +278,7 @@ void verify_strict_accept(const at::Tensor& target_tokens, const at::Tensor& tar
   p.plp = processed_logprobs.has_value() ? processed_logprobs->data_ptr<float>() : nullptr;
   p.out64 = tokens.scalar_type() == at::kLong;
   const cudaError_t err = launch_verify_strict(p, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "verify_strict_accept: kernel launch failed: ",
+  TS_CHECK(err == cudaSuccess, "verify_strict_accept: kernel launch failed: ",
               cudaGetErrorString(err));
 }
 
