@@ -60,9 +60,9 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kCandCap = 512;      // CAND rows: at most this many candidates (top-k fast path k)
 constexpr int kCandBuf = 4096;     // CAND: a CTA's buffer of keys >= its bound (32 KB)
 constexpr int kCandMinP = 256;     // candidates of min-p rows (their kept sets are small)
-// CAND: the bound th0 comes from a chunk's first kHeadElems elements (a multiple of
-// kThreads * kUnroll * VEC for every dtype), so that a streamed 152k-element chunk appends about
-// K * chunk / kHeadElems keys: K = 512 fits the buffer with room to spare
+// CAND: the bound th0 comes from the chunk's head, its first max(kHeadElems, chunk / 4)
+// elements (a multiple of 32), so that about K * chunk / head <= 4 K = 2048 keys are appended
+// (K = 512 candidates; the buffer holds 4096)
 constexpr int kHeadElems = 32768;
 // rank 0's receive buffer per CTA of the cluster: K candidate keys, or a radix level's count,
 // mass and min-key histograms (3 x 256)
@@ -1136,7 +1136,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   if (FILT && r.mode == kCand) {
     // head (each thread's first kUnroll vectors): a bound th0 = the K-th largest of the threads'
     // two largest keys (K distinct elements are >= it; 0 when fewer than K keys were seen)
-    const int head_end = min(c1, c0 + kHeadElems);
+    const int head_end = min(c1, c0 + max(kHeadElems, ((c1 - c0) / 4 + 31) / 32 * 32));
     unsigned long long tkey = 0, tkey2 = 0;
     for_each_vec<T>(rowp, c0, head_end, aligned, sdata, resident, false,
                     [&](int i, const float (&z)[VEC]) {
