@@ -3,8 +3,9 @@ one-GPU virtual-rank harness of DP sampling.
 
 Command line (device runs):
 
-    python tests/dp_helpers.py sanitize-mp       # a few dp_sample / dp_verify calls on 2 real
-                                                 # ranks (compute-sanitizer memcheck / racecheck)
+    python tests/dp_helpers.py sanitize-mp [N]   # a few dp_sample / dp_verify calls on N real
+                                                 # ranks (default 2; compute-sanitizer memcheck /
+                                                 # racecheck)
     python tests/dp_helpers.py sanitize          # virtual ranks (NOT under compute-sanitizer:
                                                  # it serializes kernels, the ranks time out)
     python tests/dp_helpers.py triton-aot        # CPU: compile the Triton DP kernels for sm_90
@@ -529,7 +530,8 @@ if __name__ == "__main__":
         sanitize_main()
     elif len(sys.argv) > 1 and sys.argv[1] == "sanitize-mp":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        run_workers("dp_sanitize_worker", 2, "nccl", timeout_s=600)
-        print("dp sanitize-mp workload: OK")
+        world = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+        run_workers("dp_sanitize_worker", world, "nccl", timeout_s=600)
+        print(f"dp sanitize-mp workload ({world} ranks): OK")
     else:
         print(__doc__)

@@ -421,26 +421,28 @@ def test_multigpu_dp_matches_sampling_all_backends(world):
 
 
 @pytest.mark.multigpu
-def test_multigpu_graph_replays_10000():
-    if _ngpu() < 2 or not _library.extension_available():
-        pytest.skip("needs 2 GPUs and the extension")
-    H.run_workers("dp_graph_worker", 2, "nccl", args=(10_000,), timeout_s=900)
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_multigpu_graph_replays_10000(world):
+    if _ngpu() < world or not _library.extension_available():
+        pytest.skip(f"needs {world} GPUs and the extension")
+    H.run_workers("dp_graph_worker", world, "nccl", args=(10_000,), timeout_s=900)
 
 
 @pytest.mark.multigpu
-def test_multigpu_dead_peer_commerror():
-    if _ngpu() < 2 or not _library.extension_available():
-        pytest.skip("needs 2 GPUs and the extension")
-    H.run_workers("dp_dead_peer_worker", 2, "nccl", timeout_s=300)
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_multigpu_dead_peer_commerror(world):
+    if _ngpu() < world or not _library.extension_available():
+        pytest.skip(f"needs {world} GPUs and the extension")
+    H.run_workers("dp_dead_peer_worker", world, "nccl", timeout_s=300)
 
 
 @needs_gpu
 def test_op_argument_errors_raise_instead_of_crashing():
     """The C++ adapters' own checks (the last line behind ops.dp's validation) must raise
     RuntimeError, not take the process down. Run in a child process: on the GPU image
-    (torch 2.11) a failing TORCH_CHECK with a formatted message inside dp_swap crashed the
-    process with SIGSEGV (seen three times), while a literal-only message of all_gather_hidden
-    raised; the cause is not known yet (docs/COMM.md)."""
+    (torch 2.11) a failing TORCH_CHECK with a formatted message crashed the process with
+    SIGSEGV: the image's g++ links libstdc++ statically, and c10::str's ostringstream ran in an
+    uninitialised copy. The adapters now use TS_CHECK (csrc/common/check.h, docs/COMM.md)."""
     import subprocess
     code = (
         "import torch\nfrom tokenspeed_kernel import _library\n_library.extension_available()\n"
