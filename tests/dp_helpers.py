@@ -444,7 +444,7 @@ def dp_sanitize_worker(rank: int, world: int) -> None:
     """A few small real-rank calls of every DP kernel (for compute-sanitizer)."""
     dev = torch.device("cuda", rank)
     V = 4099
-    comm = ops.create_dp_sampling_comm(max_rows=24, vocab_size=V, dtype=torch.bfloat16, slots=2)
+    comm = ops.create_dp_sampling_comm(max_rows=32, vocab_size=V, dtype=torch.bfloat16, slots=2)
     w = comm.shard_width
     for B in (1, 5, 24):
         full = full_logits(B, V, torch.bfloat16, dev)

@@ -9,8 +9,10 @@ the input (flat rows whose top-p / min-p kept set exceeds the candidate cap, top
 so that one thread's candidate list overflows, logits of magnitude 1e30), and the tokens are
 compared with the reference bit for bit; logprobs to 1e-3.
 
-Batch sizes (why): 1 and 3 (clusters of 16 CTAs, chunks in shared memory), 40 (clusters of 2-4),
-300 (one CTA per row, streamed), so the same row is sampled by every layout.
+Batch sizes (why): 1 and 3 (clusters of 16 CTAs, chunks in shared memory; temperature / greedy
+rows: the split launch, up to 64 plain CTAs per row and a merge kernel), 40 (clusters of 2-4),
+300 (one CTA per row, streamed), so the same row is sampled by every layout. ``nosplit`` keeps
+small temperature batches on the cluster launch.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from tokenspeed_kernel.reference import sampling as ref
 pytestmark = pytest.mark.gpu
 
 FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
-         "stream": S.F_NO_RESIDENT}
+         "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
+         "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT}
 
 
 @contextlib.contextmanager
@@ -103,11 +106,14 @@ MODES = {
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("B", [1, 3, 40, 300])
-@pytest.mark.parametrize("flags", ["default", "generic", "exact", "stream"])
+@pytest.mark.parametrize("flags", ["default", "generic", "exact", "stream", "nosplit",
+                                   "nosplit_exact"])
 def test_cuda_paths_match_reference(mode, B, flags):
     skip_unless_backend("cuda")
     if flags == "stream" and B == 300:
         pytest.skip("B = 300 already streams")
+    if flags.startswith("nosplit") and (mode != "temperature" or B > 3):
+        pytest.skip("the split launch only takes small temperature / greedy batches")
     V = 151936 if B <= 40 else 32000
     g = _gen(B * 100 + len(mode))
     logits = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
@@ -173,13 +179,14 @@ def test_cuda_candidate_list_overflow(B):
 
 
 @pytest.mark.parametrize("B", [1, 300])
-@pytest.mark.parametrize("flags", ["default", "stream"])
-def test_cuda_huge_magnitudes(B, flags):
+@pytest.mark.parametrize("flags", ["default", "stream", "nosplit"])
+@pytest.mark.parametrize("V", [5000, 20000])
+def test_cuda_huge_magnitudes(B, flags, V):
     """|z / T| up to ~1e30 (the streamed gap test must hand these rows to the exact pass), ties
-    at the max, and a subnormal T whose 1/T overflows."""
+    at the max, and a subnormal T whose 1/T overflows. V = 20000 at B = 1: the split launch
+    (its merge kernel runs the exact pass over the whole row)."""
     skip_unless_backend("cuda")
     g = _gen(13)
-    V = 5000
     base = torch.full((B, V), 1e30)
     ulp = 7.555786e22
     logits = base - torch.randint(0, 8, (B, V), generator=g).float() * ulp
@@ -236,3 +243,54 @@ def test_cuda_batch_layout_invariance():
             assert (t == t[0]).all()
             toks.append(t[0].item())
         assert len(set(toks)) == 1, (kw, toks)
+
+
+def test_cuda_split_launch_graph_replay_and_streams():
+    """Small temperature / greedy batches take the split launch (two kernels, the second with
+    programmatic dependent launch, a per-call workspace): under CUDA-graph capture and replay
+    with new inputs, and with calls on two streams at once, every token is the reference's."""
+    skip_unless_backend("cuda")
+    g = _gen(16)
+    B, V = 4, 151936
+
+    def inputs():
+        z = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
+        T = (torch.rand(B, generator=g) + 0.3).to(DEVICE)
+        T[1] = 0.0                                    # a greedy row
+        seed, offset = _seeds(B, int(torch.randint(0, 1 << 30, (1,), generator=g)))
+        return z, T, seed, offset
+
+    def want(z, T, seed, offset):
+        return ref.sample(z, seed, offset, T, None, None, None, 1)
+
+    z, T, seed, offset = inputs()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.sample_with_logprobs(z, seed, offset, temperature=T, backend="cuda")
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.sample_with_logprobs(z, seed, offset, temperature=T, backend="cuda")
+    for _ in range(3):
+        z2, T2, seed2, offset2 = inputs()
+        for dst, src in ((z, z2), (T, T2), (seed, seed2), (offset, offset2)):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        w = want(z, T, seed, offset)
+        assert torch.equal(out.tokens, w[0])
+        torch.testing.assert_close(out.logprobs, w[2], atol=1e-3, rtol=1e-4)
+    # two streams at once, each with its own rows
+    xs = [inputs() for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in xs]
+    outs = []
+    torch.cuda.synchronize()
+    for st, (z, T, seed, offset) in zip(streams, xs):
+        with torch.cuda.stream(st):
+            outs.append([ops.sample(z, seed, offset, temperature=T, backend="cuda",
+                                    validate=False) for _ in range(20)])
+    torch.cuda.synchronize()
+    for o, x in zip(outs, xs):
+        w = want(*x)[0]
+        assert all(torch.equal(t.tokens, w) for t in o)

@@ -81,7 +81,7 @@ constexpr float kRel = 4.76837158203125e-07f;   // 2^-21: relative margin of the
 // tuning, a forced cluster size 2^(v-1) (v = 0: the launcher's choice)
 enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
                    F_FORCE_GENERIC = 64, F_FORCE_EXACT = 128, F_NO_RESIDENT = 256,
-                   F_CS_SHIFT = 10 };
+                   F_NO_SPLIT = 512, F_CS_SHIFT = 10 };
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
 struct Params {
@@ -99,6 +99,9 @@ struct Params {
   int chunk;               // elements per CTA, multiple of 8
   int resident;            // chunk staged in shared memory
   int minp_cand;           // min-p-only rows take the CAND path (set when chunks stream)
+  int split;               // split launch (see launch_split): CTAs per row of phase 1, else 0
+  int phase;               // split launch: 1 = the CTAs' summaries, 2 = merge and finish
+  void* ws;                // split launch: Summary[rows * split] (phase 1 writes, 2 reads)
   void* tokens;
   int out64;
   bool* valid;
@@ -331,6 +334,35 @@ struct Fin {
   float sy[kCandCap];
 };
 static_assert(sizeof(Fin) <= size_t(kCandBuf) * 8, "Fin must fit the candidate buffer");
+
+// the neutral summary, and the merge of two (order-free up to the float sums of the logprobs)
+__device__ __forceinline__ Summary summ_empty() {
+  Summary u;
+  u.zmax = -INFINITY; u.zid = 0x7fffffff; u.bad = 0; u.ovf = 0; u.ncand = 0;
+  u.zmin = INFINITY;
+  u.lm = -INFINITY; u.ls = 0.0f; u.pm = -INFINITY; u.ps = 0.0f;
+  u.h1 = -INFINITY; u.h2 = -INFINITY; u.z1 = -INFINITY; u.w1 = 0x7fffffff;
+  return u;
+}
+__device__ __forceinline__ void summ_merge(Summary& u, const Summary& v, bool lp, float inv_t) {
+  if (v.zmax > u.zmax || (v.zmax == u.zmax && v.zid < u.zid)) { u.zmax = v.zmax; u.zid = v.zid; }
+  u.bad |= v.bad;
+  u.ovf |= v.ovf;
+  u.ncand += v.ncand;
+  u.zmin = fminf(u.zmin, v.zmin);
+  if (lp) {
+    Lse a{u.lm, u.ls}, b{u.pm, u.ps};
+    a.merge(v.lm, v.ls, 1.0f);
+    b.merge(v.pm, v.ps, inv_t);
+    u.lm = a.m; u.ls = a.s; u.pm = b.m; u.ps = b.s;
+  }
+  // top-2 of the approximate scores (h2 bounds every score but the best's)
+  if (v.h1 > u.h1 || (v.h1 == u.h1 && v.w1 < u.w1)) {
+    u.h2 = fmax(u.h1, v.h2); u.h1 = v.h1; u.w1 = v.w1; u.z1 = v.z1;
+  } else {
+    u.h2 = fmax(u.h2, v.h1);
+  }
+}
 // dynamic shared memory after Smem: cbuf [cs][kCbufPerCta] (rank 0 reads), the candidate buffer
 // (FILT; reused as Fin by rank 0's finish), then the resident chunk (16-byte slots) when
 // p.resident.
@@ -1094,13 +1126,24 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   unsigned long long* cand = cbuf + cbuf_n;                  // [kCandBuf] (FILT)
   uint4* sdata = reinterpret_cast<uint4*>(cand + (FILT ? kCandBuf : 0));
 
-  const int row = blockIdx.x / cs;
+  // split launches run with cs = 1 (no cluster): phase 1 has p.split CTAs per row (the chunk
+  // index is blockIdx.x % split), phase 2 one CTA per row over the whole row (chunk = vocab)
+  const int S = p.split;
+  const int row = S && p.phase == 1 ? int(blockIdx.x) / S : int(blockIdx.x) / cs;
   const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
   const int tid = threadIdx.x;
+  if (S) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    // phase 1: let phase 2 (launched with PDL) be scheduled now; phase 2: wait until phase 1 has
+    // completed and its summaries are visible (before any memory access)
+    if (p.phase == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    else asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  }
   const Row r = row_params(p, row);
   const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
-  const int c0 = rank * p.chunk;
+  const int c0 = (S && p.phase == 1 ? int(blockIdx.x) % S : rank) * p.chunk;
   const int c1 = min(p.vocab, c0 + p.chunk);
   const bool lp = p.flags & F_LOGPROBS;
   const bool resident = p.resident;
@@ -1108,7 +1151,12 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
       !FILT && r.mode == kPlain && !resident && !(p.flags & F_FORCE_EXACT);
 
   if (tid == 0) s.bar_key = key32(-INFINITY);
+  // A CTA may write a peer's shared memory only once the peer has started (CUDA programming
+  // guide, distributed shared memory): arrive here, wait before the first push (after pass 1),
+  // so the wait costs nothing.
+  if (cs > 1) cg::this_cluster().barrier_arrive();
   __syncthreads();
+  if (!(S && p.phase == 2)) {   // phase 2 of a split launch starts at the row summary
   // ---------------- pass 1 ----------------
   float zm = -INFINITY;
   int zi = 0x7fffffff;
@@ -1221,6 +1269,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     for (int o = 16; o; o >>= 1) zl = fminf(zl, shfl_x(zl, o));
     mine.zmin = zl;
   }
+  if (cs > 1) cg::this_cluster().barrier_wait();   // every peer has started (see the arrive)
   if (FILT && r.mode == kCand) {
     // this CTA's top K of its buffer, pushed to rank 0's cbuf[rank][*]
     __syncthreads();
@@ -1247,48 +1296,41 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     __syncthreads();
     mine.ncand = min(int(s.counter), r.K);
   }
+  if (S) {
+    // split phase 1: the summary goes to the workspace; phase 2 merges (PDL orders the two)
+    if (tid == 0) static_cast<Summary*>(p.ws)[blockIdx.x] = mine;
+    return;
+  }
   // push the summary into every CTA of the cluster
   if (tid < cs) {
     Summary* dst = cs > 1 ? peer(&s.summ[rank], tid) : &s.summ[0];
     *dst = mine;
   }
   cluster_sync(cs);   // B1
+  }   // pass 1
 
   // ---------------- row summary (identical in every CTA): warp 0 merges ----------------
   if (tid < 32) {
-    Summary u;
-    if (tid < cs) {
+    Summary u = summ_empty();
+    if (S) {
+      // split phase 2: lane l first merges summaries l, l + 32, ... of the row
+      const Summary* ws = static_cast<const Summary*>(p.ws) + int64_t(row) * S;
+      for (int j = tid; j < S; j += 32) summ_merge(u, ws[j], lp, r.inv_t);
+    } else if (tid < cs) {
       u = s.summ[tid];
-    } else {
-      u.zmax = -INFINITY; u.zid = 0x7fffffff; u.bad = 0; u.ovf = 0; u.ncand = 0;
-      u.zmin = INFINITY;
-      u.lm = -INFINITY; u.ls = 0.0f; u.pm = -INFINITY; u.ps = 0.0f;
-      u.h1 = -INFINITY; u.h2 = -INFINITY; u.z1 = -INFINITY; u.w1 = 0x7fffffff;
     }
-    Lse a{u.lm, u.ls}, b{u.pm, u.ps};
 #pragma unroll
     for (int o = 16; o; o >>= 1) {
-      const float zm2 = shfl_x(u.zmax, o);
-      const int zi2 = shfl_x(u.zid, o);
-      if (zm2 > u.zmax || (zm2 == u.zmax && zi2 < u.zid)) { u.zmax = zm2; u.zid = zi2; }
-      u.bad |= shfl_x(u.bad, o);
-      u.ovf |= shfl_x(u.ovf, o);
-      u.ncand += shfl_x(u.ncand, o);
-      u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
-      if (lp) {
-        a.merge(shfl_x(a.m, o), shfl_x(a.s, o), 1.0f);
-        b.merge(shfl_x(b.m, o), shfl_x(b.s, o), r.inv_t);
-      }
-      const double o1 = shfl_x(u.h1, o), o2 = shfl_x(u.h2, o);
-      const float oz = shfl_x(u.z1, o);
-      const int ow = shfl_x(u.w1, o);
-      if (o1 > u.h1 || (o1 == u.h1 && ow < u.w1)) {
-        u.h2 = fmax(u.h1, o2); u.h1 = o1; u.w1 = ow; u.z1 = oz;
-      } else {
-        u.h2 = fmax(u.h2, o1);
-      }
+      Summary v;
+      v.zmax = shfl_x(u.zmax, o); v.zid = shfl_x(u.zid, o);
+      v.bad = shfl_x(u.bad, o); v.ovf = shfl_x(u.ovf, o);
+      v.ncand = shfl_x(u.ncand, o); v.zmin = shfl_x(u.zmin, o);
+      v.lm = shfl_x(u.lm, o); v.ls = shfl_x(u.ls, o);
+      v.pm = shfl_x(u.pm, o); v.ps = shfl_x(u.ps, o);
+      v.h1 = shfl_x(u.h1, o); v.h2 = shfl_x(u.h2, o);
+      v.z1 = shfl_x(u.z1, o); v.w1 = shfl_x(u.w1, o);
+      summ_merge(u, v, lp, r.inv_t);
     }
-    u.lm = a.m; u.ls = a.s; u.pm = b.m; u.ps = b.s;
     if (tid == 0) s.row = u;
   }
   __syncthreads();
@@ -1434,7 +1476,7 @@ inline size_t smem_fixed_bytes(int cs, bool filt = true) {
          (filt ? size_t(kCandBuf) * 8 : 0);
 }
 
-struct DeviceInfo { int sms = 0, max_smem = 0, max_cs = 1; };
+struct DeviceInfo { int sms = 0, max_smem = 0, max_cs = 1; bool pdl = false; };
 
 template <typename Kernel>
 inline DeviceInfo device_info(Kernel kernel) {
@@ -1456,6 +1498,7 @@ inline DeviceInfo device_info(Kernel kernel) {
   if (major >= 9) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     d.max_cs = kMaxCluster;
+    d.pdl = true;
   }
   (void)cudaGetLastError();
   cache.emplace(key, d);
@@ -1492,10 +1535,70 @@ inline int active_clusters(Kernel kernel, int cs, size_t smem) {
   return n;
 }
 
-// Fills p.cs / p.chunk / p.resident (cs_override > 0 forces the cluster size) and launches.
+// Split launch (small batches of temperature / greedy rows): phase 1 spreads each row over S
+// plain CTAs (no cluster), which write their summaries to a workspace; phase 2 (one CTA per row,
+// launched with programmatic dependent launch so that its launch overlaps phase 1) merges them
+// and finishes the row: the gap test, or the exact pass over the whole row when it fails. It
+// replaces the cluster launch, whose row gets at most 16 SMs, when B <= SMs / 4 and no filter
+// (top-k / top-p / min-p) tensor is given. split_ctas() is S (0: no split launch); the caller
+// provides p.ws, sizeof(Summary) * rows * S bytes, ordered on `stream` (one per call: nothing
+// persists between calls, so concurrent calls on other streams cannot interfere).
+constexpr int kSplitMinChunk = 4096;   // elements per phase-1 CTA, at least
+constexpr int kSplitMax = 64;          // phase-1 CTAs per row, at most
+template <typename T>
+int split_ctas(const Params& p) {
+  if (p.rows == 0 || (p.flags & (F_TOPK | F_TOPP | F_MINP | F_FORCE_GENERIC | F_NO_SPLIT)) ||
+      ((p.flags >> F_CS_SHIFT) & 7))
+    return 0;
+  const DeviceInfo d = device_info(sample_kernel<T, false>);
+  if (!d.pdl || int64_t(p.rows) * 4 > d.sms) return 0;
+  int S = d.sms / p.rows;
+  S = S < kSplitMax ? S : kSplitMax;
+  const int by_vocab = p.vocab / kSplitMinChunk;
+  S = S < by_vocab ? S : by_vocab;
+  return S >= 2 ? S : 0;
+}
+inline size_t split_ws_bytes(const Params& p, int S) { return sizeof(Summary) * size_t(p.rows) * S; }
+
+template <typename T>
+cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
+  auto kernel = sample_kernel<T, false>;
+  (void)device_info(kernel);   // the dynamic shared memory attribute
+  p.cs = 1;
+  p.split = S;
+  p.resident = 0;
+  p.minp_cand = 0;
+  p.phase = 1;
+  p.chunk = int(((int64_t(p.vocab) + S - 1) / S + 7) / 8 * 8);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(int64_t(p.rows) * S), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem_fixed_bytes(1, false);
+  cfg.stream = stream;
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
+  if (err != cudaSuccess) return err;
+  p.phase = 2;
+  p.chunk = (p.vocab + 7) / 8 * 8;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.gridDim = dim3(unsigned(p.rows), 1, 1);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+// Fills p.cs / p.chunk / p.resident (cs_override > 0 forces the cluster size) and launches:
+// the split launch when p.ws is set and split_ctas(p) > 0, else one (cluster) launch.
 template <typename T>
 cudaError_t launch(Params p, cudaStream_t stream, int cs_override = 0) {
   if (p.rows == 0) return cudaSuccess;
+  if (p.ws && cs_override == 0) {
+    const int S = split_ctas<T>(p);
+    if (S) return launch_split<T>(p, stream, S);
+  }
+  p.split = 0;
+  p.phase = 0;
   // min-p alone runs on the PLAIN path (the kernel without the candidate machinery) when the
   // chunks are staged in shared memory, on the CAND path when they stream
   bool filt = p.flags & (F_TOPK | F_TOPP | F_FORCE_GENERIC);

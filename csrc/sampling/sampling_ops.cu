@@ -1,6 +1,7 @@
 // Torch adapter of the sampling kernel: checks, device guard, current stream, dtype dispatch.
 // The Python wrapper (ops/sampling.py) validates user input; these checks guard the raw op
-// (torch.ops.tokenspeed_kernel.sample) against misuse. One launch per call, no workspace.
+// (torch.ops.tokenspeed_kernel.sample) against misuse. One launch per call (two, PDL-overlapped,
+// for the split launch of small temperature / greedy batches, with a per-call workspace).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/all.h>
@@ -49,7 +50,7 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   p.vocab = int(vocab);
   p.tpr = int(tokens_per_request);
   p.flags = int(flags) & (F_LOGPROBS | F_FORCE_GENERIC | F_FORCE_EXACT | F_NO_RESIDENT |
-                          (7 << F_CS_SHIFT));
+                          F_NO_SPLIT | (7 << F_CS_SHIFT));
   p.temperature = opt_ptr<float>(temperature, at::kFloat, "temperature", n, logits);
   p.top_k = opt_ptr<int>(top_k, at::kInt, "top_k", n, logits);
   p.top_p = opt_ptr<float>(top_p, at::kFloat, "top_p", n, logits);
@@ -85,12 +86,26 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   TS_CHECK(p.seed && p.offset, "seed/offset: required");
 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(logits.get_device());
+  // small batches of temperature / greedy rows: the split launch's workspace, one per call from
+  // the caching allocator (stream-ordered; inside a CUDA graph, from the graph's pool)
+  int split = 0;
+  switch (logits.scalar_type()) {
+    case at::kFloat: split = split_ctas<float>(p); break;
+    case at::kHalf: split = split_ctas<__half>(p); break;
+    case at::kBFloat16: split = split_ctas<__nv_bfloat16>(p); break;
+    default: TS_CHECK(false, "logits: dtype must be float32, float16 or bfloat16");
+  }
+  at::Tensor ws;
+  if (split) {
+    ws = at::empty({int64_t(split_ws_bytes(p, split))},
+                   at::TensorOptions().dtype(at::kByte).device(logits.device()));
+    p.ws = ws.data_ptr();
+  }
   cudaError_t err = cudaSuccess;
   switch (logits.scalar_type()) {
     case at::kFloat: err = launch<float>(p, stream); break;
     case at::kHalf: err = launch<__half>(p, stream); break;
-    case at::kBFloat16: err = launch<__nv_bfloat16>(p, stream); break;
-    default: TS_CHECK(false, "logits: dtype must be float32, float16 or bfloat16");
+    default: err = launch<__nv_bfloat16>(p, stream); break;
   }
   TS_CHECK(err == cudaSuccess, "tokenspeed_kernel.sample: CUDA error: ", cudaGetErrorString(err));
 }

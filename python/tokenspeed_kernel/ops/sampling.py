@@ -17,8 +17,9 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # that tests can compare them with the reference: F_FORCE_GENERIC (exact cluster-wide radix
 # thresholds instead of the candidate lists), F_FORCE_EXACT (the exact pass instead of the
 # streamed gap test for temperature-only rows), F_NO_RESIDENT (never stage the row chunk in
-# shared memory). The tokens must not change. Set ``_CUDA_TEST_FLAGS`` to an OR of them.
-F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT = 64, 128, 256
+# shared memory), F_NO_SPLIT (small temperature / greedy batches take the cluster launch instead
+# of the split launch). The tokens must not change. Set ``_CUDA_TEST_FLAGS`` to an OR of them.
+F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
 _CUDA_TEST_FLAGS = 0
 
 # The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
