@@ -100,7 +100,6 @@ struct Params {
   int resident;            // chunk staged in shared memory
   int minp_cand;           // min-p-only rows take the CAND path (set when chunks stream)
   int split;               // split launch (see launch_split): CTAs per row of phase 1, else 0
-  int phase;               // split launch: 1 = the CTAs' summaries, 2 = merge and finish
   void* ws;                // split launch: Summary[rows * split] (phase 1 writes, 2 reads)
   void* tokens;
   int out64;
@@ -343,6 +342,23 @@ __device__ __forceinline__ Summary summ_empty() {
   u.lm = -INFINITY; u.ls = 0.0f; u.pm = -INFINITY; u.ps = 0.0f;
   u.h1 = -INFINITY; u.h2 = -INFINITY; u.z1 = -INFINITY; u.w1 = 0x7fffffff;
   return u;
+}
+__device__ __forceinline__ void summ_merge(Summary& u, const Summary& v, bool lp, float inv_t);
+// the 32 lanes' summaries merged (every lane gets the result)
+__device__ __forceinline__ void warp_summ_merge(Summary& u, bool lp, float inv_t) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    Summary v;
+    v.zmax = __shfl_xor_sync(0xffffffffu, u.zmax, o); v.zid = __shfl_xor_sync(0xffffffffu, u.zid, o);
+    v.bad = __shfl_xor_sync(0xffffffffu, u.bad, o); v.ovf = __shfl_xor_sync(0xffffffffu, u.ovf, o);
+    v.ncand = __shfl_xor_sync(0xffffffffu, u.ncand, o);
+    v.zmin = __shfl_xor_sync(0xffffffffu, u.zmin, o);
+    v.lm = __shfl_xor_sync(0xffffffffu, u.lm, o); v.ls = __shfl_xor_sync(0xffffffffu, u.ls, o);
+    v.pm = __shfl_xor_sync(0xffffffffu, u.pm, o); v.ps = __shfl_xor_sync(0xffffffffu, u.ps, o);
+    v.h1 = __shfl_xor_sync(0xffffffffu, u.h1, o); v.h2 = __shfl_xor_sync(0xffffffffu, u.h2, o);
+    v.z1 = __shfl_xor_sync(0xffffffffu, u.z1, o); v.w1 = __shfl_xor_sync(0xffffffffu, u.w1, o);
+    summ_merge(u, v, lp, inv_t);
+  }
 }
 __device__ __forceinline__ void summ_merge(Summary& u, const Summary& v, bool lp, float inv_t) {
   if (v.zmax > u.zmax || (v.zmax == u.zmax && v.zid < u.zid)) { u.zmax = v.zmax; u.zid = v.zid; }
@@ -644,6 +660,33 @@ struct PlainAcc {
     if (h2 > -INFINITY) bar = __double2float_rd(h2);
   }
 };
+
+// block top-2 of the threads' (h1, w1, z1, h2) into the CTA summary (all threads call)
+__device__ __forceinline__ void block_top2(const PlainAcc& pa, Smem& s, Summary& mine) {
+  const int tid = threadIdx.x;
+  double h1 = pa.h1, h2 = pa.h2;
+  float z1 = pa.z1;
+  int w1 = pa.w1;
+  auto merge2 = [&](double bh1, int bw1, float bz1, double bh2) {
+    if (bh1 > h1 || (bh1 == h1 && bw1 < w1)) {
+      h2 = fmax(h1, bh2); h1 = bh1; w1 = bw1; z1 = bz1;
+    } else {
+      h2 = fmax(h2, bh1);
+    }
+  };
+#pragma unroll
+  for (int o = 16; o; o >>= 1)
+    merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
+  const int warp = tid >> 5, lane = tid & 31;
+  __syncthreads();
+  if (lane == 0) { s.redd[warp][0] = h1; s.redd[warp][1] = h2; s.redf[warp][0] = z1; s.redi[warp][0] = w1; }
+  __syncthreads();
+  h1 = s.redd[lane][0]; h2 = s.redd[lane][1]; z1 = s.redf[lane][0]; w1 = s.redi[lane][0];
+#pragma unroll
+  for (int o = 16; o; o >>= 1)
+    merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
+  mine.h1 = h1; mine.h2 = h2; mine.z1 = z1; mine.w1 = w1;
+}
 
 // One vector of a lane (warp-convergent). The filter uses the larger of the lane's bar and the
 // CTA's (s.bar_key: the float <= the second best h of some warp, i.e. two tokens of the row
@@ -1126,24 +1169,13 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   unsigned long long* cand = cbuf + cbuf_n;                  // [kCandBuf] (FILT)
   uint4* sdata = reinterpret_cast<uint4*>(cand + (FILT ? kCandBuf : 0));
 
-  // split launches run with cs = 1 (no cluster): phase 1 has p.split CTAs per row (the chunk
-  // index is blockIdx.x % split), phase 2 one CTA per row over the whole row (chunk = vocab)
-  const int S = p.split;
-  const int row = S && p.phase == 1 ? int(blockIdx.x) / S : int(blockIdx.x) / cs;
+  const int row = blockIdx.x / cs;
   const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
   const int tid = threadIdx.x;
-  if (S) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    // phase 1: let phase 2 (launched with PDL) be scheduled now; phase 2: wait until phase 1 has
-    // completed and its summaries are visible (before any memory access)
-    if (p.phase == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    else asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-  }
   const Row r = row_params(p, row);
   const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
-  const int c0 = (S && p.phase == 1 ? int(blockIdx.x) % S : rank) * p.chunk;
+  const int c0 = rank * p.chunk;
   const int c1 = min(p.vocab, c0 + p.chunk);
   const bool lp = p.flags & F_LOGPROBS;
   const bool resident = p.resident;
@@ -1156,7 +1188,6 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   // so the wait costs nothing.
   if (cs > 1) cg::this_cluster().barrier_arrive();
   __syncthreads();
-  if (!(S && p.phase == 2)) {   // phase 2 of a split launch starts at the row summary
   // ---------------- pass 1 ----------------
   float zm = -INFINITY;
   int zi = 0x7fffffff;
@@ -1232,31 +1263,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   mine.zmax = zm; mine.zid = zi; mine.bad = bad;
   mine.lm = raw.m; mine.ls = raw.s; mine.pm = proc.m; mine.ps = proc.s;
   mine.h1 = -INFINITY; mine.h2 = -INFINITY; mine.z1 = -INFINITY; mine.w1 = 0x7fffffff;
-  if (!FILT && plain_stream) {
-    // block top-2 of the threads' (h1, w1, z1, h2)
-    double h1 = pa.h1, h2 = pa.h2;
-    float z1 = pa.z1;
-    int w1 = pa.w1;
-    auto merge2 = [&](double bh1, int bw1, float bz1, double bh2) {
-      if (bh1 > h1 || (bh1 == h1 && bw1 < w1)) {
-        h2 = fmax(h1, bh2); h1 = bh1; w1 = bw1; z1 = bz1;
-      } else {
-        h2 = fmax(h2, bh1);
-      }
-    };
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-      merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
-    const int warp = tid >> 5, lane = tid & 31;
-    __syncthreads();
-    if (lane == 0) { s.redd[warp][0] = h1; s.redd[warp][1] = h2; s.redf[warp][0] = z1; s.redi[warp][0] = w1; }
-    __syncthreads();
-    h1 = s.redd[lane][0]; h2 = s.redd[lane][1]; z1 = s.redf[lane][0]; w1 = s.redi[lane][0];
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-      merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
-    mine.h1 = h1; mine.h2 = h2; mine.z1 = z1; mine.w1 = w1;
-  }
+  if (!FILT && plain_stream) block_top2(pa, s, mine);
   if (FILT) {
     float zl = zlo;
 #pragma unroll
@@ -1296,41 +1303,17 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     __syncthreads();
     mine.ncand = min(int(s.counter), r.K);
   }
-  if (S) {
-    // split phase 1: the summary goes to the workspace; phase 2 merges (PDL orders the two)
-    if (tid == 0) static_cast<Summary*>(p.ws)[blockIdx.x] = mine;
-    return;
-  }
   // push the summary into every CTA of the cluster
   if (tid < cs) {
     Summary* dst = cs > 1 ? peer(&s.summ[rank], tid) : &s.summ[0];
     *dst = mine;
   }
   cluster_sync(cs);   // B1
-  }   // pass 1
 
   // ---------------- row summary (identical in every CTA): warp 0 merges ----------------
   if (tid < 32) {
-    Summary u = summ_empty();
-    if (S) {
-      // split phase 2: lane l first merges summaries l, l + 32, ... of the row
-      const Summary* ws = static_cast<const Summary*>(p.ws) + int64_t(row) * S;
-      for (int j = tid; j < S; j += 32) summ_merge(u, ws[j], lp, r.inv_t);
-    } else if (tid < cs) {
-      u = s.summ[tid];
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-      Summary v;
-      v.zmax = shfl_x(u.zmax, o); v.zid = shfl_x(u.zid, o);
-      v.bad = shfl_x(u.bad, o); v.ovf = shfl_x(u.ovf, o);
-      v.ncand = shfl_x(u.ncand, o); v.zmin = shfl_x(u.zmin, o);
-      v.lm = shfl_x(u.lm, o); v.ls = shfl_x(u.ls, o);
-      v.pm = shfl_x(u.pm, o); v.ps = shfl_x(u.ps, o);
-      v.h1 = shfl_x(u.h1, o); v.h2 = shfl_x(u.h2, o);
-      v.z1 = shfl_x(u.z1, o); v.w1 = shfl_x(u.w1, o);
-      summ_merge(u, v, lp, r.inv_t);
-    }
+    Summary u = tid < cs ? s.summ[tid] : summ_empty();
+    warp_summ_merge(u, lp, r.inv_t);
     if (tid == 0) s.row = u;
   }
   __syncthreads();
@@ -1469,6 +1452,136 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
 }
 
 // ------------------------------------------------------------------------------------------
+// split launch (small batches of temperature / greedy rows; see launch_split)
+// ------------------------------------------------------------------------------------------
+// Phase 1: CTA (row, c) of p.split per row summarises its chunk as a cluster CTA's pass 1 does
+// for PLAIN / greedy rows (max and lowest id, NaN / +inf flag, log-sum-exp parts, the streamed
+// approximate top-2) and writes the summary to p.ws. Kernels of their own, not modes of
+// sample_kernel: a small batch runs them once from a cold instruction cache, so the code they
+// execute stays short (measured: ~2x the time of minimal kernels as modes of sample_kernel).
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) split1_kernel(const Params p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  // phase 2 (launched with PDL) may be scheduled now; it waits for this grid's completion
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  constexpr int VEC = VecOf<T>::n;
+  __shared__ Smem s;
+  const int S = p.split;
+  const int row = int(blockIdx.x) / S;
+  const int c0 = (int(blockIdx.x) % S) * p.chunk;
+  const int c1 = min(p.vocab, c0 + p.chunk);
+  const int q = row / p.tpr;
+  const float t = (p.flags & F_TEMP) ? p.temperature[q] : 1.0f;
+  const bool greedy = !(t > 0.0f);
+  const float inv_t = inv_temperature(t);
+  const double inv_t_d = double(inv_t);
+  const bool lp = p.flags & F_LOGPROBS;
+  const bool stream = !greedy && !(p.flags & F_FORCE_EXACT);
+  uint64_t seed = 0, offset = 0;
+  if (stream) {
+    seed = uint64_t(p.seed[q]);
+    offset = uint64_t(p.offset[q]) + uint64_t(row % p.tpr);
+  }
+  const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
+  const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
+  if (threadIdx.x == 0) s.bar_key = key32(-INFINITY);
+  __syncthreads();
+  float zm = -INFINITY;
+  int zi = 0x7fffffff;
+  unsigned bad = 0;
+  Lse raw, proc;
+  PlainAcc pa;
+  for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false,
+                  [&](int i, const float (&z)[VEC]) {
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                      if (z[j] > zm) { zm = z[j]; zi = i + j; }
+                      bad |= z[j] < INFINITY ? 0u : 1u;
+                    }
+                    if (lp) {
+#pragma unroll
+                      for (int j = 0; j < VEC; ++j) {
+                        raw.add(z[j], 1.0f);
+                        if (!greedy) proc.add(z[j], inv_t);
+                      }
+                    }
+                    if (stream) plain_vec<VEC>(pa, s, i, z, inv_t, inv_t_d, seed, offset);
+                  });
+  block_argmax(zm, zi, s);
+  bad = block_sum_int(int(bad), s) ? 1u : 0u;
+  if (lp) {
+    raw = block_lse(raw, 1.0f, s, 0);
+    if (!greedy) proc = block_lse(proc, inv_t, s, 1);
+  }
+  Summary mine = summ_empty();
+  mine.zmax = zm; mine.zid = zi; mine.bad = bad;
+  mine.lm = raw.m; mine.ls = raw.s; mine.pm = proc.m; mine.ps = proc.s;
+  if (stream) block_top2(pa, s, mine);
+  if (threadIdx.x == 0) static_cast<Summary*>(p.ws)[blockIdx.x] = mine;
+}
+
+// Phase 2: one CTA per row merges the row's p.split summaries and finishes the row as the
+// cluster launch's rank 0 does: invalid row, greedy, the gap test, or (when it fails, or with
+// F_FORCE_EXACT) the exact pass over the whole row. Launched with PDL: the row's parameters are
+// read before griddepcontrol.wait (written before phase 1 started), the summaries after it.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
+  __shared__ Smem s;
+  const int row = blockIdx.x;
+  const int S = p.split;
+  const Row r = row_params(p, row);
+  const bool lp = p.flags & F_LOGPROBS;
+  const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  if (threadIdx.x < 32) {
+    Summary u = summ_empty();
+    const Summary* ws = static_cast<const Summary*>(p.ws) + int64_t(row) * S;
+    for (int j = threadIdx.x; j < S; j += 32) summ_merge(u, ws[j], lp, r.inv_t);
+    warp_summ_merge(u, lp, r.inv_t);
+    if (threadIdx.x == 0) {
+      const bool ok = !u.bad && u.zmax > -INFINITY;
+      auto raw_lp = [&](int tok) -> float {
+        return lp ? (to_f(rowp[tok]) - u.lm) - logf(u.ls) : 0.0f;
+      };
+      unsigned done = 1;
+      if (!ok) {
+        write_row(p, row, 0, false, 0.0f, 0.0f);
+      } else if (r.mode == kGreedy) {
+        write_row(p, row, u.zid, true, raw_lp(u.zid), 0.0f);
+      } else if (!(p.flags & F_FORCE_EXACT) &&
+                 plain_gap_ok(u.h1, u.h2, u.z1, u.zmax, r.inv_t)) {
+        // sum exp(y) = sum exp((z - pm) / T) * exp((pm - zmax) / T), pm == zmax
+        write_row(p, row, u.w1, true, raw_lp(u.w1),
+                  lp ? centered(u.z1, u.zmax, r.inv_t) - logf(u.ps) : 0.0f);
+      } else {
+        done = 0;
+      }
+      s.row = u;
+      s.counter = done;
+    }
+  }
+  __syncthreads();
+  if (s.counter) return;
+  // rare: the exact pass over the whole row (the launcher set p.cs = 1, p.resident = 0)
+  const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
+  const float zmax = s.row.zmax;
+  const int zid = s.row.zid;
+  const float lm = s.row.lm, ls = s.row.ls;
+  if (p.stats && threadIdx.x == 0) atomicAdd(&p.stats[0], 1u);
+  int tok = 0;
+  float ps = 0.0f;
+  exact_pass<T>(p, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, 0ull, tok, ps);
+  if (threadIdx.x == 0) {
+    const float zt = to_f(rowp[tok]);
+    write_row(p, row, tok, true, lp ? (zt - lm) - logf(ls) : 0.0f,
+              centered(zt, zmax, r.inv_t) - logf(ps));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
 // host side
 // ------------------------------------------------------------------------------------------
 inline size_t smem_fixed_bytes(int cs, bool filt = true) {
@@ -1562,30 +1675,24 @@ inline size_t split_ws_bytes(const Params& p, int S) { return sizeof(Summary) * 
 
 template <typename T>
 cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
-  auto kernel = sample_kernel<T, false>;
-  (void)device_info(kernel);   // the dynamic shared memory attribute
   p.cs = 1;
   p.split = S;
   p.resident = 0;
   p.minp_cand = 0;
-  p.phase = 1;
   p.chunk = int(((int64_t(p.vocab) + S - 1) / S + 7) / 8 * 8);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(int64_t(p.rows) * S), 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem_fixed_bytes(1, false);
   cfg.stream = stream;
-  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
+  cudaError_t err = cudaLaunchKernelEx(&cfg, split1_kernel<T>, p);
   if (err != cudaSuccess) return err;
-  p.phase = 2;
-  p.chunk = (p.vocab + 7) / 8 * 8;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.gridDim = dim3(unsigned(p.rows), 1, 1);
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, split2_kernel<T>, p);
 }
 
 // Fills p.cs / p.chunk / p.resident (cs_override > 0 forces the cluster size) and launches:
@@ -1598,7 +1705,6 @@ cudaError_t launch(Params p, cudaStream_t stream, int cs_override = 0) {
     if (S) return launch_split<T>(p, stream, S);
   }
   p.split = 0;
-  p.phase = 0;
   // min-p alone runs on the PLAIN path (the kernel without the candidate machinery) when the
   // chunks are staged in shared memory, on the CAND path when they stream
   bool filt = p.flags & (F_TOPK | F_TOPP | F_FORCE_GENERIC);
