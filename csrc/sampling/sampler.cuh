@@ -1506,9 +1506,25 @@ __global__ void __launch_bounds__(kThreads, 1) split1_kernel(const Params p) {
                         if (!greedy) proc.add(z[j], inv_t);
                       }
                     }
-                    if (stream) plain_vec<VEC>(pa, s, i, z, inv_t, inv_t_d, seed, offset);
                   });
   block_argmax(zm, zi, s);
+  // Streamed rows: a chunk of a few vectors per thread leaves the filter without a bar for most
+  // of its elements (every one would pay the exact noise), so the bar comes first: bar0 = the
+  // CTA max token's approximate score less a margin, then a second read of the chunk (from L2)
+  // evaluates only the elements that may reach bar0. Every skipped element has h < bar0, so the
+  // summary's h2 is raised to bar0 (h2 bounds every score but the best's, as the gap test needs).
+  float bar0 = -INFINITY;
+  if (stream) {
+    const double hm = approx_score(zm, philox_word(seed, offset, uint32_t(zi), kStreamSample),
+                                   inv_t_d);
+    if (hm > -INFINITY && hm < INFINITY) bar0 = __double2float_rd(hm - (1e-3 + 1e-9 * fabs(hm)));
+    if (threadIdx.x == 0) s.bar_key = key32(bar0);
+    __syncthreads();
+    for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false,
+                    [&](int i, const float (&z)[VEC]) {
+                      plain_vec<VEC>(pa, s, i, z, inv_t, inv_t_d, seed, offset);
+                    });
+  }
   bad = block_sum_int(int(bad), s) ? 1u : 0u;
   if (lp) {
     raw = block_lse(raw, 1.0f, s, 0);
@@ -1517,7 +1533,10 @@ __global__ void __launch_bounds__(kThreads, 1) split1_kernel(const Params p) {
   Summary mine = summ_empty();
   mine.zmax = zm; mine.zid = zi; mine.bad = bad;
   mine.lm = raw.m; mine.ls = raw.s; mine.pm = proc.m; mine.ps = proc.s;
-  if (stream) block_top2(pa, s, mine);
+  if (stream) {
+    block_top2(pa, s, mine);
+    mine.h2 = fmax(mine.h2, double(bar0));
+  }
   if (threadIdx.x == 0) static_cast<Summary*>(p.ws)[blockIdx.x] = mine;
 }
 
