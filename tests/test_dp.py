@@ -150,7 +150,7 @@ def test_gloo_mismatched_ranks_all_raise(what):
 
 def test_policy():
     assert D.default_dp_min_rows(2, 2) == 32 and D.default_dp_min_rows(2, 4) == 16
-    assert D.default_dp_min_rows(4, 2) == D.DEFAULT_DP_MIN_ROWS
+    assert D.default_dp_min_rows(4, 2) == 16 and D.default_dp_min_rows(8, 2) == D.DEFAULT_DP_MIN_ROWS
     c = D.DPSamplingComm()
     c.world_size, c.dp_min_rows = 2, 16
     assert D.select_route(c, 15) == "all_gather" and D.select_route(c, 16) == "dp"

@@ -66,8 +66,12 @@ DEFAULT_BLOCK_BYTES = 16 << 10
 # by world size and element size. Measured on 2x H100 (bench/results/h100/dp_sampling_tp2.md,
 # T = 0.8 / top-k 50 / top-p 0.9, V = 151936): bf16 dp-sample loses at B = 16 (59.4 vs
 # 58.4 us) and wins from B = 32 (67.2 vs 72.5); fp32 loses at B = 4 (47.4 vs 39.6) and wins from
-# B = 16 (56.1 vs 58.7). Not measured beyond 2 ranks: 16 there (the tokenspeed project's gate).
-DP_MIN_ROWS_MEASURED = {(2, 2): 32, (2, 4): 16}    # (world, element bytes) -> rows
+# B = 16 (56.1 vs 58.7). 4x H100 (dp_sampling_tp4.md, same shapes, batch grid 1 / 4 / 16 / ...):
+# both dtypes lose at B = 4 (bf16 59.3 vs 50.1, fp32 50.1 vs 45.6) and win from B = 16 (63.4 vs
+# 72.2, 58.2 vs 79.3); B = 5..15 not measured. Not measured beyond 4 ranks: 16 there (the
+# tokenspeed project's gate).
+DP_MIN_ROWS_MEASURED = {(2, 2): 32, (2, 4): 16,    # (world, element bytes) -> rows
+                        (4, 2): 16, (4, 4): 16}
 DEFAULT_DP_MIN_ROWS = 16
 
 
