@@ -1081,3 +1081,40 @@ def test_sample_torch_compile():
         else:
             got = torch.compile(f, fullgraph=True)(*args, be)
         assert torch.equal(got, want)
+
+
+def test_flag_bits_match_cuda_headers():
+    """The op flag bits are written in Python (ops/sampling.py, ops/verify.py) and in the CUDA
+    headers; a bit that drifts would silently change what a kernel does. Parse the headers'
+    enums and compare every shared name."""
+    import re
+    from pathlib import Path
+    from tokenspeed_kernel.ops import sampling as S
+    import importlib
+    Vf = importlib.import_module("tokenspeed_kernel.ops.verify")   # ops.verify is a function
+    root = Path(__file__).resolve().parents[1]
+
+    def enum_values(path, first):
+        src = (root / path).read_text()
+        m = re.search(r"enum[^{]*\{([^}]*" + first + r"[^}]*)\}", src)
+        assert m, (path, first)
+        return {k: int(v) for k, v in re.findall(r"(\w+)\s*=\s*(\d+)", m.group(1))}
+
+    sampler = enum_values("csrc/sampling/sampler.cuh", "F_FORCE_GENERIC")
+    for name in ("F_TEMP", "F_TOPK", "F_TOPP", "F_MINP", "F_LOGPROBS", "F_FORCE_GENERIC",
+                 "F_FORCE_EXACT", "F_NO_RESIDENT", "F_NO_SPLIT"):
+        assert sampler[name] == getattr(S, name), name
+    levels = enum_values("csrc/sampling/sampling.cuh", "F_NO_LIST")
+    for name in ("F_TEMP", "F_TOPK", "F_TOPP", "F_MINP", "F_LOGPROBS", "F_NO_LIST", "F_NO_EXCL",
+                 "F_EXCL_TEST"):
+        assert levels[name] == getattr(S, name), name
+    verify = enum_values("csrc/verify/verify.cuh", "kPadded")
+    for cname, pname in (("kPadded", "F_PADDED"), ("kNgram", "F_NGRAM"),
+                         ("kLogprobs", "F_LOGPROBS"), ("kExactCoins", "F_EXACT_COINS"),
+                         ("kExactResidual", "F_EXACT_RESIDUAL"),
+                         ("kBisectThresholds", "F_BISECT_THRESHOLDS")):
+        assert verify[cname] == getattr(Vf, pname), cname
+    # verify passes the radix levels' testing bits through unchanged (ops/verify.py)
+    for cname, pname in (("kNoLevelList", "F_NO_LIST"), ("kNoLevelExcl", "F_NO_EXCL"),
+                         ("kLevelExclTest", "F_EXCL_TEST")):
+        assert verify[cname] == getattr(S, pname), cname
