@@ -296,7 +296,7 @@ def _gpu_backends(comm) -> list:
 
 def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
     """Bit-exact against NCCL (dist.all_gather) for every backend, dtype, T and width layout."""
-    from tokenspeed_kernel import ops
+    from tokenspeed_kernel import ops, testing
     from tokenspeed_kernel.ops import comm as oc
     from tokenspeed_kernel.reference import comm as ref
 
@@ -349,14 +349,11 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
                 for backend in (["cuda:flag", "cuda:flag-nopipe", "cuda:flag+pdl"]
                                 if comm.extension else []) + ["triton"]:
                     name, _, knob = backend.partition("-")
-                    oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = knob == "nopipe"
-                    try:
+                    with testing.knobs(comm_unpipelined=knob == "nopipe"):
                         for _ in range(2):  # both buffer parities
                             y = ops.all_gather_hidden(comm, slices[rank], widths=ws, **bp(name))
                             assert_bits_equal(y, want, f"{dtype} skewed T={rows} "
                                                        f"blocks={max_blocks} {backend}")
-                    finally:
-                        oc._UNPIPELINED_FLAG_KERNEL_FOR_TESTING = False
             comm.check()
             comm.close()
     # LL: the library's choice, the 6-byte-packet kernel (groups of 3 vectors, zero-padded) and
@@ -377,15 +374,12 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
                 slices = [make_slice(SEED + 2, s, rows, ws[s], dtype, dev) for s in range(world)]
                 want = ref.all_gather_hidden(slices)
                 for variant in (None, "w6", "w4", "w4pair"):
-                    oc._LL_VARIANT_FOR_TESTING = variant
-                    try:
+                    with testing.knobs(comm_ll_variant=variant):
                         for i in range(3):
                             y = ops.all_gather_hidden(comm, slices[rank], widths=ws,
                                                       **bp("cuda:ll" + ("+pdl" if i else "")))
                             assert_bits_equal(y, want, f"{dtype} LL {variant} T={rows} "
                                                        f"blocks={max_blocks} call {i}")
-                    finally:
-                        oc._LL_VARIANT_FOR_TESTING = None
             comm.check()
             comm.close()
     torch.cuda.synchronize()
@@ -616,7 +610,7 @@ def gpu_opcheck_worker(rank: int, world: int) -> None:
 
 def gpu_sanitize_worker(rank: int, world: int) -> None:
     """A few small calls of every P2P kernel (for compute-sanitizer)."""
-    from tokenspeed_kernel import ops
+    from tokenspeed_kernel import ops, testing
     from tokenspeed_kernel.ops import comm as oc
     from tokenspeed_kernel.reference import comm as ref
 
@@ -635,13 +629,10 @@ def gpu_sanitize_worker(rank: int, world: int) -> None:
             assert_bits_equal(ops.all_gather_hidden_view(comm, slices[rank], widths=ws).clone(),
                               want, "sanitize view")
             for variant in ("w6", "w4"):  # both LL packings, whatever the size picks
-                oc._LL_VARIANT_FOR_TESTING = variant
-                try:
+                with testing.knobs(comm_ll_variant=variant):
                     assert_bits_equal(ops.all_gather_hidden(comm, slices[rank], widths=ws,
                                                             **bp("cuda:ll")),
                                       want, f"sanitize ll {variant}")
-                finally:
-                    oc._LL_VARIANT_FOR_TESTING = None
     torch.cuda.synchronize()
     comm.check()
     comm.close()

@@ -32,7 +32,7 @@ except ImportError:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import comm_helpers as H  # noqa: E402
-from tokenspeed_kernel import _library, ops  # noqa: E402
+from tokenspeed_kernel import _library, ops, testing  # noqa: E402
 from tokenspeed_kernel.ops import comm as oc  # noqa: E402
 from tokenspeed_kernel.reference import comm as ref  # noqa: E402
 
@@ -676,13 +676,10 @@ def test_cuda_op_arguments_match_the_schema(gloo1):
     assert oc.ll_packing(oc.DEFAULT_LL4_MAX_BYTES + 16) == "w6"
     for variant, bits in ((None, oc.F_LL4), ("w6", 0), ("w4", oc.F_LL4),
                           ("w4pair", oc.F_LL4 | oc.F_LL_PAIRED)):
-        oc._LL_VARIANT_FOR_TESTING = variant
-        try:
+        with testing.knobs(comm_ll_variant=variant):
             assert oc._cuda_args(c, x, out, [0, 16], oc.F_LL, 3, [16])[11] == \
                 oc.F_LL | oc.F_TRAP | bits
             assert oc._cuda_args(c, x, out, [0, 16], 0, 3, [16])[11] == oc.F_TRAP
-        finally:
-            oc._LL_VARIANT_FOR_TESTING = None
     assert c.symm.numel() >= oc.FLAG_BYTES + ll[13] + 2 * ll[14]
     with FakeTensorMode(allow_non_fake_inputs=True):
         assert op(*a) is None

@@ -1118,3 +1118,36 @@ def test_flag_bits_match_cuda_headers():
     for cname, pname in (("kNoLevelList", "F_NO_LIST"), ("kNoLevelExcl", "F_NO_EXCL"),
                          ("kLevelExclTest", "F_EXCL_TEST")):
         assert verify[cname] == getattr(S, pname), cname
+
+
+def test_testing_knobs_door():
+    """tokenspeed_kernel.testing.knobs: every listed knob exists where it says, names and types
+    are checked, and values come back after the block (also when it raises)."""
+    from tokenspeed_kernel import testing
+    from tokenspeed_kernel.ops import sampling as S
+    for name, k in testing.KNOBS.items():
+        testing.get(name)                      # raises if the attribute moved
+    assert testing.SAMPLER_NO_SPLIT == S.F_NO_SPLIT
+    assert testing.SAMPLER_FORCE_EXACT == S.F_FORCE_EXACT
+    assert testing.SAMPLER_FORCE_GENERIC == S.F_FORCE_GENERIC
+    assert testing.SAMPLER_NO_RESIDENT == S.F_NO_RESIDENT
+    before = {n: testing.get(n) for n in testing.KNOBS}
+    with testing.knobs(sampler_flags=testing.SAMPLER_FORCE_EXACT, verify_exact_coins=True,
+                       comm_ll_variant="w4"):
+        assert S._CUDA_TEST_FLAGS == testing.SAMPLER_FORCE_EXACT
+        assert testing.get("verify_exact_coins") is True
+    assert {n: testing.get(n) for n in testing.KNOBS} == before
+    with pytest.raises(RuntimeError):
+        with testing.knobs(levels_no_list=True):
+            raise RuntimeError("body failed")
+    assert testing.get("levels_no_list") is before["levels_no_list"]
+    with pytest.raises(ValueError, match="unknown knob 'sampler_flag'"):
+        with testing.knobs(sampler_flag=1):
+            pass
+    with pytest.raises(TypeError, match="sampler_flags"):
+        with testing.knobs(sampler_flags=True):
+            pass
+    with pytest.raises(TypeError, match="verify_exact_coins"):
+        with testing.knobs(verify_exact_coins=1):
+            pass
+    assert "sampler_flags" in testing.describe()

@@ -4,7 +4,7 @@ The CUDA kernel picks per row between a streamed gap test (temperature only), ca
 (top-k <= 512, top-p; min-p when chunks stream), cluster-wide radix thresholds (k > 512, or when
 the candidates cannot hold the kept set) and the exact pass, and per call between chunks staged in shared memory
 (small batches) and streamed chunks (large batches, one CTA per row). Every path must return the
-reference's token. Here each path is forced (``ops.sampling._CUDA_TEST_FLAGS``) or provoked by
+reference's token. Here each path is forced (the ``sampler_flags`` knob) or provoked by
 the input (flat rows whose top-p / min-p kept set exceeds the candidate cap, top values laid out
 so that one thread's candidate list overflows, logits of magnitude 1e30), and the tokens are
 compared with the reference bit for bit; logprobs to 1e-3.
@@ -16,13 +16,11 @@ small temperature batches on the cluster launch.
 """
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from conftest import DEVICE, skip_unless_backend
-from tokenspeed_kernel import ops
+from tokenspeed_kernel import ops, testing
 from tokenspeed_kernel.ops import sampling as S
 from tokenspeed_kernel.reference import sampling as ref
 
@@ -33,14 +31,8 @@ FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
          "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT}
 
 
-@contextlib.contextmanager
 def cuda_flags(flags: int):
-    old = S._CUDA_TEST_FLAGS
-    S._CUDA_TEST_FLAGS = flags
-    try:
-        yield
-    finally:
-        S._CUDA_TEST_FLAGS = old
+    return testing.knobs(sampler_flags=flags)
 
 
 def _gen(seed):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenspeed_kernel import ops
+from tokenspeed_kernel import ops, testing
 from tokenspeed_kernel.reference import verify as rv
 
 ov = importlib.import_module("tokenspeed_kernel.ops.verify")   # ops.verify is also a function
@@ -237,12 +237,9 @@ def test_verify_large_logits_and_tiny_temperatures(mode, case):
                 assert row[int(ref.tokens[i, f])] == row.max()
         outs = [run(b, mode, prob, extra, logprobs=lp) for b in _backends()[1:]]
         if "cuda" in _backends():
-            for knob in ("_EXACT_COINS_FOR_TESTING", "_EXACT_RESIDUAL_FOR_TESTING"):
-                setattr(ov, knob, True)
-                try:
+            for knob in ("verify_exact_coins", "verify_exact_residual"):
+                with testing.knobs(**{knob: True}):
                     outs.append(run("cuda", mode, prob, extra, logprobs=lp))
-                finally:
-                    setattr(ov, knob, False)
         for out in outs:
             assert torch.equal(ref.tokens.cpu(), out.tokens.cpu()), (ref.tokens, out.tokens)
             assert torch.equal(ref.num_accepted.cpu(), out.num_accepted.cpu())
@@ -887,12 +884,9 @@ def test_gpu_approximate_coins_decide_like_exact(mode, shift):
             ref = run("reference", mode, prob, extra, logprobs=lp)
             fast = run("cuda", mode, prob, extra, logprobs=lp)
             assert_same(ref, fast, lp_tol=1e-3)
-            for knob in ("_EXACT_COINS_FOR_TESTING", "_EXACT_RESIDUAL_FOR_TESTING"):
-                setattr(ov, knob, True)
-                try:
+            for knob in ("verify_exact_coins", "verify_exact_residual"):
+                with testing.knobs(**{knob: True}):
                     exact = run("cuda", mode, prob, extra, logprobs=lp)
-                finally:
-                    setattr(ov, knob, False)
                 assert_same(ref, exact, lp_tol=1e-3)
 
 
@@ -966,8 +960,7 @@ def test_gpu_position_major_skips(kind, layout, shift):
             # the exact-coins knob: every coin that needs the sums is kUnsure (only bad rows and
             # p(x) = 0 are decided rejections in the pos kernel)
             for knob in ((False, True) if shift == 0.0 and not lp else (False,)):
-                ov._EXACT_COINS_FOR_TESTING = knob
-                try:
+                with testing.knobs(verify_exact_coins=knob):
                     if layout == "ragged":
                         got = run("cuda", mode, prob, extra, logprobs=lp, max_num_draft=W - 1)
                     else:
@@ -976,8 +969,6 @@ def test_gpu_position_major_skips(kind, layout, shift):
                             kw["draft_logits"] = dl
                         fn = ops.verify_with_logprobs if lp else ops.verify
                         got = fn(tl, ids, prob["seed"], prob["offset"], **kw)
-                finally:
-                    ov._EXACT_COINS_FOR_TESTING = False
                 assert_same(ref, got, lp_tol=1e-3)
 
 
@@ -1093,18 +1084,17 @@ def _tied_problem(n_list, V, dtype, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_top_k_top_p_radix_thresholds(dtype):
     """CUDA top-k / top-p kept sets by the radix select (the sampler's levels) == the reference
-    and == the bisection oracle (_BISECT_THRESHOLDS_FOR_TESTING): tokens and logprobs. Processed
+    and == the bisection oracle (knob verify_bisect_thresholds): tokens and logprobs. Processed
     logprobs are log(e / S) over the kept set, so a threshold one key off changes them (with
     tied masses by a factor like k / (k + 1)). Two shapes: 30 rows at V = 40000 (rows split over
     ~18 CTAs: the global histograms), and 560 rows at V = 4099 (one CTA per row on an H100 /
     H200: the shared-memory-only path). A third shape (V = 151936, N(0, 3^2) logits, top-k
     around the levels' list capacity of 4096) and the levels without their compaction
-    (_NO_LEVEL_LIST_FOR_TESTING: every level re-reads the rows) must agree too, and so must
-    level 0 without its excluded bins (_NO_LEVEL_EXCL_FOR_TESTING) and with a cut that forces
-    its redo (_LEVEL_EXCL_TEST_FOR_TESTING)."""
+    (knob levels_no_list: every level re-reads the rows) must agree too, and so must
+    level 0 without its excluded bins (levels_no_excl) and with a cut that forces
+    its redo (levels_excl_test)."""
     if "cuda" not in _backends():
         pytest.skip("needs the CUDA extension")
-    osm = __import__("tokenspeed_kernel.ops.sampling", fromlist=["_"])
     shapes = [([3, 2, 4, 1, 0, 2], 40000, True, [3, 0, 17, 1, 3000, 5]),
               ([3] * 80, 4099, True, [3, 0, 17, 1, 3000, 5]),
               ([2, 3, 1, 0, 2, 3], 151936, False, [0, 50, 4000, 5000, 4096, 300])]
@@ -1127,25 +1117,16 @@ def test_gpu_top_k_top_p_radix_thresholds(dtype):
                 ref = run("reference", mode, prob, extra)
                 radix = run("cuda", mode, prob, extra)
                 assert_same(ref, radix)
-                ov._BISECT_THRESHOLDS_FOR_TESTING = True
-                try:
+                with testing.knobs(verify_bisect_thresholds=True):
                     bis = run("cuda", mode, prob, extra)
-                finally:
-                    ov._BISECT_THRESHOLDS_FOR_TESTING = False
-                osm._NO_LEVEL_LIST_FOR_TESTING = True
-                try:
+                with testing.knobs(levels_no_list=True):
                     full = run("cuda", mode, prob, extra)
-                finally:
-                    osm._NO_LEVEL_LIST_FOR_TESTING = False
                 others = [bis, full]
                 # level 0 of the top-p rows without top-k: every key histogrammed, or a cut at
                 # m - 2 that forces the redo path (sampling's test of the excluded bins)
-                for knob in ("_NO_LEVEL_EXCL_FOR_TESTING", "_LEVEL_EXCL_TEST_FOR_TESTING"):
-                    setattr(osm, knob, True)
-                    try:
+                for knob in ("levels_no_excl", "levels_excl_test"):
+                    with testing.knobs(**{knob: True}):
                         others.append(run("cuda", mode, prob, extra))
-                    finally:
-                        setattr(osm, knob, False)
                 for other in others:
                     assert torch.equal(radix.tokens, other.tokens)
                     assert torch.equal(radix.processed_logprobs.nan_to_num(7.0),

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from tokenspeed_kernel import ops
+from tokenspeed_kernel import ops, testing
 from tokenspeed_kernel.ops import sampling as S
 from tokenspeed_kernel.reference import sampling as ref
 
@@ -46,11 +46,8 @@ def run(quick: bool) -> int:
                     want = ref.sample(z, seed, offset, kw.get("temperature"), kw.get("top_k"),
                                       kw.get("top_p"), kw.get("min_p"), 1)[0]
                     for fl in flag_sets:
-                        old, S._CUDA_TEST_FLAGS = S._CUDA_TEST_FLAGS, fl
-                        try:
+                        with testing.knobs(sampler_flags=fl):
                             got = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-                        finally:
-                            S._CUDA_TEST_FLAGS = old
                         torch.cuda.synchronize()
                         assert torch.equal(got.tokens, want), (dtype, B, unaligned, mode, fl)
                         n += 1

@@ -9,15 +9,16 @@ compared with the reference (token identity).
                                                                       [--filters-only]
 (racecheck is slow: select cases, e.g. `1 2 --temp-only` for the cluster cases;
 `--filters-only`: only the top-k / top-p parameter sets, i.e. the threshold kernels;
-`--excl-test`: level 0 of the top-p rows cuts at m - 2 (_LEVEL_EXCL_TEST_FOR_TESTING), so its
+`--excl-test`: level 0 of the top-p rows cuts at m - 2 (knob levels_excl_test), so its
 excluded-bins scan runs with a cut the boundary often falls below, and the level is redone)
 """
+import contextlib
 import importlib
 import sys
 
 import torch
 
-from tokenspeed_kernel import ops
+from tokenspeed_kernel import ops, testing
 
 ov = importlib.import_module("tokenspeed_kernel.ops.verify")
 
@@ -62,8 +63,9 @@ def main() -> int:
     pick = [int(a) for a in sys.argv[1:] if a.isdigit()]
     temp_only = "--temp-only" in sys.argv
     filters_only = "--filters-only" in sys.argv
+    run_knobs = contextlib.ExitStack()   # knobs set for the rest of this process
     if "--excl-test" in sys.argv:
-        importlib.import_module("tokenspeed_kernel.ops.sampling")._LEVEL_EXCL_TEST_FOR_TESTING = True
+        run_knobs.enter_context(testing.knobs(levels_excl_test=True))
     for k, (n_list, V, dt, un) in enumerate(cases):
         if pick and k not in pick:
             continue
@@ -83,16 +85,10 @@ def main() -> int:
                 ref = run(prob, mode, "reference", extra)
                 # logprobs: one-pass order; without: first pass + listed requests (the knobs
                 # list every request at once / after the interval scan)
-                for lp, knob in ((True, None), (True, "_EXACT_COINS_FOR_TESTING"), (False, None),
-                                 (False, "_EXACT_COINS_FOR_TESTING"),
-                                 (False, "_EXACT_RESIDUAL_FOR_TESTING")):
-                    if knob:
-                        setattr(ov, knob, True)
-                    try:
+                for lp, knob in ((True, None), (True, "verify_exact_coins"), (False, None),
+                                 (False, "verify_exact_coins"), (False, "verify_exact_residual")):
+                    with testing.knobs(**({knob: True} if knob else {})):
                         out = run(prob, mode, "cuda", extra, lp)
-                    finally:
-                        if knob:
-                            setattr(ov, knob, False)
                     same = torch.equal(out.tokens.cpu(), ref.tokens.cpu())
                     bad += not same
                     print(f"case {k} {sorted(extra)} {mode} logprobs={lp} {knob or ''}: "

@@ -12,7 +12,7 @@ Providers:
 
 * ``ours-cuda``          ``ops.verify(..., backend="cuda")``: thresholds by the radix select
                          (the sampler's levels, several CTAs per row);
-* ``ours-cuda-bisect``   the same call with ``_BISECT_THRESHOLDS_FOR_TESTING``: the bisection
+* ``ours-cuda-bisect``   the same call with the ``verify_bisect_thresholds`` knob (``tokenspeed_kernel.testing``): the bisection
                          kernel that computed the thresholds before (one CTA per row, ~113
                          passes over the row) -- the "before" of the radix change, same run;
 * ``flashinfer``         ``softmax(T)`` of target and draft, ``top_k_renorm_probs`` /
@@ -29,7 +29,6 @@ first requests identical to the reference before timing). Results:
 """
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Dict, List, Optional
 
@@ -64,18 +63,13 @@ def filter_params(pb: Problem, mode: str) -> Dict[str, torch.Tensor]:
 def ours_call(mode: str, bisect: bool):
     """``call(pb, tgt, drf)``: CUDA ``ops.verify`` with ``pb.filt`` (``filter_params``), the radix
     thresholds or (``bisect``) the bisection ones -- the callable the bench times."""
-    from .. import ops
-    ov = importlib.import_module("tokenspeed_kernel.ops.verify")
+    from .. import ops, testing
 
     def call(pb: Problem, tgt, drf):
-        old = ov._BISECT_THRESHOLDS_FOR_TESTING
-        ov._BISECT_THRESHOLDS_FOR_TESTING = bisect
-        try:
+        with testing.knobs(verify_bisect_thresholds=bisect):
             return ops.verify(tgt, pb.ids, pb.seed, pb.offset, cu_num_draft=pb.cu,
                               draft_logits=drf, max_num_draft=pb.n, backend="cuda",
                               validate=False, **pb.filt)
-        finally:
-            ov._BISECT_THRESHOLDS_FOR_TESTING = old
     return call
 
 
