@@ -1104,6 +1104,8 @@ def test_flag_bits_match_cuda_headers():
     for name in ("F_TEMP", "F_TOPK", "F_TOPP", "F_MINP", "F_LOGPROBS", "F_FORCE_GENERIC",
                  "F_FORCE_EXACT", "F_NO_RESIDENT", "F_NO_SPLIT"):
         assert sampler[name] == getattr(S, name), name
+    from tokenspeed_kernel import testing
+    assert sampler["F_CS_SHIFT"] == testing.SAMPLER_CLUSTER_SHIFT
     levels = enum_values("csrc/sampling/sampling.cuh", "F_NO_LIST")
     for name in ("F_TEMP", "F_TOPK", "F_TOPP", "F_MINP", "F_LOGPROBS", "F_NO_LIST", "F_NO_EXCL",
                  "F_EXCL_TEST"):

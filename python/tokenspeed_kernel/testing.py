@@ -39,11 +39,12 @@ _S = "tokenspeed_kernel.ops.sampling"
 _V = "tokenspeed_kernel.ops.verify"
 _C = "tokenspeed_kernel.ops.comm"
 
-# the CUDA sampler's testing bits (csrc/sampling/sampler.cuh), for ``sampler_flags``
-SAMPLER_FORCE_GENERIC = 64    # cluster-wide radix thresholds instead of the candidate lists
-SAMPLER_FORCE_EXACT = 128     # the exact pass instead of the streamed gap test
-SAMPLER_NO_RESIDENT = 256     # never stage the row chunk in shared memory
-SAMPLER_NO_SPLIT = 512        # small temperature / greedy batches on the cluster launch
+# the CUDA sampler's testing bits, for ``sampler_flags`` (defined once, in ops/sampling.py:
+# generic radix thresholds, the exact pass, no shared-memory staging, no split launch)
+from .ops.sampling import (F_FORCE_EXACT as SAMPLER_FORCE_EXACT,  # noqa: E402
+                           F_FORCE_GENERIC as SAMPLER_FORCE_GENERIC,
+                           F_NO_RESIDENT as SAMPLER_NO_RESIDENT,
+                           F_NO_SPLIT as SAMPLER_NO_SPLIT)
 SAMPLER_CLUSTER_SHIFT = 10    # (v << 10), v = 1..5: a forced cluster size 2^(v - 1)
 
 KNOBS: Dict[str, Knob] = {
