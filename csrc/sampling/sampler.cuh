@@ -1676,7 +1676,7 @@ inline int active_clusters(Kernel kernel, int cs, size_t smem) {
 // (top-k / top-p / min-p) tensor is given. split_ctas() is S (0: no split launch); the caller
 // provides p.ws, sizeof(Summary) * rows * S bytes, ordered on `stream` (one per call: nothing
 // persists between calls, so concurrent calls on other streams cannot interfere).
-constexpr int kSplitMinChunk = 4096;   // elements per phase-1 CTA, at least
+constexpr int kSplitMinChunk = 2048;   // elements per phase-1 CTA, at least
 constexpr int kSplitMax = 64;          // phase-1 CTAs per row, at most
 template <typename T>
 int split_ctas(const Params& p) {
