@@ -779,8 +779,9 @@ def test_triton_prims_bit_exact():
 # ---------------------------------------------------------------------------------------------
 # the Triton sampler's paths (triton/sampling.py): each one taken on purpose, same tokens
 # ---------------------------------------------------------------------------------------------
-# K3 reports per row (``_TEST_CONFIG["stats"]``) mode + 16 * (exact pass taken); modes:
-GREEDY, PLAIN, WINDOW, TOPR, DIRECT, EXACT = 0, 1, 2, 3, 4, 16
+# K3 reports per row (``_TEST_CONFIG["stats"]``) mode + 16 * (exact pass taken) + 32 * (TOPR
+# extension run: the kept prefix runs past the candidates' exact prefix P); modes:
+GREEDY, PLAIN, WINDOW, TOPR, DIRECT, EXACT, EXT = 0, 1, 2, 3, 4, 16, 32
 
 
 @pytest.fixture
@@ -901,15 +902,18 @@ def test_triton_topr_chunks(tri, S1):
 
 
 def test_triton_topr_fallbacks(tri):
-    """Rows the candidates cannot decide go to the exact pass: top-p on flat rows keeping more
-    than KCAP tokens, top-k beyond the exact prefix, and (DIRECT) k > KCAP; mixed per row with
-    greedy, temperature-only and min-p rows in one batch, tokens_per_request > 1."""
+    """Rows the candidates cannot decide: top-p on flat rows keeping more than KCAP tokens
+    (the extension decides them; with no refinement pass allowed it gives up and the exact
+    pass decides), and (DIRECT) k > KCAP (exact pass); mixed per row with greedy,
+    temperature-only and min-p rows in one batch, tokens_per_request > 1."""
     gen = _gen(111)
     R, V = 8, 2000
     flat = _logits(R, V, gen, scale=0.05)
-    st = _tri_run(tri, flat, dict(temperature=_full(R, 1.0), top_p=_full(R, 0.9)),
-                  dict(KCAP=32, KSLOT=32, NP=256), gen=gen)
-    assert (st == TOPR + EXACT).all(), st
+    kw = dict(temperature=_full(R, 1.0), top_p=_full(R, 0.9))
+    st = _tri_run(tri, flat, kw, dict(KCAP=32, KSLOT=32, NP=256), gen=gen)
+    assert (st == TOPR + EXT).all(), st
+    st = _tri_run(tri, flat, kw, dict(KCAP=32, KSLOT=32, NP=256, NREF=0), gen=gen)
+    assert (st == TOPR + EXT + EXACT).all(), st
     st = _tri_run(tri, flat, dict(temperature=_full(R, 1.0), top_k=_full(R, 100, torch.int32)),
                   dict(KCAP=32, KSLOT=32, NP=256), gen=gen)
     assert (st == DIRECT + EXACT).all(), st
@@ -922,6 +926,83 @@ def test_triton_topr_fallbacks(tri):
     st = _tri_run(tri, z, dict(temperature=T, top_k=k, top_p=p, min_p=mp),
                   dict(KCAP=32, KSLOT=64, NP=256, BLOCK=64, BLOCK_T=64, S1=2), tpr=2, gen=gen)
     assert st.tolist() == [GREEDY] * 2 + [PLAIN] * 2 + [WINDOW] * 2 + [DIRECT + EXACT] * 2
+
+
+# small candidate sets: slots of 16 keys (NP = 16, one chunk) -> |P| <= 16; KCAP = 64 (so
+# top-k rows with 16 < k <= 64 stay TOPR and the collected keys fit 64 at a time)
+_EXT_CFG = dict(BLOCK=256, BLOCK_T=64, S1=1, KCAP=64, KSLOT=16, NP=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_topr_extension(tri, dtype):
+    """TOPR rows whose kept prefix runs past the candidates' exact prefix P are decided by the
+    extension (count / mass passes below P, one collection pass, the kept prefix on the sorted
+    collected keys), not by the exact pass: top-p only (kept sets of hundreds of tokens for
+    KCAP = 64: the bracket is refined, the part above it streamed), top-k + top-p and top-k
+    only with |P| < k <= KCAP, min-p on top; flat and peaked rows, fp32 and bf16 (ties)."""
+    gen = _gen(120 if dtype == torch.float32 else 121)
+    R, V = 6, 1000
+    T = _full(R, 0.9)
+    k = torch.tensor([40, 64, 20, 33, 60, 45], dtype=torch.int32)
+    p = torch.tensor([0.9, 0.5, 0.95, 0.3, 0.8, 0.99])
+    mp = torch.tensor([0.0, 0.02, 0.0, 0.1, 0.0, 0.001])
+    mpc = torch.tensor([0.3, 0.4, 0.4, 0.35, 0.45, 0.3])   # cuts 30-150 tokens deep
+    flat = _logits(R, V, gen, dtype=dtype, scale=0.5)
+    for kw in (dict(temperature=T, top_p=p),
+               dict(temperature=T, top_k=k, top_p=p),
+               dict(temperature=T, top_k=k),
+               dict(temperature=T, top_k=k, top_p=_full(R, 0.97), min_p=mpc),
+               dict(temperature=T, top_p=p, min_p=mpc)):
+        st = _tri_run(tri, flat, kw, _EXT_CFG, gen=gen)
+        if "min_p" in kw:   # a shallow min-p cut may end the prefix inside P
+            assert ((st == TOPR) | (st == TOPR + EXT)).all(), (list(kw), st)
+            assert (st == TOPR + EXT).sum() >= R - 2, (list(kw), st)
+        else:
+            assert (st == TOPR + EXT).all(), (list(kw), st)
+    # peaked rows: some end inside P, none needs the exact pass
+    z = _logits(R, V, gen, dtype=dtype, scale=2.0)
+    for kw in (dict(temperature=T, top_p=p), dict(temperature=T, top_k=k, top_p=p, min_p=mp)):
+        st = _tri_run(tri, z, kw, _EXT_CFG, gen=gen)
+        assert ((st == TOPR) | (st == TOPR + EXT)).all(), (list(kw), st)
+        assert (st == TOPR + EXT).any(), (list(kw), st)
+
+
+def test_triton_topr_extension_edges(tri):
+    """The extension's corner cases: int-valued rows (runs of > KCAP equal values at the top-p
+    / top-k boundary: the bracket is refined by id inside one value), rows with -inf entries
+    and fewer finite tokens than k (the top-k set reaches the -inf tokens: every finite token
+    below P is kept), several chunks with slots holding fewer keys than the chunk's prefix
+    (P = the top of the union), and the give-up path (no refinement pass allowed: the exact
+    pass decides)."""
+    gen = _gen(122)
+    R, V = 6, 1000
+    T = _full(R, 1.0)
+    zi = _logits(R, V, gen, kind="int")      # ~125 tokens per value
+    k = torch.tensor([40, 64, 50, 33, 60, 45], dtype=torch.int32)
+    p = torch.tensor([0.2, 0.3, 0.5, 0.6, 0.15, 0.9])
+    for kw in (dict(temperature=T, top_p=p), dict(temperature=T, top_k=k, top_p=p)):
+        st = _tri_run(tri, zi, kw, _EXT_CFG, gen=gen)
+        assert (st == TOPR + EXT).all(), (list(kw), st)
+    # few finite tokens: 30 finite values per row, the rest -inf; k = 50 > 30
+    z = torch.full((R, V), float("-inf"))
+    for r in range(R):
+        z[r, torch.randperm(V, generator=gen)[:30]] = torch.randn(30, generator=gen) * 0.3
+    z = z.to(DEVICE)
+    k50 = _full(R, 50, torch.int32)
+    for kw in (dict(temperature=T, top_k=k50), dict(temperature=T, top_k=k50, top_p=_full(R, 0.9))):
+        st = _tri_run(tri, z, kw, _EXT_CFG, gen=gen)
+        assert (st == TOPR + EXT).all(), (list(kw), st)
+    # several chunks, slots smaller than the chunk's prefix; top-k + top-p and min-p
+    zs = _logits(R, V, gen, scale=0.5)
+    cfg = dict(BLOCK=256, BLOCK_T=64, S1=4, KCAP=64, KSLOT=8, NP=32)     # |P| <= 32
+    k = torch.tensor([40, 64, 50, 36, 60, 45], dtype=torch.int32)
+    kw = dict(temperature=T, top_k=k, top_p=_full(R, 0.9), min_p=_full(R, 0.01))
+    st = _tri_run(tri, zs, kw, cfg, gen=gen)
+    assert (st == TOPR + EXT).all(), st
+    # give up: the bracket would need refining, none allowed -> the exact pass decides
+    kw = dict(temperature=T, top_p=_full(R, 0.9))
+    st = _tri_run(tri, zs, kw, dict(_EXT_CFG, NREF=0), gen=gen)
+    assert (st == TOPR + EXT + EXACT).all(), st
 
 
 @pytest.mark.parametrize("i", range(12))

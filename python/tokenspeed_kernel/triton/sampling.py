@@ -78,9 +78,40 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   fixed-point masses, S_K (top-k on: over P; top-k off: K2's exact row sum), the top-p / min-p
   prefix and the Gumbel-max over the kept prefix. The decision is exact when the kept prefix
   provably ends inside P: P holds every finite token, or top-k is on with k <= |P|, or the last
-  entry of P is not kept (and S_K is known). Otherwise (k > |P|, top-p kept sets longer than
-  P: flat rows) and directly for k > KCAP (DIRECT rows), K3 runs the exact pass.
-* Exact pass (K3, one program per row, the rare path): compact key key32(z) * V + (V-1-id);
+  entry of P is not kept, or P's mass already reaches the top-p limit (the last two with S_K
+  known). Otherwise (k > |P|, top-p kept sets longer than P: flat rows) K3 runs the extension
+  below; DIRECT rows (k > KCAP) go to the exact pass.
+* Extension (K3, TOPR rows whose kept prefix runs past P; ``_topr_extend``). Every row key
+  >= lastP (P's last key) is in P, so only the keys below lastP are searched, by value first.
+  Let F(t) = (count, fixed-point mass) of the finite tokens with key56 in [t, lastP) (integer
+  sums: exact, order-independent) and the target "reached" when |P| + count >= k (top-k on,
+  with or without top-p: S_K needs the k-th key) or mass(P) + mass >= lim (top-p only, lim =
+  ``top_p_limit(p, S)`` from K2's exact S). One pass (``_ext_stats``) computes F at 16
+  thresholds: 15 value thresholds "z >= v" (key32(v) << 24) whose y spread quadratically from
+  y(lastP) down to min(-27, y(lastP) - 1) (mass_fixed = 0 below y = -26.4; the spacing only
+  sets the cost, never the result), then key 0 (the whole rest of the row). The largest reached threshold lo and the smallest unreached one hi
+  bracket the boundary: every token in [hi, lastP) is kept by top-k / top-p (F(hi) does not
+  reach the target: rank < k, resp. mass before it < lim), no token below lo is (rank >= k,
+  resp. mass before it >= mass(P) + F(lo) >= lim). While the keys to collect (top-p only /
+  top-k only: [lo, hi); top-k + top-p: [lo, lastP)) exceed KCAP, further passes refine the
+  bracket with 16 thresholds uniform in key56 (equal values split by id): each pass shrinks
+  it 17-fold, so <= 14 passes reach a one-key bracket, which always fits (top-k + top-p:
+  count(hi) + 1 <= k - |P| < KCAP); NREF = 16 passes are allowed, beyond them (test
+  overrides only) the extension gives up. Then one pass
+  (``_ext_collect``) streams [hi, lastP) (all kept up to min-p: exact Gumbel-max with the
+  exact pass's tile skips, bar = P's best score, and exp-sum) and compacts the keys of [lo, hi)
+  into the row's candidate buffer (free by then); K3 sorts them (key56: P's order), continues
+  the rank (|P| + count(hi)) and the mass prefix (mass(P) + mass(hi)); with top-k + top-p
+  S_K = mass(P) + the masses of the collected keys of rank < k (every finite token below them
+  has rank >= k, the -inf ones mass 0), lim = top_p_limit(p, S_K), and P's kept set is
+  recomputed with it. The token is the exact Gumbel-max over P's kept entries, the stream and
+  the kept collected keys (ties -> lowest id). Top-k with fewer than k finite tokens: nothing
+  reached, every finite token below P is in the top-k set (streamed, resp. collected). Cost:
+  2 passes over the row + one per refinement (typically 0-1 at KCAP = 1024) instead of the
+  exact pass's ~14 (top-p) to ~26 (top-k + top-p) passes; the count / mass pass keeps
+  [BLOCK_R = 256, 16] per-lane integer sums (no per-tile reductions).
+* Exact pass (K3, one program per row, the rare path: DIRECT rows, PLAIN near ties, WINDOW slot
+  overflows, an extension that gives up): compact key key32(z) * V + (V-1-id);
   (NT+1)-ary threshold searches (16 thresholds per pass over the row) for top-k (count) and
   top-p (fixed-point mass over the top-k set), then one Gumbel pass over the kept keys with
   exact scores; tiles whose kept max y + 16.7 is below the best score skip Philox, and tiles
@@ -124,6 +155,7 @@ GAP_A_MAX = tl.constexpr(16384.0)
 GAP_A_PAD = tl.constexpr(256.0)
 GAP_SCALE = tl.constexpr(2.0 ** -21)  # 2E = (A + 256) * 2^-21
 G_MAX_PAD = tl.constexpr(16.7)        # > max G = 16.6356 (+ rounding), exact-pass tile skip
+EXT_FLOOR_Y = tl.constexpr(27.0)      # TOPR extension: initial thresholds down to y = -27
 BIG_ID = tl.constexpr(2147483647)
 NEG_INF = tl.constexpr(float("-inf"))
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -529,13 +561,21 @@ def _k2_mass(logits_ptr, stride_row, n_rows, V, chunk2, S1, S2, tpr,
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _winner(kept, y, ids, seed, offset):
-    """Exact Gumbel-max over a candidate tile: (token, sum of exp(y) over kept)."""
+    """Exact Gumbel-max over a candidate tile: (token, its exact score, sum of exp(y) over
+    kept); no kept token: (BIG_ID, -inf, 0)."""
     bits = P.philox_word(seed, offset, ids, P.STREAM_SAMPLE)
     sc = tl.where(kept, y + P.gumbel_from_bits(bits), NEG_INF)
     best = tl.max(sc, axis=0)
     tok = tl.min(tl.where(kept & (sc == best), ids, BIG_ID), axis=0)
     ksum = tl.sum(tl.where(kept, tl.exp(y), 0.0), axis=0)
-    return tok, ksum
+    return tok, best, ksum
+
+
+@triton.jit
+def _better(b1, t1, b2, t2):
+    """Merge of two (score, token) winners: larger score, ties -> lowest id."""
+    upd = (b2 > b1) | ((b2 == b1) & (t2 < t1))
+    return tl.where(upd, b2, b1), tl.where(upd, t2, t1)
 
 
 @triton.jit
@@ -628,6 +668,176 @@ def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, 
     return tok, ksum
 
 
+@triton.jit
+def _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, BLOCK: tl.constexpr, NTHR: tl.constexpr,
+               NSTAGE: tl.constexpr):
+    """For each threshold t[j] (a key56 value, >= 0): the number and the fixed-point mass of the
+    row's finite tokens with key56 in [t[j], lastP). Integer sums (exact, order-independent),
+    accumulated per lane ([BLOCK, NTHR]) and reduced once. Returns two [NTHR] int64."""
+    cnt = tl.zeros([BLOCK, NTHR], dtype=tl.int32)
+    mass = tl.zeros([BLOCK, NTHR], dtype=tl.int64)
+    for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
+        offs = start + tl.arange(0, BLOCK)
+        z = tl.load(row_ptr + offs, mask=offs < V, other=NEG_INF).to(tl.float32)
+        key = P.key56(z, offs)
+        key = tl.where((z > NEG_INF) & (key < lastP), key, -1)
+        hit = key[:, None] >= t[None, :]
+        e = P.mass_fixed(P.centered(z, zmax, inv_t))
+        cnt += hit.to(tl.int32)
+        mass += tl.where(hit, e[:, None], 0)
+    return tl.sum(cnt, axis=0).to(tl.int64), tl.sum(mass, axis=0)
+
+
+@triton.jit
+def _ext_bracket(t, cnt, mass, ok, lo, c_lo, m_lo, hi, c_hi, m_hi):
+    """Narrow [lo, hi) (F(lo) reaches the target, F(hi) does not; F = (count, mass) of
+    [t, lastP), nonincreasing in t) with the thresholds t (lo < t <= hi) and their F."""
+    new_lo = tl.max(tl.where(ok, t, lo), axis=0)
+    sel = ok & (t == new_lo)
+    c_lo = tl.where(new_lo > lo, tl.max(tl.where(sel, cnt, -1), axis=0), c_lo)
+    m_lo = tl.where(new_lo > lo, tl.max(tl.where(sel, mass, -1), axis=0), m_lo)
+    new_hi = tl.min(tl.where(ok, hi, t), axis=0)
+    sel = (ok == 0) & (t == new_hi)
+    c_hi = tl.where(new_hi < hi, tl.max(tl.where(sel, cnt, -1), axis=0), c_hi)
+    m_hi = tl.where(new_hi < hi, tl.max(tl.where(sel, mass, -1), axis=0), m_hi)
+    return new_lo, c_lo, m_lo, new_hi, c_hi, m_hi
+
+
+@triton.jit
+def _ext_collect(row_ptr, V, zmax, inv_t, lastP, t_lo, t_hi, lmin, seed, offset, bar, scr_ptr,
+                 CCAP: tl.constexpr, BLOCK: tl.constexpr, NSTAGE: tl.constexpr,
+                 FAST: tl.constexpr, WANT_LP: tl.constexpr):
+    """One pass over the row: the finite tokens with key56 in [t_hi, lastP) and y >= lmin (all
+    kept) -> exact Gumbel-max (token, score; tiles that cannot reach max(bar, best) skip Philox
+    / G as in ``_exact_row``) and sum of exp(y); those with key56 in [t_lo, t_hi) -> their key56
+    compacted into scr (at most CCAP of them: the caller checked the count). Returns (token,
+    score, exp-sum, number collected)."""
+    best = tl.full([], NEG_INF, tl.float32)
+    tok = tl.full([], BIG_ID, tl.int32)
+    ksum = tl.full([], 0.0, tl.float32)
+    n = tl.full([], 0, tl.int32)
+    for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
+        offs = start + tl.arange(0, BLOCK)
+        z = tl.load(row_ptr + offs, mask=offs < V, other=NEG_INF).to(tl.float32)
+        key = P.key56(z, offs)
+        fin = (z > NEG_INF) & (key < lastP)
+        col = fin & (key >= t_lo) & (key < t_hi)
+        nc = tl.sum(col.to(tl.int32), axis=0)
+        if nc > 0:
+            pos = n + tl.cumsum(col.to(tl.int32), axis=0) - 1
+            tl.store(scr_ptr + pos, key, mask=col & (pos < CCAP))
+            n += nc
+        y = P.centered(z, zmax, inv_t)
+        up = fin & (key >= t_hi) & (y >= lmin)
+        if WANT_LP:
+            ksum += tl.sum(tl.where(up, tl.exp(y), 0.0), axis=0)
+        ymax = tl.max(tl.where(up, y, NEG_INF), axis=0)
+        bar_t = tl.maximum(bar, best)
+        if ymax + G_MAX_PAD >= bar_t:
+            bits = _philox_tile(start, seed, offset, BLOCK)
+            # tokens with u < exp(-exp(y - bar_t + 0.01)) - 2^-19 score < bar_t: they can
+            # neither win nor tie (``_exact_row``)
+            th = _ex2(_ex2((y - (bar_t - 0.01)) * LOG2E, FAST) * (-LOG2E), FAST)
+            need = up & (P.uniform_from_bits(bits) + PRUNE_DELTA >= th)
+            if tl.max(need.to(tl.int32), axis=0) > 0:
+                sc = tl.where(up, y + P.gumbel_from_bits(bits), NEG_INF)
+                bm = tl.max(sc, axis=0)
+                bi = tl.min(tl.where(up & (sc == bm), offs, BIG_ID), axis=0)
+                if bm > best:   # tiles in increasing id order: ties keep the earlier one
+                    tok = bi
+                    best = bm
+    return tok, best, ksum, n
+
+
+@triton.jit
+def _topr_extend(row_ptr, V, zmax, inv_t, k_on, k, p_on, p, lim, lmin, seed, offset,
+                 top, nP, y, ids, e, bar, scr_ptr,
+                 KCAP: tl.constexpr, NTHR: tl.constexpr, BLOCK_R: tl.constexpr,
+                 BLOCK_X: tl.constexpr, NREF: tl.constexpr, NSTAGE: tl.constexpr,
+                 FAST: tl.constexpr, USE_RANK: tl.constexpr, WANT_LP: tl.constexpr):
+    """TOPR rows whose kept prefix runs past the end of P (module docstring, "Extension").
+    top: P sorted (nP keys; every row key >= its last key lastP is in P), y / ids / e: their
+    processed logits, ids and masses (e: all of P, since k > nP or top-k is off), lim: the
+    top-p limit (top-p without top-k), bar: the best exact score of P's kept entries (a
+    pruning bar; top-k + top-p recompute P's kept set). Returns (ok, token, exp-sum)."""
+    r = tl.arange(0, KCAP)
+    vr = r < nP
+    kp = k_on & p_on
+    lastP = tl.max(tl.where(r == nP - 1, top, -1), axis=0)
+    massP = tl.sum(e, axis=0)
+    k_need = k - nP.to(tl.int64)          # top-k: keys still needed below P (> 0)
+    m_need = lim - massP                   # top-p only: mass still needed below P (> 0)
+    # initial thresholds: value thresholds (key32(v) << 24 = "z >= v") whose y spread
+    # quadratically from y(lastP) to min(-27, y(lastP) - 1) (mass_fixed(y) = 0 below -26.4),
+    # then the whole rest of the row (key 0)
+    j = tl.arange(0, NTHR)
+    g = (j + 1).to(tl.float32) * (1.0 / NTHR)
+    g = g * g
+    z_last = P.key32_to_float(lastP >> 24)
+    T = 1.0 / inv_t
+    dz_top = zmax - z_last
+    dz_f = tl.maximum(T * EXT_FLOOR_Y, dz_top + T)
+    zt = zmax - (dz_top + (dz_f - dz_top) * g)
+    t = tl.minimum(P.key32(zt) << 24, lastP)
+    t = tl.where(j == NTHR - 1, 0, t)
+    cnt, mass = _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, BLOCK_R, NTHR, NSTAGE)
+    ok = tl.where(k_on, cnt >= k_need, mass >= m_need)
+    zero = tl.full([], 0, tl.int64)
+    lo, c_lo, m_lo, hi, c_hi, m_hi = _ext_bracket(t, cnt, mass, ok, zero - 1, zero, zero, lastP,
+                                                  zero, zero)
+    # nothing reached (top-k only: fewer than k finite tokens): lo = -1, [lo, hi) empty
+    found = lo >= 0
+    c_lo = tl.where(found, c_lo, c_hi)
+    m_lo = tl.where(found, m_lo, m_hi)
+    # refine [lo, hi) uniformly in key space until the keys to collect fit KCAP: [lo, hi)
+    # (top-k + top-p: [lo, lastP), S_K needs them all)
+    need = tl.where(kp, c_lo, c_lo - c_hi)
+    j1 = j.to(tl.int64) + 1
+    it = tl.full([], 0, tl.int32)
+    while (need > KCAP) & (it < NREF):
+        step = (hi - lo + NTHR) // (NTHR + 1)
+        t = tl.minimum(lo + j1 * step, hi)
+        cnt, mass = _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, BLOCK_R, NTHR, NSTAGE)
+        ok = tl.where(k_on, cnt >= k_need, mass >= m_need)
+        lo, c_lo, m_lo, hi, c_hi, m_hi = _ext_bracket(t, cnt, mass, ok, lo, c_lo, m_lo, hi,
+                                                      c_hi, m_hi)
+        need = tl.where(kp, c_lo, c_lo - c_hi)
+        it += 1
+    ext_ok = (found | k_on) & (need <= KCAP)
+    tok = tl.full([], 0, tl.int32)
+    ksum = tl.full([], 0.0, tl.float32)
+    if ext_ok:
+        # top-k + top-p: collect [lo, lastP), stream nothing; else stream [hi, lastP) (kept
+        # by top-k / top-p: F(hi) does not reach the target) and collect [lo, hi)
+        u = tl.where(kp, lastP, hi)
+        c_u = tl.where(kp, 0, c_hi)
+        m_u = tl.where(kp, 0, m_hi)
+        tl.debug_barrier()   # every thread is done reading the slots / P before they are reused
+        st, sb, ssum, nc = _ext_collect(row_ptr, V, zmax, inv_t, lastP, lo, u, lmin, seed,
+                                        offset, tl.where(kp, float("inf"), bar), scr_ptr,
+                                        KCAP, BLOCK_X, NSTAGE, FAST, WANT_LP)
+        tl.debug_barrier()
+        kc = _sort_desc(tl.load(scr_ptr + r, mask=r < nc, other=-1), USE_RANK)
+        vc = r < nc
+        yc = P.centered(P.key32_to_float(kc >> 24), zmax, inv_t)
+        idc = P.key56_id(kc).to(tl.int32)
+        rank = nP.to(tl.int64) + c_u + r
+        in_kc = vc & ((rank < k) | (k_on == 0))
+        ec = tl.where(in_kc, P.mass_fixed(yc), 0)
+        lim2 = lim
+        if kp:   # S_K = P + the collected keys of rank < k (below them: rank >= k or mass 0)
+            lim2 = P.top_p_limit(p, massP + tl.sum(ec, axis=0))
+        in_pc = ((massP + m_u + tl.cumsum(ec, axis=0) - ec) < lim2) | (p_on == 0)
+        keptc = in_kc & in_pc & (yc >= lmin)
+        keptP = vr & (((tl.cumsum(e, axis=0) - e) < lim2) | (p_on == 0)) & (y >= lmin)
+        pt, pb, psum = _winner(keptP, y, ids, seed, offset)
+        ct, cb, csum = _winner(keptc, yc, idc, seed, offset)
+        best, tok = _better(pb, pt, sb, st)
+        best, tok = _better(best, tok, cb, ct)
+        ksum = psum + ssum + csum
+    return ext_ok, tok, ksum
+
+
 @triton.jit(do_not_specialize=["n_rows", "S1", "slot_t", "slot_w", "NW", "S2", "tpr"])
 def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, tpr,
                  seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
@@ -638,7 +848,8 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
                  KCAP: tl.constexpr, NP: tl.constexpr, NC: tl.constexpr,
                  SMAX: tl.constexpr, NSTAGE: tl.constexpr, FAST: tl.constexpr,
                  S2MAX: tl.constexpr, BLOCK_X: tl.constexpr, NTHR: tl.constexpr,
-                 USE_RANK: tl.constexpr, STATS: tl.constexpr):
+                 BLOCK_R: tl.constexpr, NREF: tl.constexpr, USE_RANK: tl.constexpr,
+                 STATS: tl.constexpr):
     row = tl.program_id(0)
     seed, offset, inv_t, k_on, k, p_on, p, mp_on, L, mode = _row_setup(
         row, V, tpr, seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
@@ -648,6 +859,7 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
     tok = amax
     ksum = tl.full([], 1.0, tl.float32)
     fallback = tl.full([], 0, tl.int32)
+    ext = tl.full([], 0, tl.int32)
     go = valid & (mode != GREEDY)
     if go & (mode == PLAIN):
         h1s = tl.load(pf_ptr + pidx * NPF + 1, mask=sm, other=NEG_INF)
@@ -730,6 +942,7 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
             e = tl.where(vr & in_k, P.mass_fixed(y), 0)
             in_p = vr
             s_known = (p_on == 0) | (k_on == 0) | (k <= nP) | complete
+            lim = tl.full([], 1, tl.int64)
             if HAS_P:
                 if p_on:
                     if k_on:
@@ -743,11 +956,24 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
                     in_p = before < lim
             kept = vr & in_k & in_p & (y >= tl.where(mp_on, L, NEG_INF))
             last_kept = tl.max(tl.where(r == nP - 1, kept.to(tl.int32), 0), axis=0)
-            decided = s_known & (complete | (k_on & (k <= nP)) | (last_kept == 0))
-            wt, wsum = _winner(kept, y, ids, seed, offset)
+            # the prefix ends inside P: P is the whole row, or it holds the top-k set, or its
+            # last entry is not kept, or (S_K known) P's mass already reaches the top-p limit
+            end_p = p_on & (tl.sum(e, axis=0) >= lim)
+            decided = s_known & (complete | (k_on & (k <= nP)) | (last_kept == 0) | end_p)
+            wt, wbest, wsum = _winner(kept, y, ids, seed, offset)
             tok = tl.where(decided, wt, tok)
             ksum = wsum
             fallback = tl.where(decided, 0, 1)
+            if decided == 0:   # the kept prefix runs past P: extension (module docstring)
+                ext = ext | 1
+                xok, xt, xsum = _topr_extend(
+                    row_ptr, V, zmax, inv_t, k_on, k, p_on, p, lim,
+                    tl.where(mp_on, L, NEG_INF), seed, offset, top, nP, y, ids, e, wbest,
+                    cand_row, KCAP, NTHR, BLOCK_R, BLOCK_X, NREF, NSTAGE, FAST, USE_RANK,
+                    WANT_LP)
+                tok = tl.where(xok, xt, tok)
+                ksum = tl.where(xok, xsum, ksum)
+                fallback = tl.where(xok, 0, 1)
     if go & (mode == DIRECT):
         fallback = fallback | 1
     if fallback != 0:
@@ -756,7 +982,7 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
         tok = xt
         ksum = xsum
     if STATS:   # testing: which path decided the row
-        tl.store(stats_ptr + row, mode + 16 * fallback)
+        tl.store(stats_ptr + row, mode + 16 * fallback + 32 * ext)
     tok = tl.where(valid, tok, 0)
     tl.store(tok_ptr + row, tok.to(tl.int64))
     tl.store(valid_ptr + row, valid.to(tl.uint8))
@@ -779,7 +1005,9 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
 _TEST_CONFIG: Optional[dict] = None
 
 # Testing only: with _TEST_CONFIG["stats"], K3 writes per row mode + 16 * (exact pass taken)
-# (modes: 0 greedy, 1 plain, 2 window, 3 top-k/top-p candidates, 4 direct) here.
+# + 32 * (TOPR extension run) (modes: 0 greedy, 1 plain, 2 window, 3 top-k/top-p candidates,
+# 4 direct) here: 3 = decided from P, 35 = decided by the extension, 51 = the extension gave up
+# (refinement passes beyond NREF) and the exact pass decided, 20 = direct (exact pass).
 _LAST_STATS: Optional[torch.Tensor] = None
 
 _SM_COUNT = {}
@@ -804,16 +1032,20 @@ def _pow2_floor(x: int) -> int:
 
 def _config(rows: int, V: int, dev: torch.device, topr_possible: bool,
             window_possible: bool) -> dict:
-    """Launch configuration: tile sizes (constexpr), chunk counts and sizes (runtime)."""
+    """Launch configuration: tile sizes (constexpr), chunk counts and sizes (runtime).
+    BLOCK_R: lanes of the TOPR extension's count / mass passes ([BLOCK_R, 16] per-lane
+    accumulators); NREF: the extension's refinement passes before it gives up."""
     if _interpreting():
         block = max(16, min(4096, triton.next_power_of_2(V)))
         cfg = dict(BLOCK=block, BLOCK_T=max(16, min(256, triton.next_power_of_2(V))),
-                   KCAP=256, KSLOT=256, NP=1024, NC=256, BLOCK_X=block, S1=1, S2=1, warps=4,
+                   KCAP=256, KSLOT=256, NP=1024, NC=256, BLOCK_X=block, BLOCK_R=block,
+                   NREF=16, S1=1, S2=1, warps=4,
                    warps_t=4, USE_RANK=True, NSTAGE=1, FAST=False)
     else:
         sms = _sm_count(dev)
         cfg = dict(BLOCK=1024, BLOCK_T=2048, KCAP=1024, KSLOT=256, NP=2048, NC=128,
-                   BLOCK_X=1024, warps=8, warps_t=16, USE_RANK=False, NSTAGE=3, FAST=True)
+                   BLOCK_X=1024, BLOCK_R=256, NREF=16, warps=8, warps_t=16, USE_RANK=False,
+                   NSTAGE=3, FAST=True)
         nb = triton.cdiv(V, cfg["BLOCK"])
         if topr_possible:   # sorted candidate slots: at most 8 chunks
             cfg["S1"] = min(8, _pow2_floor(sms // max(rows, 1)), nb)
@@ -821,6 +1053,10 @@ def _config(rows: int, V: int, dev: torch.device, topr_possible: bool,
             cfg["S1"] = max(1, min(triton.cdiv(2 * sms, max(rows, 1)), nb,
                                    64 if window_possible else nb))
         cfg["S2"] = max(1, min(triton.cdiv(2 * sms, max(rows, 1)), nb))
+        # bounds of S1 / S2 over every batch size: the constexpr widths SMAX / S2MAX derive
+        # from them (not from this call's S1 / S2), so batch sizes never recompile K2 / K3
+        cfg["s1_bound"] = 8 if topr_possible else min(2 * sms, nb, 64 if window_possible else nb)
+        cfg["s2_bound"] = min(2 * sms, nb)
     if _TEST_CONFIG:
         cfg.update({k: v for k, v in _TEST_CONFIG.items() if k != "stats"})
     blk = max(cfg["BLOCK"], cfg["BLOCK_T"]) if topr_possible else cfg["BLOCK"]
@@ -834,11 +1070,12 @@ def _config(rows: int, V: int, dev: torch.device, topr_possible: bool,
     cfg["slot_w"] = cfg["NW"] // s1_pad
     cfg["slot_t"] = cfg["NP"] // s1_pad
     assert not topr_possible or cfg["slot_t"] >= cfg["KSLOT"], "TOPR slots below KSLOT"
-    cfg["SMAX"] = max(16, s1_pad)
+    cfg["SMAX"] = max(16, s1_pad, triton.next_power_of_2(cfg.get("s1_bound", 1)))
     chunk2 = triton.cdiv(triton.cdiv(V, max(1, cfg["S2"])), cfg["BLOCK"]) * cfg["BLOCK"]
     cfg["S2"] = max(1, triton.cdiv(V, chunk2))
     cfg["chunk2"] = chunk2
-    cfg["S2MAX"] = max(16, triton.next_power_of_2(cfg["S2"]))
+    cfg["S2MAX"] = max(16, triton.next_power_of_2(cfg["S2"]),
+                       triton.next_power_of_2(cfg.get("s2_bound", 1)))
     return cfg
 
 
@@ -902,7 +1139,8 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
         lp if lp is not None else pf, plp if plp is not None else pf, stats,
         **flags, WANT_LP=want_logprobs, KCAP=cfg["KCAP"], NP=NP, NC=cfg["NC"],
         SMAX=cfg["SMAX"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
-        S2MAX=cfg["S2MAX"], BLOCK_X=cfg["BLOCK_X"], NTHR=NT, USE_RANK=cfg["USE_RANK"],
+        S2MAX=cfg["S2MAX"], BLOCK_X=cfg["BLOCK_X"], NTHR=NT, BLOCK_R=cfg["BLOCK_R"],
+        NREF=cfg["NREF"], USE_RANK=cfg["USE_RANK"],
         STATS=stats is not pi,
         num_warps=warps, enable_fp_fusion=False)
     return tokens, valid.view(torch.bool), lp, plp
