@@ -156,7 +156,7 @@ def _row_params(req, temp_ptr, minp_ptr):
 # ---------------------------------------------------------------------------------------------
 # statistics passes
 # ---------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=['R_t', 'chunk'])
 def _pass1(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, key_ptr, nan_ptr, chunk,
            BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -187,7 +187,7 @@ def _pass1(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, key_ptr, n
         tl.atomic_max(nan_ptr + row, tl.max(nan, 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['R_t', 'chunk'])
 def _pass2(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_ptr, minp_ptr,
            key_ptr, nan_ptr, thr_ptr, s_ptr, se_ptr, chunk, LOGPROBS: tl.constexpr,
            FILT: tl.constexpr, BLOCK: tl.constexpr):
@@ -222,7 +222,7 @@ def _pass2(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_ptr, 
                 tl.atomic_add(se_ptr + row, tl.sum(se, 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['R_t'])
 def _thresholds(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_ptr, minp_ptr,
                 topk_ptr, topp_ptr, key_ptr, nan_ptr, thr_ptr, BLOCK: tl.constexpr):
     """Kept-set threshold of every row: kept = {key56(z, id) >= thr} (top-k, then top-p on the
@@ -306,7 +306,7 @@ def _row_stats(key_ptr, nan_ptr, s_ptr, se_ptr, rows, mask):
 # ---------------------------------------------------------------------------------------------
 # walk: accept coins, first failure, job of the final token
 # ---------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=['R_t', 'MAX_N'])
 def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_ptr, off_ptr,
           temp_ptr, minp_ptr, key_ptr, nan_ptr, thr_ptr, s_ptr, se_ptr,
           tok_ptr, acc_ptr, valid_ptr, lp_ptr, plp_ptr, jobi_ptr, jobf_ptr, MAX_N,
@@ -410,7 +410,7 @@ def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_pt
 # ---------------------------------------------------------------------------------------------
 # final token: residual resample or bonus sample, split over the vocabulary
 # ---------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=['MAX_N', 'chunk'])
 def _final(tgt_ptr, drf_ptr, stride_t, stride_d, V, cu_ptr, seed_ptr, off_ptr, temp_ptr,
            minp_ptr, jobi_ptr, jobf_ptr, cand_ptr, MAX_N, chunk,
            PADDED: tl.constexpr, NGRAM: tl.constexpr, FILT: tl.constexpr, BLOCK: tl.constexpr):
@@ -506,7 +506,7 @@ def _final(tgt_ptr, drf_ptr, stride_t, stride_d, V, cu_ptr, seed_ptr, off_ptr, t
         tl.atomic_max(cand_ptr + o + 1, tl.where(fs > float("-inf"), _pack(fs, fi), 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['MAX_N'])
 def _final_reduce(tgt_ptr, stride_t, cu_ptr, temp_ptr, minp_ptr, jobi_ptr, jobf_ptr, cand_ptr,
                   tok_ptr, lp_ptr, plp_ptr, MAX_N, PADDED: tl.constexpr,
                   LOGPROBS: tl.constexpr):
@@ -544,7 +544,7 @@ def _final_reduce(tgt_ptr, stride_t, cu_ptr, temp_ptr, minp_ptr, jobi_ptr, jobf_
 # ---------------------------------------------------------------------------------------------
 # strict accept
 # ---------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=['MAX_N'])
 def _strict_accept(row_tok_ptr, row_valid_ptr, row_lp_ptr, row_plp_ptr, ids_ptr, cu_ptr,
                    tok_ptr, acc_ptr, valid_ptr, lp_ptr, plp_ptr, MAX_N, PADDED: tl.constexpr,
                    LOGPROBS: tl.constexpr, BLOCK_N: tl.constexpr):
