@@ -1,4 +1,7 @@
-"""``python -m tokenspeed_kernel.bench {sampling,comm,dp,verify,verify-filters,all,smoke} [opts]``.
+"""``python -m tokenspeed_kernel.bench {sampling,comm,dp,verify,verify-filters,all,smoke,render}``.
+
+``render`` (CPU) merges sampling CSVs of one build measured in several calls (e.g. ``--dtype
+fp32`` then ``--dtype bf16`` when one call cannot hold the grid) into one ``sampling.{csv,md,png}``.
 
 ``all`` (what ``make bench`` runs on a GPU) runs sampling, then verify, then comm, within one
 time budget (``--budget-s``, default 420 s, headline shapes first). ``smoke`` (``make bench`` on a
@@ -52,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tokenspeed_kernel.bench",
                                 description="tokenspeed-kernel benchmarks (docs/BENCHMARKS.md)")
     sub = p.add_subparsers(dest="cmd", required=True,
-                           metavar="{sampling,comm,dp,verify,verify-filters,all,smoke}")
+                           metavar="{sampling,comm,dp,verify,verify-filters,all,smoke,render}")
     s = sub.add_parser("sampling", help="sampling: ours vs torch / FlashInfer (GPU)")
     _common(s)
     _sampling_opts(s)
@@ -69,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("smoke", help="CPU check of the harness and backends (tiny shapes)")
     _common(sm)
     _sampling_opts(sm)
+    r = sub.add_parser("render", help="merge sampling CSVs of one build into csv + md + png")
+    r.add_argument("csvs", nargs="+", help="sampling.csv files (same git sha and GPU)")
+    r.add_argument("--out", required=True, help="output directory (sampling.{csv,md,png})")
+    r.add_argument("--note", action="append", default=[], help="extra bullet for the .md")
+    r.add_argument("--no-plot", action="store_true", help="skip the PNGs")
     return p
 
 
@@ -104,6 +112,9 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     args.deadline = None
+    if args.cmd == "render":
+        from .report import render_sampling_csvs
+        return render_sampling_csvs(args.csvs, args.out, args.note, plot=not args.no_plot)
     if args.cmd == "smoke":
         from .sampling import run_smoke
         return run_smoke(args)

@@ -12,6 +12,7 @@ import datetime as _dt
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -298,3 +299,62 @@ def sampling_plots(rows: List[Dict], out_dir: Path, stem: str = "sampling") -> L
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+_TEXT_COLUMNS = ("gpu", "gpu_short", "torch", "cuda", "triton", "flashinfer", "git_sha", "date",
+                 "provider", "impl", "mode", "dtype", "status", "note")
+_INT_COLUMNS = ("B", "V", "calls", "samples", "bytes")
+
+
+def read_sampling_csv(path) -> List[Dict]:
+    """Rows of a sampling.csv with the types the bench wrote (ints, floats, None for empty)."""
+    import csv
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            for k, v in list(r.items()):
+                if v is None or v == "":
+                    r[k] = None
+                elif k in _INT_COLUMNS:
+                    r[k] = int(float(v))
+                elif k not in _TEXT_COLUMNS:
+                    try:
+                        r[k] = float(v)
+                    except ValueError:
+                        pass
+            rows.append(r)
+    return rows
+
+
+def render_sampling_csvs(paths: Sequence[str], out: str, notes: Sequence[str] = (),
+                         plot: bool = True) -> int:
+    """Merge sampling CSVs of ONE build on ONE GPU (refused otherwise) into out/sampling.*."""
+    from .sampling import CSV_COLUMNS, default_notes
+    rows: List[Dict] = []
+    for p in paths:
+        rows += read_sampling_csv(p)
+    if not rows:
+        print("[render] no rows", file=sys.stderr)
+        return 2
+    for col in ("git_sha", "gpu"):
+        vals = sorted({str(r.get(col)) for r in rows})
+        if len(vals) > 1:
+            print(f"[render] refusing to merge rows of different {col}: {vals}", file=sys.stderr)
+            return 2
+    first = min(rows, key=lambda r: str(r.get("date")))
+    env = {k: first.get(k) or "" for k in ("gpu", "gpu_short", "torch", "cuda", "triton",
+                                            "flashinfer", "git_sha", "date")}
+    hbm = first.get("hbm_gbps")
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    allnotes = list(default_notes()) + [
+        f"Merged from {len(paths)} runs of the same build (dates "
+        f"{min(str(r.get('date')) for r in rows)} to {max(str(r.get('date')) for r in rows)}; "
+        "the header shows the first); each row's floor uses its own run's HBM bandwidth."]
+    allnotes += list(notes)
+    write_csv(d / "sampling.csv", rows, CSV_COLUMNS)
+    (d / "sampling.md").write_text(sampling_markdown(rows, env, hbm, allnotes) + "\n")
+    pngs = sampling_plots(rows, d, "sampling") if plot else []
+    print(f"[render] wrote {d / 'sampling.csv'}, sampling.md"
+          + "".join(f", {p.name}" for p in pngs))
+    return 0

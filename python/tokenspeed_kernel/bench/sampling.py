@@ -594,13 +594,7 @@ def run_sampling(args) -> int:
             torch.cuda.empty_cache()
         report.write_csv(out_dir / "sampling.csv", rows, CSV_COLUMNS)  # partial results
 
-    notes = [f"Inputs: randn(B, V) * 4 (float32, seeded) cast to the dtype; T = {TEMP}, "
-             f"top-k {TOP_K}, top-p {TOP_P}, min-p {MIN_P}; per-row parameter tensors.",
-             "FlashInfer `*_from_logits` get logits / T computed outside the timed region "
-             "(they have no temperature argument); its `*_from_probs` rows include "
-             "`flashinfer.sampling.softmax(logits, temperature=T)`.",
-             "torch = vLLM's plain-torch path (sort-based top-k/top-p, softmax, "
-             "torch.multinomial); greedy = argmax."]
+    notes = default_notes()
     if not cold:
         notes.append("**warm L2** (--warm-l2): inputs may be L2-resident; not comparable.")
     for n, r in avail.reason.items():
@@ -620,6 +614,17 @@ def run_sampling(args) -> int:
         log(f"[sampling] {len(failed_ours)} ours rows FAILED verification")
         return 1
     return 0
+
+
+def default_notes() -> List[str]:
+    """The bullets every sampling table carries (inputs, how the baselines are called)."""
+    return [f"Inputs: randn(B, V) * 4 (float32, seeded) cast to the dtype; T = {TEMP}, "
+            f"top-k {TOP_K}, top-p {TOP_P}, min-p {MIN_P}; per-row parameter tensors.",
+            "FlashInfer `*_from_logits` get logits / T computed outside the timed region "
+            "(they have no temperature argument); its `*_from_probs` rows include "
+            "`flashinfer.sampling.softmax(logits, temperature=T)`.",
+            "torch = vLLM's plain-torch path (sort-based top-k/top-p, softmax, "
+            "torch.multinomial); greedy = argmax."]
 
 
 def _fail(row: Dict, why: str) -> None:

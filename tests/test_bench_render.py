@@ -1,0 +1,39 @@
+"""``python -m tokenspeed_kernel.bench render``: merging sampling CSVs of one build (CPU)."""
+from __future__ import annotations
+
+from tokenspeed_kernel.bench import report
+from tokenspeed_kernel.bench.__main__ import main
+from tokenspeed_kernel.bench.sampling import CSV_COLUMNS
+
+
+def _row(dtype, provider, mode, B, us, sha="abc1234", date="2026-01-01T00:00:00Z"):
+    return dict(gpu="NVIDIA H100 80GB HBM3", gpu_short="h100", torch="2.11", cuda="13.0",
+                triton="3.6.0", flashinfer="0.7.2", git_sha=sha, date=date, provider=provider,
+                impl="x", mode=mode, B=B, V=1000, dtype=dtype, status="ok", graph_us=us,
+                eager_us=us * 2, bytes=4000 * B, floor_us=0.01 * B, hbm_gbps=3000.0,
+                pct_floor=1.0, ratio_vs_flashinfer=0.5 if provider == "ours-cuda" else None)
+
+
+def test_render_merges_runs_of_one_build(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    report.write_csv(a, [_row("fp32", "ours-cuda", "temp", 1, 12.5),
+                         _row("fp32", "flashinfer", "temp", 1, 25.0)], CSV_COLUMNS)
+    report.write_csv(b, [_row("bf16", "ours-cuda", "temp", 4, 7.25,
+                              date="2026-01-01T00:05:00Z")], CSV_COLUMNS)
+    out = tmp_path / "out"
+    assert main(["render", str(a), str(b), "--out", str(out), "--no-plot",
+                 "--note", "extra bullet"]) == 0
+    rows = report.read_sampling_csv(out / "sampling.csv")
+    assert len(rows) == 3 and {r["dtype"] for r in rows} == {"fp32", "bf16"}
+    assert isinstance(rows[0]["B"], int) and isinstance(rows[0]["graph_us"], float)
+    md = (out / "sampling.md").read_text()
+    assert "git abc1234" in md and "## fp32, V = 1000" in md and "## bf16, V = 1000" in md
+    assert "12.5" in md and "7.2" in md and "extra bullet" in md and "Merged from 2 runs" in md
+
+
+def test_render_refuses_mixed_builds(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    report.write_csv(a, [_row("fp32", "ours-cuda", "temp", 1, 12.5)], CSV_COLUMNS)
+    report.write_csv(b, [_row("bf16", "ours-cuda", "temp", 1, 9.0, sha="def5678")], CSV_COLUMNS)
+    assert main(["render", str(a), str(b), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert not (tmp_path / "o" / "sampling.md").exists()
