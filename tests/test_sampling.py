@@ -1234,3 +1234,22 @@ def test_testing_knobs_door():
         with testing.knobs(verify_exact_coins=1):
             pass
     assert "sampler_flags" in testing.describe()
+
+
+def test_sampling_params_object():
+    """ops._common.SamplingParams: the one request-parameter object of the Python layer."""
+    from tokenspeed_kernel.ops import _common as C
+    p = C.sampling_params(4, torch.device("cpu"), 7, torch.arange(4), 0.5, None,
+                          torch.tensor([0.9, 1.0, 0.5, 1.0]), None)
+    assert p.seed.dtype == torch.int64 and p.seed.tolist() == [7] * 4
+    assert p.temperature.dtype == torch.float32 and p.top_k is None and p.min_p is None
+    seed, offset, temperature, top_k, top_p, min_p = p          # unpacks like the old tuple
+    assert offset.tolist() == [0, 1, 2, 3]
+    q = p.slice(1, 2)
+    assert q.offset.tolist() == [1, 2] and q.top_p.tolist() == [1.0, 0.5] and q.top_k is None
+    assert set(q.filters()) == {"temperature", "top_k", "top_p", "min_p"}
+    p.check_values()
+    bad = C.sampling_params(2, torch.device("cpu"), 1, 0, 0.5, None, torch.tensor([0.9, 1.5]),
+                            None)
+    with pytest.raises(ValueError, match="top_p"):
+        bad.check_values()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -200,16 +200,44 @@ def copy_outputs(dsts, srcs) -> None:
             dst.copy_(src)
 
 
+class SamplingParams(NamedTuple):
+    """The per-request parameters of sampling / verify, normalized: device tensors of one
+    length n (seed / offset int64, required; temperature / top_p / min_p float32 and top_k int32,
+    or None = not given). The one object the Python layer passes around (``sampling_params``
+    builds it from user arguments); unpacks like the tuple it replaces."""
+    seed: torch.Tensor
+    offset: torch.Tensor
+    temperature: Optional[torch.Tensor]
+    top_k: Optional[torch.Tensor]
+    top_p: Optional[torch.Tensor]
+    min_p: Optional[torch.Tensor]
+
+    def slice(self, start: int, n: int) -> "SamplingParams":
+        """Requests ``start .. start + n - 1`` (views, no copies)."""
+        return SamplingParams(*(None if t is None else t[start:start + n] for t in self))
+
+    def check_values(self) -> None:
+        """Range checks of the values (one host sync); raises naming the first bad argument."""
+        checks = param_range_checks(self.temperature, self.top_p, self.min_p)
+        if checks:
+            raise_failed_checks(checks, torch.stack([c[2] for c in checks]).tolist())
+
+    def filters(self) -> dict:
+        """The given parameters as keyword arguments of ``ops.sample`` / ``ops.verify``."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    min_p=self.min_p)
+
+
 def sampling_params(n: int, device: torch.device, seed, offset, temperature, top_k, top_p,
-                    min_p):
+                    min_p) -> SamplingParams:
     """The per-request sampling parameters shared by sampling and verify, as device tensors
     (seed/offset int64 required; temperature/top_p/min_p float32, top_k int32, or None)."""
-    return (as_param(seed, "seed", n, torch.int64, device, allow_none=False),
-            as_param(offset, "offset", n, torch.int64, device, allow_none=False),
-            as_param(temperature, "temperature", n, torch.float32, device),
-            as_param(top_k, "top_k", n, torch.int32, device),
-            as_param(top_p, "top_p", n, torch.float32, device),
-            as_param(min_p, "min_p", n, torch.float32, device))
+    return SamplingParams(as_param(seed, "seed", n, torch.int64, device, allow_none=False),
+                          as_param(offset, "offset", n, torch.int64, device, allow_none=False),
+                          as_param(temperature, "temperature", n, torch.float32, device),
+                          as_param(top_k, "top_k", n, torch.int32, device),
+                          as_param(top_p, "top_p", n, torch.float32, device),
+                          as_param(min_p, "min_p", n, torch.float32, device))
 
 
 def param_range_checks(temperature, top_p, min_p):

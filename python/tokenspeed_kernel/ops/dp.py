@@ -668,23 +668,17 @@ def dp_sample(comm: DPSamplingComm, logits_shard: torch.Tensor, seed, offset, *,
         C.check(False, "out_dtype", f"must be torch.int64 or torch.int32, got {out_dtype}")
     rows = logits_shard.shape[0]
     dev = logits_shard.device
-    seed, offset, temperature, top_k, top_p, min_p = C.sampling_params(
-        rows, dev, seed, offset, temperature, top_k, top_p, min_p)
+    params = C.sampling_params(rows, dev, seed, offset, temperature, top_k, top_p, min_p)
     if validate and not C.is_tracing() and rows > 0:
-        S._check_values(temperature, top_p, min_p)
+        params.check_values()
     b = select_backend(comm, backend)
     sb = C.pick_backend(sample_backend, dev, "sample")
     per_rank = comm.rows_per_rank(rows)
     view = _swap(comm, logits_shard, per_rank, 0, b)
     start, n = comm.row_range(rows)
-    flags = ((S.F_TEMP if temperature is not None else 0) | (S.F_TOPK if top_k is not None else 0)
-             | (S.F_TOPP if top_p is not None else 0) | (S.F_MINP if min_p is not None else 0)
-             | S._CUDA_TEST_FLAGS)
     if n > 0:
-        tok, valid, lp, plp = S._run(view, _slice(seed, start, n), _slice(offset, start, n),
-                                     _slice(temperature, start, n), _slice(top_k, start, n),
-                                     _slice(top_p, start, n), _slice(min_p, start, n), 1,
-                                     out_dtype, sb, flags, logprobs)
+        tok, valid, lp, plp = S.run_prepared(view, params.slice(start, n), 1, out_dtype, sb,
+                                     S.param_flags(params), logprobs)
     else:
         tok = torch.empty(0, dtype=out_dtype, device=dev)
         valid = torch.empty(0, dtype=torch.bool, device=dev)
@@ -728,8 +722,7 @@ def dp_verify(comm: DPSamplingComm, target_shard: torch.Tensor, draft_token_ids:
                 "(the target and draft views are alive together)")
     b = select_backend(comm, backend)
     dev = target_shard.device
-    seed, offset, temperature, top_k, top_p, min_p = C.sampling_params(
-        bs, dev, seed, offset, temperature, top_k, top_p, min_p)
+    params = C.sampling_params(bs, dev, seed, offset, temperature, top_k, top_p, min_p)
     if num_draft is not None:
         num_draft = C.as_param(num_draft, "num_draft", bs, torch.int64, dev, allow_none=False)
     per_req = comm.rows_per_rank(bs)
@@ -744,11 +737,10 @@ def dp_verify(comm: DPSamplingComm, target_shard: torch.Tensor, draft_token_ids:
     W1 = n_d + 1
     if n > 0:
         fn = Vf.verify_with_logprobs if logprobs else Vf.verify
-        res = fn(tview, draft_token_ids[start:start + n], _slice(seed, start, n),
-                 _slice(offset, start, n), num_draft=_slice(num_draft, start, n),
-                 draft_logits=dview, mode=mode, temperature=_slice(temperature, start, n),
-                 top_k=_slice(top_k, start, n), top_p=_slice(top_p, start, n),
-                 min_p=_slice(min_p, start, n), max_num_draft=n_d, out_dtype=out_dtype,
+        mine = params.slice(start, n)
+        res = fn(tview, draft_token_ids[start:start + n], mine.seed, mine.offset,
+                 num_draft=_slice(num_draft, start, n), draft_logits=dview, mode=mode,
+                 **mine.filters(), max_num_draft=n_d, out_dtype=out_dtype,
                  backend=verify_backend, validate=validate)
         fields = [res.tokens, res.num_accepted, res.valid]
         if logprobs:

@@ -49,6 +49,7 @@ class SampleLogprobsOutput(NamedTuple):
 
 def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request,
              out_dtype, backend, validate, top_k_max):
+    """Checks the arguments; returns (SamplingParams, tokens_per_request, backend, flags)."""
     C.check_logits(logits)
     # (messages are formatted only when a check fails)
     if not (type(tokens_per_request) is int and tokens_per_request >= 1):   # bools refused
@@ -60,39 +61,37 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
     if out_dtype not in (torch.int64, torch.int32):
         C.check(False, "out_dtype", f"must be torch.int64 or torch.int32, got {out_dtype}")
     n = rows // tokens_per_request
-    dev = logits.device
-    seed, offset, temperature, top_k, top_p, min_p = C.sampling_params(
-        n, dev, seed, offset, temperature, top_k, top_p, min_p)
-    backend = C.pick_backend(backend, dev, "sample")
+    params = C.sampling_params(n, logits.device, seed, offset, temperature, top_k, top_p, min_p)
+    backend = C.pick_backend(backend, logits.device, "sample")
     if validate and not C.is_tracing() and n > 0:
-        _check_values(temperature, top_p, min_p)
+        params.check_values()
     if top_k_max is not None:
         C.check_int(top_k_max, "top_k_max", lo=1)
-    flags = ((F_TEMP if temperature is not None else 0) | (F_TOPK if top_k is not None else 0)
-             | (F_TOPP if top_p is not None else 0) | (F_MINP if min_p is not None else 0)
-             | _CUDA_TEST_FLAGS)
-    return seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, backend, flags
+    return params, tokens_per_request, backend, param_flags(params)
 
 
-def _level_test_flags() -> int:
+def param_flags(params: C.SamplingParams) -> int:
+    """The sampler kernel's flag bits of the given parameters (and the testing flags)."""
+    return ((F_TEMP if params.temperature is not None else 0)
+            | (F_TOPK if params.top_k is not None else 0)
+            | (F_TOPP if params.top_p is not None else 0)
+            | (F_MINP if params.min_p is not None else 0)
+            | _CUDA_TEST_FLAGS)
+
+
+def level_test_flags() -> int:
     """The radix levels' testing / A-B flags (the verify family's thresholds; ops/verify.py)."""
     return ((F_NO_LIST if _NO_LEVEL_LIST_FOR_TESTING else 0)
             | (F_NO_EXCL if _NO_LEVEL_EXCL_FOR_TESTING else 0)
             | (F_EXCL_TEST if _LEVEL_EXCL_TEST_FOR_TESTING else 0))
 
 
-def _check_values(temperature, top_p, min_p) -> None:
-    """Range checks of the parameter values, with one host sync."""
-    checks = C.param_range_checks(temperature, top_p, min_p)
-    if checks:
-        vals = torch.stack([c[2] for c in checks]).tolist()
-        C.raise_failed_checks(checks, vals)
-
-
-def _run(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
-         backend, flags, want_logprobs):
+def run_prepared(logits, params: C.SamplingParams, tokens_per_request, out_dtype, backend,
+                 flags, want_logprobs):
+    """Samples with already checked arguments (``_prepare``); (tokens, valid, lp, plp)."""
     rows = logits.shape[0]
     dev = logits.device
+    seed, offset, temperature, top_k, top_p, min_p = params
     if backend == "reference":
         from ..reference import sampling as ref
         tok, valid, lp, plp = ref.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
@@ -158,12 +157,11 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
     ...              top_p=torch.tensor([0.9]))
     >>> out.tokens
     """
-    (seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, backend,
-     flags) = _prepare(
+    params, tokens_per_request, backend, flags = _prepare(
         logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
         backend, validate, top_k_max)
-    tok, valid, _, _ = _run(logits, seed, offset, temperature, top_k, top_p, min_p,
-                            tokens_per_request, out_dtype, backend, flags, False)
+    tok, valid, _, _ = run_prepared(logits, params, tokens_per_request, out_dtype, backend, flags,
+                                    False)
     return SampleOutput(tok, valid)
 
 
@@ -182,12 +180,11 @@ def sample_with_logprobs(logits: torch.Tensor, seed, offset, *, temperature=None
     """
     C.check_logits(logits)
     top_n = C.check_int(top_n, "top_n", 0, logits.shape[-1])
-    (seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, backend,
-     flags) = _prepare(
+    params, tokens_per_request, backend, flags = _prepare(
         logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
         backend, validate, top_k_max)
-    tok, valid, lp, plp = _run(logits, seed, offset, temperature, top_k, top_p, min_p,
-                               tokens_per_request, out_dtype, backend, flags, True)
+    tok, valid, lp, plp = run_prepared(logits, params, tokens_per_request, out_dtype, backend,
+                                       flags, True)
     rows = logits.shape[0]
     if top_n > 0:
         # the total order (value descending, id ascending) through the unique 56-bit key

@@ -211,20 +211,12 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
             bad = ((ids < 0) | (ids >= V)).any()
         if bool(bad):
             C.check(False, "draft_token_ids", f"ids must be in [0, {V})")
-    seed, offset, temperature, top_k, top_p, min_p = C.sampling_params(
-        bs, dev, seed, offset, temperature, top_k, top_p, min_p)
+    params = C.sampling_params(bs, dev, seed, offset, temperature, top_k, top_p, min_p)
     if checks and bs:
-        _check_values(temperature, top_p, min_p)
+        params.check_values()
     backend = C.pick_backend(backend, dev, "verify")
-    return _Plan(tgt, drf, ids.contiguous(), cu.contiguous(), padded, int(max_n), bs, seed,
-                 offset, temperature, top_k, top_p, min_p, mode, backend)
-
-
-def _check_values(temperature, top_p, min_p) -> None:
-    """Range checks, one host sync."""
-    checks = C.param_range_checks(temperature, top_p, min_p)
-    if checks:
-        C.raise_failed_checks(checks, torch.stack([c[2] for c in checks]).tolist())
+    return _Plan(tgt, drf, ids.contiguous(), cu.contiguous(), padded, int(max_n), bs, *params,
+                 mode, backend)
 
 
 def _to_ragged(plan: _Plan):
@@ -307,7 +299,7 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
         flags |= F_EXACT_RESIDUAL
     if _BISECT_THRESHOLDS_FOR_TESTING:
         flags |= F_BISECT_THRESHOLDS
-    flags |= _sampling._level_test_flags()
+    flags |= _sampling.level_test_flags()
     if plan.mode == "strict":
         req, pos = _strict_rows(plan)
 
