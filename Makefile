@@ -5,7 +5,7 @@ HAS_GPU = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))"
 MAX_JOBS ?= $(shell nproc)
 export MAX_JOBS
 
-.PHONY: build test test-gpu bench cmake-build clean
+.PHONY: build test test-gpu bench cmake-build clean lint
 
 # Incremental: an editable pure-Python install once, then the extension compiled in place by ninja
 # in build/ (only changed sources recompile; nothing at all when the .so is newer than csrc/).
@@ -44,3 +44,11 @@ cmake-build:
 
 clean:
 	rm -rf build cmake-build python/tokenspeed_kernel/_C*.so *.egg-info python/*.egg-info
+
+# ruff (pyproject.toml [tool.ruff]: pyflakes + pycodestyle errors); installed from the package
+# registry when missing. Says so, and does not fail, when it cannot be installed.
+lint:
+	@if ! $(PY) -m ruff --version >/dev/null 2>&1; then $(PY) -m pip install -q ruff >/dev/null 2>&1 || true; fi
+	@if $(PY) -m ruff --version >/dev/null 2>&1; then \
+		$(PY) -m ruff check python tests tools bench examples && echo "[lint] ruff: clean"; \
+	else echo "[lint] ruff could not be installed here: lint SKIPPED"; fi

@@ -696,7 +696,6 @@ def test_wrong_max_num_draft_never_writes_outside_outputs(mode):
     tgt, cu = prob["target_logits"], prob["cu_num_draft"]
     ids = prob["draft_token_ids"].to(torch.int64)
     seed, off = prob["seed"], prob["offset"]
-    T = torch.full((bs,), 0.9, device=dev)
     if mode == "strict":
         rows = tgt.shape[0]
         req = torch.repeat_interleave(torch.arange(bs, device=dev), cu[1:] - cu[:-1] + 1)
