@@ -1191,7 +1191,7 @@ def test_flag_bits_match_cuda_headers():
     for name in ("F_TEMP", "F_TOPK", "F_TOPP", "F_MINP", "F_LOGPROBS", "F_NO_LIST", "F_NO_EXCL",
                  "F_EXCL_TEST"):
         assert levels[name] == getattr(S, name), name
-    verify = enum_values("csrc/verify/verify.cuh", "kPadded")
+    verify = enum_values("csrc/verify/params.cuh", "kPadded")
     for cname, pname in (("kPadded", "F_PADDED"), ("kNgram", "F_NGRAM"),
                          ("kLogprobs", "F_LOGPROBS"), ("kExactCoins", "F_EXACT_COINS"),
                          ("kExactResidual", "F_EXACT_RESIDUAL"),

@@ -1,5 +1,5 @@
 """Measure the two accuracy facts the CUDA verify kernel's coin margin relies on
-(csrc/verify/verify.cuh, coin_margin):
+(csrc/verify/online.cuh, coin_margin):
 
 * soft_exp_neg(y) vs exp(y): max relative error over every float32 y in [-27, -2^-24]
   (CPU, ~20 s; the margin budgets 2^-23);

@@ -6,7 +6,7 @@
     python bench/lab/tools/verify_sweep.py pick  bs,n,V,dtype ...   # the launcher's own picks only
 
 Forces the sizes through the launcher's tuning hook (TOKENSPEED_VERIFY_TUNING, TS_VERIFY_CS,
-TS_VERIFY_FS; see tuning_enabled() in csrc/verify/verify.cuh) and prints CSV, one line per
+TS_VERIFY_FS; see tuning_enabled() in csrc/verify/launch.cuh) and prints CSV, one line per
 (shape, size): the device time of each kernel of one call (torch.profiler, mean of 6 calls after
 2 warm-up calls, back to back), and whether the tokens equal those of the first size (they must:
 the sizes never change a token)."""
