@@ -618,6 +618,30 @@ def _search(row_ptr, V, zmax, inv_t, floor_key, lo, hi, target, MASS: tl.constex
 
 
 @triton.jit
+def _gumbel_tile(start, offs, y, kept, seed, offset, bar, tok, best, BLOCK: tl.constexpr,
+                 FAST: tl.constexpr):
+    """Exact Gumbel-max of one tile's kept tokens (y: their processed logits), folded into the
+    running (tok, best); tiles come in increasing id order, so a tie keeps the earlier token.
+    ``bar`` <= the final winner's score prunes: fl(y + G) <= y + 16.7 for every G of the grid,
+    so a tile whose kept max y is below bar - 16.7 skips Philox, and in the exact frame (|y|,
+    |bar| small) a token with u < exp(-exp(y - bar + 0.01)) - 2^-19 has fl(y + G) < bar
+    (PLAIN's test with a tiny slack), so a tile where every kept token fails that skips G."""
+    ymax = tl.max(tl.where(kept, y, NEG_INF), axis=0)
+    if ymax + G_MAX_PAD >= bar:
+        bits = _philox_tile(start, seed, offset, BLOCK)
+        th = _ex2(_ex2((y - (bar - 0.01)) * LOG2E, FAST) * (-LOG2E), FAST)
+        need = kept & (P.uniform_from_bits(bits) + PRUNE_DELTA >= th)
+        if tl.max(need.to(tl.int32), axis=0) > 0:
+            sc = tl.where(kept, y + P.gumbel_from_bits(bits), NEG_INF)
+            bm = tl.max(sc, axis=0)
+            bi = tl.min(tl.where(kept & (sc == bm), offs, BIG_ID), axis=0)
+            if bm > best:
+                tok = bi
+                best = bm
+    return tok, best
+
+
+@triton.jit
 def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, offset,
                HAS_K: tl.constexpr, HAS_P: tl.constexpr, BLOCK: tl.constexpr,
                NTHR: tl.constexpr, NSTAGE: tl.constexpr, FAST: tl.constexpr):
@@ -650,21 +674,8 @@ def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, 
         y = P.centered(z, zmax, inv_t)
         kept = m & (key >= thr) & (y >= lmin)
         ksum += tl.sum(tl.where(kept, tl.exp(y), 0.0), axis=0)
-        ymax = tl.max(tl.where(kept, y, NEG_INF), axis=0)
-        # fl(y + G) <= y + 16.7 for every G of the grid: a tile below best cannot win
-        if ymax + G_MAX_PAD >= best:
-            bits = _philox_tile(start, seed, offset, BLOCK)
-            # exact frame (|y|, |best| small): a token with u < exp(-exp(y - best + 0.01))
-            # - 2^-19 has fl(y + G) < best (PLAIN's test with a tiny slack)
-            th = _ex2(_ex2((y - (best - 0.01)) * LOG2E, FAST) * (-LOG2E), FAST)
-            need = kept & (P.uniform_from_bits(bits) + PRUNE_DELTA >= th)
-            if tl.max(need.to(tl.int32), axis=0) > 0:
-                sc = tl.where(kept, y + P.gumbel_from_bits(bits), NEG_INF)
-                bm = tl.max(sc, axis=0)
-                bi = tl.min(tl.where(kept & (sc == bm), offs, BIG_ID), axis=0)
-                if bm > best:
-                    tok = bi
-                    best = bm
+        tok, best = _gumbel_tile(start, offs, y, kept, seed, offset, best, tok, best, BLOCK,
+                                 FAST)
     return tok, ksum
 
 
@@ -731,21 +742,8 @@ def _ext_collect(row_ptr, V, zmax, inv_t, lastP, t_lo, t_hi, lmin, seed, offset,
         up = fin & (key >= t_hi) & (y >= lmin)
         if WANT_LP:
             ksum += tl.sum(tl.where(up, tl.exp(y), 0.0), axis=0)
-        ymax = tl.max(tl.where(up, y, NEG_INF), axis=0)
-        bar_t = tl.maximum(bar, best)
-        if ymax + G_MAX_PAD >= bar_t:
-            bits = _philox_tile(start, seed, offset, BLOCK)
-            # tokens with u < exp(-exp(y - bar_t + 0.01)) - 2^-19 score < bar_t: they can
-            # neither win nor tie (``_exact_row``)
-            th = _ex2(_ex2((y - (bar_t - 0.01)) * LOG2E, FAST) * (-LOG2E), FAST)
-            need = up & (P.uniform_from_bits(bits) + PRUNE_DELTA >= th)
-            if tl.max(need.to(tl.int32), axis=0) > 0:
-                sc = tl.where(up, y + P.gumbel_from_bits(bits), NEG_INF)
-                bm = tl.max(sc, axis=0)
-                bi = tl.min(tl.where(up & (sc == bm), offs, BIG_ID), axis=0)
-                if bm > best:   # tiles in increasing id order: ties keep the earlier one
-                    tok = bi
-                    best = bm
+        tok, best = _gumbel_tile(start, offs, y, up, seed, offset, tl.maximum(bar, best), tok,
+                                 best, BLOCK, FAST)
     return tok, best, ksum, n
 
 
