@@ -190,6 +190,26 @@ def test_cuda_huge_magnitudes(B, flags, V):
     _check(logits.to(DEVICE), kw, FLAGS[flags])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_split_launch_near_ties(dtype):
+    """The split launch's float32 pruning and gap test on rows built for near ties: few distinct
+    logit values (many tokens share the max), T from 0.05 to 3, a row at |z t| = 2^14 (the gap
+    test's limit) and one above it. Every token must be the reference's, for many seeds."""
+    skip_unless_backend("cuda")
+    g = _gen(21)
+    B, V = 6, 151936
+    z = torch.randint(0, 4, (B, V), generator=g).float() * 0.5
+    z[4] += 8190.0             # |zmax t| just below 2^14 at T = 0.5
+    z[5] += 65536.0            # beyond: the exact pass
+    T = torch.tensor([0.05, 0.3, 1.0, 3.0, 0.5, 0.5])
+    zz, TT = z.to(dtype).to(DEVICE), T.to(DEVICE)
+    for rep in range(4):
+        seed, offset = _seeds(B, 100 + rep)
+        want = ref.sample(zz, seed, offset, TT, None, None, None, 1)[0]
+        got = ops.sample(zz, seed, offset, temperature=TT, backend="cuda").tokens
+        assert torch.equal(got.cpu(), want.cpu()), (rep, got, want)
+
+
 def test_cuda_special_rows():
     """NaN / +inf rows are invalid, -inf entries are never drawn, V = 1, unaligned rows (a
     sliced tensor: scalar loads), tokens_per_request > 1, greedy rows mixed in."""

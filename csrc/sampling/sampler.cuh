@@ -1455,19 +1455,91 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
 // ------------------------------------------------------------------------------------------
 // split launch (small batches of temperature / greedy rows; see launch_split)
 // ------------------------------------------------------------------------------------------
-// Phase 1: CTA (row, c) of p.split per row summarises its chunk as a cluster CTA's pass 1 does
-// for PLAIN / greedy rows (max and lowest id, NaN / +inf flag, log-sum-exp parts, the streamed
-// approximate top-2) and writes the summary to p.ws. Kernels of their own, not modes of
-// sample_kernel: as modes of sample_kernel the two phases took 8.5 us for greedy at B = 1 on an
-// H100, as these kernels 7.0 us, a minimal two-kernel greedy 4.3 us (docs/PERF_LOG.md).
+// Phase 1 (split1_kernel, kSplitThreads threads): CTA (row, c) of p.split per row reads its
+// chunk once and writes a SplitSum to p.ws: max raw logit and its lowest id, the NaN / +inf
+// flag, log-sum-exp parts relative to the chunk max (logprobs), and for temperature rows the
+// best approximate score h = fl32(fl32(z * t) + G) with its id and a bound on every other score
+// of the chunk. Float32 throughout: the same pruning test and gap test as the Triton sampler's
+// PLAIN rows (python/tokenspeed_kernel/triton/sampling.py, "Bound"), whose proof needs only that
+// `beta` is the h of some token of the row (here the thread's running best):
+//   an element is evaluated when u + 2^-19 >= exp2(-exp2(z t log2e - (beta - 0.03) log2e) log2e)
+//   (flush-to-zero hardware exp2); a skipped element has h < beta - 0.02, so a thread that
+//   skipped reports max(second best, best - 0.02) as its second best.
+// Phase 2 (split2_kernel, one kThreads CTA per row, programmatic dependent launch): one warp
+// merges the row's summaries; greedy rows take the max; temperature rows take the best h's token
+// when A = |fl32(zmax t)| <= 2^14 and h_best - h_second > (A + 256) 2^-21; otherwise (near ties,
+// huge |z t|, t = +inf, F_FORCE_EXACT) the whole CTA runs the exact pass over the row.
+// Lean on purpose: at B = 1 the call is latency-bound (each warp's serial instruction chain and
+// a cold instruction cache), so phase 1 uses small CTAs, one read and float32 scores.
+constexpr int kSplitThreads = 256;
+constexpr int kSplitWarps = kSplitThreads / 32;
+constexpr float kPruneC = 0.03f, kPruneMargin = 0.02f, kPruneDelta = 1.9073486328125e-06f;  // 2^-19
+constexpr float kGapAMax = 16384.0f, kGapAPad = 256.0f, kGapScale = 4.76837158203125e-07f;  // 2^-21
+
+struct SplitSum {
+  float zmax;     // max raw logit of the chunk (-inf: none)
+  int zid;        // its lowest id
+  float h1;       // best approximate score (temperature rows)
+  int i1;         // its id
+  float h2;       // >= every other score of the chunk (second best, or the skip bound)
+  float z1;       // raw logit of the best
+  float ls, ps;   // sum exp(z - zmax), sum exp((z - zmax) t)   (logprobs)
+  unsigned bad;   // a NaN or +inf was seen
+  unsigned pad;
+};
+
+__device__ __forceinline__ SplitSum split_empty() {
+  SplitSum u;
+  u.zmax = -INFINITY; u.zid = 0x7fffffff; u.h1 = -INFINITY; u.i1 = 0x7fffffff; u.h2 = -INFINITY;
+  u.z1 = -INFINITY; u.ls = 0.0f; u.ps = 0.0f; u.bad = 0; u.pad = 0;
+  return u;
+}
+
+// sum exp((m1 - m) * scale) with m = max(m1, m2) >= m1; 1 when m1 == m (also for scale = inf)
+__device__ __forceinline__ float lse_factor(float m1, float m, float scale) {
+  return m1 == m ? 1.0f : (m1 > -INFINITY ? __expf((m1 - m) * scale) : 0.0f);
+}
+
+// u <- u merged with v (order-free but for the float sums; ties: lowest id)
+__device__ __forceinline__ void split_merge(SplitSum& u, const SplitSum& v, bool lp, float inv_t) {
+  if (lp) {
+    const float m = fmaxf(u.zmax, v.zmax);
+    if (m > -INFINITY) {
+      u.ls = u.ls * lse_factor(u.zmax, m, 1.0f) + v.ls * lse_factor(v.zmax, m, 1.0f);
+      u.ps = u.ps * lse_factor(u.zmax, m, inv_t) + v.ps * lse_factor(v.zmax, m, inv_t);
+    }
+  }
+  if (v.zmax > u.zmax || (v.zmax == u.zmax && v.zid < u.zid)) { u.zmax = v.zmax; u.zid = v.zid; }
+  u.bad |= v.bad;
+  if (v.h1 > u.h1 || (v.h1 == u.h1 && v.i1 < u.i1)) {
+    u.h2 = fmaxf(u.h1, v.h2); u.h1 = v.h1; u.i1 = v.i1; u.z1 = v.z1;
+  } else {
+    u.h2 = fmaxf(u.h2, v.h1);
+  }
+}
+
+__device__ __forceinline__ SplitSum split_shfl(const SplitSum& u, int o) {
+  SplitSum v;
+  v.zmax = shfl_x(u.zmax, o); v.zid = shfl_x(u.zid, o); v.h1 = shfl_x(u.h1, o);
+  v.i1 = shfl_x(u.i1, o); v.h2 = shfl_x(u.h2, o); v.z1 = shfl_x(u.z1, o);
+  v.ls = shfl_x(u.ls, o); v.ps = shfl_x(u.ps, o); v.bad = shfl_x(u.bad, o); v.pad = 0;
+  return v;
+}
+
+__device__ __forceinline__ void split_warp_merge(SplitSum& u, bool lp, float inv_t) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) split_merge(u, split_shfl(u, o), lp, inv_t);
+}
+
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) split1_kernel(const Params p) {
+__global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   // phase 2 (launched with PDL) may be scheduled now; it waits for this grid's completion
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   constexpr int VEC = VecOf<T>::n;
-  __shared__ Smem s;
+  constexpr int U = 4;   // vectors in flight per thread
+  __shared__ SplitSum red[kSplitWarps];
   const int S = p.split;
   const int row = int(blockIdx.x) / S;
   const int c0 = (int(blockIdx.x) % S) * p.chunk;
@@ -1476,7 +1548,6 @@ __global__ void __launch_bounds__(kThreads, 1) split1_kernel(const Params p) {
   const float t = (p.flags & F_TEMP) ? p.temperature[q] : 1.0f;
   const bool greedy = !(t > 0.0f);
   const float inv_t = inv_temperature(t);
-  const double inv_t_d = double(inv_t);
   const bool lp = p.flags & F_LOGPROBS;
   const bool stream = !greedy && !(p.flags & F_FORCE_EXACT);
   uint64_t seed = 0, offset = 0;
@@ -1486,65 +1557,105 @@ __global__ void __launch_bounds__(kThreads, 1) split1_kernel(const Params p) {
   }
   const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
-  if (threadIdx.x == 0) s.bar_key = key32(-INFINITY);
-  __syncthreads();
-  float zm = -INFINITY;
-  int zi = 0x7fffffff;
-  unsigned bad = 0;
+  const float c1f = fmul(inv_t, kLog2e);
+  SplitSum me = split_empty();
   Lse raw, proc;
-  PlainAcc pa;
-  for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false,
-                  [&](int i, const float (&z)[VEC]) {
+  bool pruned = false;
+  const int nvec = (c1 - c0 + VEC - 1) / VEC;
+  for (int v0 = threadIdx.x; v0 < nvec; v0 += kSplitThreads * U) {
+    uint4 buf[U];
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) {
-                      if (z[j] > zm) { zm = z[j]; zi = i + j; }
-                      bad |= z[j] < INFINITY ? 0u : 1u;
-                    }
-                    if (lp) {
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * kSplitThreads;
+      const int i = c0 + v * VEC;
+      buf[u] = make_uint4(0, 0, 0, 0);
+      if (v < nvec) {
+        if (aligned && i + VEC <= c1) {
+          buf[u] = ldg_stream(reinterpret_cast<const uint4*>(rowp + i));
+        } else {
+          T* e = reinterpret_cast<T*>(&buf[u]);
 #pragma unroll
-                      for (int j = 0; j < VEC; ++j) {
-                        raw.add(z[j], 1.0f);
-                        if (!greedy) proc.add(z[j], inv_t);
-                      }
-                    }
-                  });
-  block_argmax(zm, zi, s);
-  // Streamed rows: a chunk of a few vectors per thread leaves the filter without a bar for most
-  // of its elements (every one would pay the exact noise), so the bar comes first: bar0 = the
-  // CTA max token's approximate score less a margin, then a second read of the chunk (from L2)
-  // evaluates only the elements that may reach bar0. Every skipped element has h < bar0, so the
-  // summary's h2 is raised to bar0 (h2 bounds every score but the best's, as the gap test needs).
-  float bar0 = -INFINITY;
-  if (stream) {
-    const double hm = approx_score(zm, philox_word(seed, offset, uint32_t(zi), kStreamSample),
-                                   inv_t_d);
-    if (hm > -INFINITY && hm < INFINITY) bar0 = __double2float_rd(hm - (1e-3 + 1e-9 * fabs(hm)));
-    if (threadIdx.x == 0) s.bar_key = key32(bar0);
-    __syncthreads();
-    for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false,
-                    [&](int i, const float (&z)[VEC]) {
-                      plain_vec<VEC>(pa, s, i, z, inv_t, inv_t_d, seed, offset);
-                    });
+          for (int j = 0; j < VEC; ++j)
+            if (i + j < c1) e[j] = rowp[i + j];
+        }
+      }
+    }
+#pragma unroll 1
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * kSplitThreads;
+      if (v >= nvec) break;
+      const int i = c0 + v * VEC;
+      float z[VEC];
+      unpack<T>(buf[0], z);
+#pragma unroll
+      for (int q2 = 0; q2 + 1 < U; ++q2) buf[q2] = buf[q2 + 1];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (i + j >= c1) z[j] = -INFINITY;
+        if (z[j] > me.zmax) { me.zmax = z[j]; me.zid = i + j; }
+        me.bad |= z[j] < INFINITY ? 0u : 1u;
+      }
+      if (lp) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          raw.add(z[j], 1.0f);
+          if (!greedy) proc.add(z[j], inv_t);
+        }
+      }
+      if (stream) {
+        // every element of the vector is tested against the same beta (the thread's best h
+        // before this vector): independent tests, then the updates
+        const float bterm = fmul(fsub(me.h1, kPruneC), kLog2e);
+        uint32_t w[VEC];
+        unsigned need = 0;
+#pragma unroll
+        for (int g = 0; g < VEC / 4; ++g) {
+          const Philox4 r = philox_block(seed, offset, uint32_t(i + 4 * g) >> 2, kStreamSample);
+          w[4 * g] = r.x; w[4 * g + 1] = r.y; w[4 * g + 2] = r.z; w[4 * g + 3] = r.w;
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float x = z[j];
+          const float th = ex2approx(fmul(ex2approx(fsub(fmul(x, c1f), bterm)), -kLog2e));
+          if (x > -INFINITY) {
+            if (fadd(uniform_from_bits(w[j]), kPruneDelta) >= th) need |= 1u << j;
+            else pruned = true;
+          }
+        }
+        if (need) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            if ((need >> j) & 1u) {
+              const float h = fadd(fmul(z[j], inv_t), gumbel_from_bits(w[j]));
+              if (h > me.h1) { me.h2 = me.h1; me.h1 = h; me.i1 = i + j; me.z1 = z[j]; }
+              else { me.h2 = fmaxf(me.h2, h); }
+            }
+          }
+        }
+      }
+    }
   }
-  bad = block_sum_int(int(bad), s) ? 1u : 0u;
+  if (pruned) me.h2 = fmaxf(me.h2, fsub(me.h1, kPruneMargin));
   if (lp) {
-    raw = block_lse(raw, 1.0f, s, 0);
-    if (!greedy) proc = block_lse(proc, inv_t, s, 1);
+    me.ls = raw.m == me.zmax ? raw.s : 0.0f;
+    me.ps = proc.m == me.zmax ? proc.s : 0.0f;
   }
-  Summary mine = summ_empty();
-  mine.zmax = zm; mine.zid = zi; mine.bad = bad;
-  mine.lm = raw.m; mine.ls = raw.s; mine.pm = proc.m; mine.ps = proc.s;
-  if (stream) {
-    block_top2(pa, s, mine);
-    mine.h2 = fmax(mine.h2, double(bar0));
+  split_warp_merge(me, lp, inv_t);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = me;
+  __syncthreads();
+  if (warp == 0) {
+    SplitSum u = lane < kSplitWarps ? red[lane] : split_empty();
+#pragma unroll
+    for (int o = kSplitWarps / 2; o; o >>= 1) split_merge(u, split_shfl(u, o), lp, inv_t);
+    if (lane == 0) static_cast<SplitSum*>(p.ws)[blockIdx.x] = u;
   }
-  if (threadIdx.x == 0) static_cast<Summary*>(p.ws)[blockIdx.x] = mine;
 }
 
-// Phase 2: one CTA per row merges the row's p.split summaries and finishes the row as the
-// cluster launch's rank 0 does: invalid row, greedy, the gap test, or (when it fails, or with
-// F_FORCE_EXACT) the exact pass over the whole row. Launched with PDL: the row's parameters are
-// read before griddepcontrol.wait (written before phase 1 started), the summaries after it.
+// Phase 2: one CTA per row; warp 0 merges the row's p.split summaries and decides (invalid row,
+// greedy, the gap test); when that fails, or with F_FORCE_EXACT, the whole CTA runs the exact
+// pass over the row. Launched with PDL: the row's parameters are read before
+// griddepcontrol.wait (written before phase 1 started), the summaries after it.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
   __shared__ Smem s;
@@ -1556,30 +1667,42 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+  // thread j loads summary j (S <= kSplitMax < kThreads: one latency), then a block merge
+  __shared__ SplitSum red[kWarps];
+  {
+    const SplitSum* ws = static_cast<const SplitSum*>(p.ws) + int64_t(row) * S;
+    SplitSum u = split_empty();
+    for (int j = threadIdx.x; j < S; j += kThreads) split_merge(u, ws[j], lp, r.inv_t);
+    if (threadIdx.x < ((S + 31) & ~31)) {   // warps past the summaries hold nothing
+      split_warp_merge(u, lp, r.inv_t);
+      if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = u;
+    }
+  }
+  __syncthreads();
   if (threadIdx.x < 32) {
-    Summary u = summ_empty();
-    const Summary* ws = static_cast<const Summary*>(p.ws) + int64_t(row) * S;
-    for (int j = threadIdx.x; j < S; j += 32) summ_merge(u, ws[j], lp, r.inv_t);
-    warp_summ_merge(u, lp, r.inv_t);
+    SplitSum u = threadIdx.x < (S + 31) / 32 ? red[threadIdx.x] : split_empty();
+    split_warp_merge(u, lp, r.inv_t);
     if (threadIdx.x == 0) {
       const bool ok = !u.bad && u.zmax > -INFINITY;
-      auto raw_lp = [&](int tok) -> float {
-        return lp ? (to_f(rowp[tok]) - u.lm) - logf(u.ls) : 0.0f;
-      };
       unsigned done = 1;
       if (!ok) {
         write_row(p, row, 0, false, 0.0f, 0.0f);
       } else if (r.mode == kGreedy) {
-        write_row(p, row, u.zid, true, raw_lp(u.zid), 0.0f);
-      } else if (!(p.flags & F_FORCE_EXACT) &&
-                 plain_gap_ok(u.h1, u.h2, u.z1, u.zmax, r.inv_t)) {
-        // sum exp(y) = sum exp((z - pm) / T) * exp((pm - zmax) / T), pm == zmax
-        write_row(p, row, u.w1, true, raw_lp(u.w1),
-                  lp ? centered(u.z1, u.zmax, r.inv_t) - logf(u.ps) : 0.0f);
+        // raw logprob of the max token: (zmax - zmax) - ln(sum exp(z - zmax))
+        write_row(p, row, u.zid, true, lp ? -logf(u.ls) : 0.0f, 0.0f);
       } else {
-        done = 0;
+        const float A = fabsf(fmul(u.zmax, r.inv_t));
+        if (!(p.flags & F_FORCE_EXACT) && A <= kGapAMax &&
+            fsub(u.h1, u.h2) > fmul(fadd(A, kGapAPad), kGapScale)) {
+          write_row(p, row, u.i1, true, lp ? fsub(u.z1, u.zmax) - logf(u.ls) : 0.0f,
+                    lp ? centered(u.z1, u.zmax, r.inv_t) - logf(u.ps) : 0.0f);
+        } else {
+          done = 0;
+        }
       }
-      s.row = u;
+      s.row.zmax = u.zmax;
+      s.row.zid = u.zid;
+      s.row.ls = u.ls;
       s.counter = done;
     }
   }
@@ -1589,14 +1712,14 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
   const float zmax = s.row.zmax;
   const int zid = s.row.zid;
-  const float lm = s.row.lm, ls = s.row.ls;
+  const float ls = s.row.ls;
   if (p.stats && threadIdx.x == 0) atomicAdd(&p.stats[0], 1u);
   int tok = 0;
   float ps = 0.0f;
   exact_pass<T>(p, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, 0ull, tok, ps);
   if (threadIdx.x == 0) {
     const float zt = to_f(rowp[tok]);
-    write_row(p, row, tok, true, lp ? (zt - lm) - logf(ls) : 0.0f,
+    write_row(p, row, tok, true, lp ? (zt - zmax) - logf(ls) : 0.0f,
               centered(zt, zmax, r.inv_t) - logf(ps));
   }
 }
@@ -1669,15 +1792,16 @@ inline int active_clusters(Kernel kernel, int cs, size_t smem) {
 }
 
 // Split launch (small batches of temperature / greedy rows): phase 1 spreads each row over S
-// plain CTAs (no cluster), which write their summaries to a workspace; phase 2 (one CTA per row,
+// small CTAs (no cluster), which write their summaries to a workspace; phase 2 (one CTA per row,
 // launched with programmatic dependent launch so that its launch overlaps phase 1) merges them
 // and finishes the row: the gap test, or the exact pass over the whole row when it fails. It
 // replaces the cluster launch, whose row gets at most 16 SMs, when B <= SMs / 4 and no filter
-// (top-k / top-p / min-p) tensor is given. split_ctas() is S (0: no split launch); the caller
-// provides p.ws, sizeof(Summary) * rows * S bytes, ordered on `stream` (one per call: nothing
-// persists between calls, so concurrent calls on other streams cannot interfere).
-constexpr int kSplitMinChunk = 2048;   // elements per phase-1 CTA, at least
-constexpr int kSplitMax = 64;          // phase-1 CTAs per row, at most
+// (top-k / top-p / min-p) tensor is given. split_ctas() is S (0: no split launch): one vector per
+// thread at least, at most kSplitCtasPerSm CTAs per SM in all. The caller provides p.ws,
+// split_ws_bytes() bytes, ordered on `stream` (one per call: nothing persists between calls, so
+// concurrent calls on other streams cannot interfere).
+constexpr int kSplitCtasPerSm = 4;     // phase-1 CTAs per SM, at most (all rows together)
+constexpr int kSplitMax = 256;         // phase-1 CTAs per row, at most
 template <typename T>
 int split_ctas(const Params& p) {
   if (p.rows == 0 || (p.flags & (F_TOPK | F_TOPP | F_MINP | F_FORCE_GENERIC | F_NO_SPLIT)) ||
@@ -1685,13 +1809,13 @@ int split_ctas(const Params& p) {
     return 0;
   const DeviceInfo d = device_info(sample_kernel<T, false>);
   if (!d.pdl || int64_t(p.rows) * 4 > d.sms) return 0;
-  int S = d.sms / p.rows;
+  int S = d.sms * kSplitCtasPerSm / p.rows;
   S = S < kSplitMax ? S : kSplitMax;
-  const int by_vocab = p.vocab / kSplitMinChunk;
+  const int by_vocab = p.vocab / (kSplitThreads * VecOf<T>::n);
   S = S < by_vocab ? S : by_vocab;
   return S >= 2 ? S : 0;
 }
-inline size_t split_ws_bytes(const Params& p, int S) { return sizeof(Summary) * size_t(p.rows) * S; }
+inline size_t split_ws_bytes(const Params& p, int S) { return sizeof(SplitSum) * size_t(p.rows) * S; }
 
 template <typename T>
 cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
@@ -1702,7 +1826,7 @@ cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
   p.chunk = int(((int64_t(p.vocab) + S - 1) / S + 7) / 8 * 8);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(int64_t(p.rows) * S), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.blockDim = dim3(kSplitThreads, 1, 1);
   cfg.stream = stream;
   cudaError_t err = cudaLaunchKernelEx(&cfg, split1_kernel<T>, p);
   if (err != cudaSuccess) return err;
@@ -1710,6 +1834,7 @@ cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.gridDim = dim3(unsigned(p.rows), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, split2_kernel<T>, p);
