@@ -5,7 +5,7 @@ HAS_GPU = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))"
 MAX_JOBS ?= $(shell nproc)
 export MAX_JOBS
 
-.PHONY: build test test-gpu bench cmake-build clean lint
+.PHONY: build test test-gpu bench cmake-build clean lint format format-check
 
 # Incremental: an editable pure-Python install once, then the extension compiled in place by ninja
 # in build/ (only changed sources recompile; nothing at all when the .so is newer than csrc/).
@@ -45,10 +45,28 @@ cmake-build:
 clean:
 	rm -rf build cmake-build python/tokenspeed_kernel/_C*.so *.egg-info python/*.egg-info
 
-# ruff (pyproject.toml [tool.ruff]: pyflakes + pycodestyle errors); installed from the package
-# registry when missing. Says so, and does not fail, when it cannot be installed.
+# ruff (pyproject.toml [tool.ruff]: pyflakes + pycodestyle errors) and clang-format (.clang-format:
+# csrc/ must be formatted; `make format` applies it); each installed from the package registry when
+# missing. Says so, and does not fail, when one cannot be installed.
+CSRC_FILES = $(shell find csrc -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp')
 lint:
 	@if ! $(PY) -m ruff --version >/dev/null 2>&1; then $(PY) -m pip install -q ruff >/dev/null 2>&1 || true; fi
 	@if $(PY) -m ruff --version >/dev/null 2>&1; then \
 		$(PY) -m ruff check python tests tools bench examples && echo "[lint] ruff: clean"; \
 	else echo "[lint] ruff could not be installed here: lint SKIPPED"; fi
+	@$(MAKE) --no-print-directory format-check
+
+# one pinned version: another clang-format version may lay the same code out differently
+CLANG_FORMAT_VERSION = 23.1.5
+CLANG_FORMAT = $(dir $(PY))clang-format
+format-check:
+	@if ! $(CLANG_FORMAT) --version 2>/dev/null | grep -q ' $(CLANG_FORMAT_VERSION)'; then \
+		$(PY) -m pip install -q 'clang-format==$(CLANG_FORMAT_VERSION)' >/dev/null 2>&1 || true; fi
+	@if $(CLANG_FORMAT) --version 2>/dev/null | grep -q ' $(CLANG_FORMAT_VERSION)'; then \
+		$(CLANG_FORMAT) --dry-run --Werror $(CSRC_FILES) && echo "[lint] clang-format: clean"; \
+	else echo "[lint] clang-format $(CLANG_FORMAT_VERSION) could not be installed here: format check SKIPPED"; fi
+
+format:
+	@$(CLANG_FORMAT) --version 2>/dev/null | grep -q ' $(CLANG_FORMAT_VERSION)' || \
+		$(PY) -m pip install -q 'clang-format==$(CLANG_FORMAT_VERSION)'
+	$(CLANG_FORMAT) -i $(CSRC_FILES)

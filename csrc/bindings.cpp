@@ -1,5 +1,6 @@
-// The one TORCH_LIBRARY of tokenspeed_kernel: every schema is written here, by hand.
-// Kernels live in csrc/<family>/*_ops.cu (torch adapters) over torch-free *.cuh kernels.
+// The one TORCH_LIBRARY of tokenspeed_kernel. Each op family defines its schemas and registers
+// its CUDA kernels in csrc/<family>/*_ops.cu (define_ops / impl_cuda: the schemas' one source;
+// the tests read them from there), torch adapters over torch-free *.cuh kernels.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -9,10 +10,7 @@
 
 TORCH_LIBRARY(tokenspeed_kernel, m) {
   // ---- sampling (csrc/sampling) ----
-  m.def(
-      "sample(Tensor logits, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
-      "Tensor seed, Tensor offset, int tokens_per_request, int flags, Tensor(a!) tokens, "
-      "Tensor(b!) valid, Tensor(c!)? logprobs, Tensor(d!)? processed_logprobs) -> ()");
+  tokenspeed_kernel::sampling::define_ops(m);
   // ---- verify (csrc/verify) ----
   tokenspeed_kernel::verify::define_ops(m);
   // ---- comm (csrc/comm) ----
@@ -21,7 +19,7 @@ TORCH_LIBRARY(tokenspeed_kernel, m) {
 }
 
 TORCH_LIBRARY_IMPL(tokenspeed_kernel, CUDA, m) {
-  m.impl("sample", &tokenspeed_kernel::sampling::sample);
+  tokenspeed_kernel::sampling::impl_cuda(m);
   tokenspeed_kernel::verify::impl_cuda(m);
   tokenspeed_kernel::comm::impl_cuda(m);
   tokenspeed_kernel::comm::impl_dp_cuda(m);

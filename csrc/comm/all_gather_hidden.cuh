@@ -44,10 +44,10 @@ namespace tokenspeed_kernel::comm {
 constexpr int kAgMaxRanks = 16;    // flag slots per block; the widest supported world
 constexpr int kAgMaxBlocks = 256;  // flag slots per rank; grid size cap
 constexpr int kAgThreads = 512;
-constexpr int kAgUnroll = 4;       // 16-byte vectors in flight per thread
+constexpr int kAgUnroll = 4;  // 16-byte vectors in flight per thread
 constexpr int64_t kAgReadyOffset = int64_t(kAgMaxBlocks) * kAgMaxRanks;  // in uint64 words
-constexpr int64_t kAgTritonOffset = 2 * kAgReadyOffset;                   // Triton data flags
-constexpr int64_t kAgFlagBytes = 3 * kAgReadyOffset * 8;                  // 96 KiB
+constexpr int64_t kAgTritonOffset = 2 * kAgReadyOffset;                  // Triton data flags
+constexpr int64_t kAgFlagBytes = 3 * kAgReadyOffset * 8;                 // 96 KiB
 // Data flag values (CUDA kernels): (epoch << kAgRoundBits) | (round + 1). Monotonic across calls
 // and across the rounds of a call, so ">=" waits work for both kernels sharing the slots. 20 bits:
 // < 2^20 - 1 rounds per CTA (checked by the launcher: a 30 GiB chunk), and 2^44 calls before
@@ -71,13 +71,13 @@ constexpr int kAgErrTimeoutData = 1;
 constexpr int kAgErrTimeoutReady = 2;
 
 // flags
-constexpr int kAgFlagMultimem = 1;  // push through the multicast address (sm_90+, opt-in only)
-constexpr int kAgFlagView = 2;      // no copy-out; result stays in buffer 2 (entry handshake)
-constexpr int kAgFlagTrap = 4;      // __trap() after recording a timeout (default: flag only)
-constexpr int kAgFlagLL = 8;        // low-latency protocol: flag-carrying packets, no barrier
-constexpr int kAgFlagNoPipe = 16;   // testing / A-B only: copy-out through the unpipelined kernel
-constexpr int kAgFlagPDL = 32;      // launch with programmatic dependent launch (sm_90+, opt-in)
-constexpr int kAgFlagLL4 = 64;      // LL with 4-byte packets (the host's pick for small outputs)
+constexpr int kAgFlagMultimem = 1;    // push through the multicast address (sm_90+, opt-in only)
+constexpr int kAgFlagView = 2;        // no copy-out; result stays in buffer 2 (entry handshake)
+constexpr int kAgFlagTrap = 4;        // __trap() after recording a timeout (default: flag only)
+constexpr int kAgFlagLL = 8;          // low-latency protocol: flag-carrying packets, no barrier
+constexpr int kAgFlagNoPipe = 16;     // testing / A-B only: copy-out through the unpipelined kernel
+constexpr int kAgFlagPDL = 32;        // launch with programmatic dependent launch (sm_90+, opt-in)
+constexpr int kAgFlagLL4 = 64;        // LL with 4-byte packets (the host's pick for small outputs)
 constexpr int kAgFlagLLPaired = 128;  // testing / A-B only, with kAgFlagLL4: a vector's two LL
                                       // units adjacent (the first LL kernel's layout)
 
@@ -100,7 +100,7 @@ __host__ __device__ inline int64_t ll_region_bytes(int64_t n_vec, int world) {
 struct AllGatherHiddenParams {
   const uint8_t* x;  // [rows, my width] (byte row stride ldx)
   int64_t ldx;
-  uint8_t* out;      // [rows, H] (byte row stride ldo); unused in view mode
+  uint8_t* out;  // [rows, H] (byte row stride ldo); unused in view mode
   int64_t ldo;
   uint8_t* peer_data[kAgMaxRanks];    // data region (buffer 0) of each rank, in this address space
   uint64_t* peer_flags[kAgMaxRanks];  // flag region of each rank
@@ -114,11 +114,11 @@ struct AllGatherHiddenParams {
   int32_t row_vec;                    // H in 16-byte vectors: the buffer's row pitch
   int32_t world;
   int32_t rank;
-  int32_t num_blocks;                 // grid size; the same on every rank for a given call
+  int32_t num_blocks;  // grid size; the same on every rank for a given call
   int32_t flags;
-  int64_t timeout_ns;                 // bounded wait; <= 0 waits forever
-  int64_t ll_off;                     // LL protocol: byte offset of the LL region in data
-  int64_t ll_bytes;                   // LL protocol: bytes of one LL parity region
+  int64_t timeout_ns;  // bounded wait; <= 0 waits forever
+  int64_t ll_off;      // LL protocol: byte offset of the LL region in data
+  int64_t ll_bytes;    // LL protocol: bytes of one LL parity region
 };
 
 namespace detail {
@@ -171,15 +171,13 @@ __device__ __forceinline__ uint4 ld_v4_cg(const uint8_t* p) {
   return __ldcg(reinterpret_cast<const uint4*>(p));
 }
 
-__device__ __forceinline__ void st_v4(uint8_t* p, uint4 v) {
-  *reinterpret_cast<uint4*>(p) = v;
-}
+__device__ __forceinline__ void st_v4(uint8_t* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
 // One 16-byte store to the same offset of every rank's buffer, through the multicast address.
 __device__ __forceinline__ void multimem_st_v4(uint8_t* mc, uint4 v) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mc),
-               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+  asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mc), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 #else
   (void)mc;
@@ -235,8 +233,7 @@ __host__ __device__ __forceinline__ uint32_t piece_span(uint32_t n, int g, uint3
 }
 
 // Pieces of CTA b (rounds r with (r G + b) span < n).
-__host__ __device__ __forceinline__ uint32_t piece_rounds(uint32_t n, int g, int b,
-                                                          uint32_t span) {
+__host__ __device__ __forceinline__ uint32_t piece_rounds(uint32_t n, int g, int b, uint32_t span) {
   const uint32_t lo = static_cast<uint32_t>(b) * span;
   return lo < n ? ceil_div_u32(n - lo, static_cast<uint32_t>(g) * span) : 0u;
 }
@@ -249,11 +246,11 @@ __device__ __noinline__ void record_timeout(const AllGatherHiddenParams& p, int 
     p.state[kAgStateErrSrc] = src;
     p.state[kAgStateErrEpoch] = static_cast<int64_t>(epoch);
     __threadfence_system();
-    printf("[tokenspeed_kernel] all_gather_hidden: rank %d block %d gave up after %lld ns waiting "
-           "for the %s flag of rank %d (call %llu); the communicator is now unusable\n",
-           p.rank, static_cast<int>(blockIdx.x), static_cast<long long>(p.timeout_ns),
-           code == kAgErrTimeoutData ? "data" : "ready", src,
-           static_cast<unsigned long long>(epoch));
+    printf(
+        "[tokenspeed_kernel] all_gather_hidden: rank %d block %d gave up after %lld ns waiting "
+        "for the %s flag of rank %d (call %llu); the communicator is now unusable\n",
+        p.rank, static_cast<int>(blockIdx.x), static_cast<long long>(p.timeout_ns),
+        code == kAgErrTimeoutData ? "data" : "ready", src, static_cast<unsigned long long>(epoch));
   }
   if (p.flags & kAgFlagTrap) __trap();
 }
@@ -320,7 +317,7 @@ __device__ __forceinline__ void load_x_batch(const AllGatherHiddenParams& p, uin
 // Copies CTA b's pieces of source s's columns (piece_span) from the local gather buffer to the
 // caller's output.
 __device__ __forceinline__ void copy_out_pieces(const AllGatherHiddenParams& p, int s,
-                                               int64_t buf_off) {
+                                                int64_t buf_off) {
   const uint32_t col0 = static_cast<uint32_t>(p.col_vec[s]);
   const uint32_t wv = static_cast<uint32_t>(p.col_vec[s + 1]) - col0;
   if (wv == 0) return;
@@ -347,7 +344,6 @@ __device__ __forceinline__ void copy_out_pieces(const AllGatherHiddenParams& p, 
     }
   }
 }
-
 
 // ---- LL ("low latency") packets --------------------------------------------------------------
 // An LL packet is 8 bytes: data next to a stamp of the call. Packets are the u64 elements of
@@ -386,8 +382,9 @@ __device__ __forceinline__ void ll6_pack(const uint4 (&v)[kLLGroupVec], uint32_t
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     const uint32_t a = w[3 * m], b = w[3 * m + 1], c = w[3 * m + 2];
-    u[m].x = pk(a, __byte_perm(b, f, 0x5410));                       // a | b.lo16 | f
-    u[m].y = pk(__byte_perm(b, c, 0x5432), __byte_perm(c, f, 0x5432));  // b.hi16 c.lo16 | c.hi16 | f
+    u[m].x = pk(a, __byte_perm(b, f, 0x5410));  // a | b.lo16 | f
+    u[m].y =
+        pk(__byte_perm(b, c, 0x5432), __byte_perm(c, f, 0x5432));  // b.hi16 c.lo16 | c.hi16 | f
   }
 }
 
@@ -403,7 +400,8 @@ __device__ __forceinline__ void ll6_unpack(const ulonglong2 (&u)[kLLGroupUnits],
     w[3 * m + 2] = __byte_perm(lo1, hi1, 0x5432);
   }
 #pragma unroll
-  for (int j = 0; j < kLLGroupVec; ++j) v[j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
+  for (int j = 0; j < kLLGroupVec; ++j)
+    v[j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
 }
 
 __device__ __forceinline__ bool ll6_ready(const ulonglong2 (&u)[kLLGroupUnits], uint32_t f) {
@@ -601,8 +599,8 @@ __global__ void __launch_bounds__(kAgThreads)
       const uint64_t fv = (epoch << kAgRoundBits) | 1u;  // one round
       detail::st_release_sys(p.peer_flags[tid] + b * kAgMaxRanks + p.rank, fv);
       // ---- wait: data flags [b][*] of this rank reach epoch ----
-      if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + tid, fv, kAgErrTimeoutData,
-                                tid, epoch))
+      if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + tid, fv, kAgErrTimeoutData, tid,
+                                epoch))
         atomicOr(&s_fail, 1);  // shared atomic: no WAW race between waiting threads
     }
     __syncthreads();
@@ -731,8 +729,8 @@ __global__ void __launch_bounds__(kAgThreads, 1)
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         if (rlo + dt + u * kAgDataThreads < rhi)
-          detail::st_v4(p.out + static_cast<int64_t>(tt[u]) * p.ldo +
-                            static_cast<int64_t>(cc[u]) * 16, v[u]);
+          detail::st_v4(
+              p.out + static_cast<int64_t>(tt[u]) * p.ldo + static_cast<int64_t>(cc[u]) * 16, v[u]);
       }
     }
   };
@@ -763,7 +761,8 @@ __global__ void __launch_bounds__(kAgThreads, 1)
             if (q < p.world) {
               if (q == p.rank)
                 detail::st_v4(p.out + static_cast<int64_t>(tt[u]) * p.ldo +
-                                  static_cast<int64_t>(my_col0 + cc[u]) * 16, v[u]);
+                                  static_cast<int64_t>(my_col0 + cc[u]) * 16,
+                              v[u]);
               else
                 detail::st_v4(p.peer_data[q] + dst, v[u]);
             }
@@ -1062,8 +1061,9 @@ __global__ void __launch_bounds__(kAgThreads)
                 s, epoch);
           }
           if (ok) {
-            const uint4 d = make_uint4(static_cast<uint32_t>(a0[u].x), static_cast<uint32_t>(a0[u].y),
-                                       static_cast<uint32_t>(a1[u].x), static_cast<uint32_t>(a1[u].y));
+            const uint4 d =
+                make_uint4(static_cast<uint32_t>(a0[u].x), static_cast<uint32_t>(a0[u].y),
+                           static_cast<uint32_t>(a1[u].x), static_cast<uint32_t>(a1[u].y));
             detail::st_v4(detail::out_at(p, rcr[u], col0), d);
             detail::st_v4(a, make_uint4(0, 0, 0, 0));  // consumed: zero both units
             detail::st_v4(a + second, make_uint4(0, 0, 0, 0));
@@ -1099,8 +1099,8 @@ inline void launch(Kernel kernel, dim3 grid, dim3 block, cudaStream_t stream, bo
 // pointer, stride and column offset, that the buffers hold rows * row_vec vectors, and that every
 // rank launches the same call (same rows, widths, num_blocks, flags) in the same order.
 inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cudaStream_t stream) {
-  if (p.world < 1 || p.world > kAgMaxRanks || p.rank < 0 || p.rank >= p.world ||
-      p.num_blocks < 1 || p.num_blocks > kAgMaxBlocks || p.rows < 0 || p.state == nullptr)
+  if (p.world < 1 || p.world > kAgMaxRanks || p.rank < 0 || p.rank >= p.world || p.num_blocks < 1 ||
+      p.num_blocks > kAgMaxBlocks || p.rows < 0 || p.state == nullptr)
     return cudaErrorInvalidValue;
   // Vector indices of a slice are 32-bit (piece_span). comm_ops.cu refuses such calls with a named
   // error (the whole output < 2^31 vectors); this guards direct callers such as bench/lab/tools/ag_micro.cu.
@@ -1119,12 +1119,12 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
         p.ll_off < 0 || p.ll_off % 16 != 0)
       return cudaErrorInvalidValue;
     const bool ll4 = (p.flags & kAgFlagLL4) != 0;
-#define TS_AG_LAUNCH_LL(W)                                                                  \
-  do {                                                                                      \
-    if (ll4)                                                                                \
-      detail::launch(all_gather_hidden_ll4_kernel<W>, grid, block, stream, pdl, p);        \
-    else                                                                                    \
-      detail::launch(all_gather_hidden_ll_kernel<W>, grid, block, stream, pdl, p);         \
+#define TS_AG_LAUNCH_LL(W)                                                          \
+  do {                                                                              \
+    if (ll4)                                                                        \
+      detail::launch(all_gather_hidden_ll4_kernel<W>, grid, block, stream, pdl, p); \
+    else                                                                            \
+      detail::launch(all_gather_hidden_ll_kernel<W>, grid, block, stream, pdl, p);  \
   } while (0)
     if (p.world <= 2)
       TS_AG_LAUNCH_LL(2);
@@ -1144,19 +1144,19 @@ inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cuda
   int64_t max_chunk = 0;
   for (int s = 0; s < p.world; ++s)
     max_chunk = std::max<int64_t>(
-        max_chunk, (int64_t(p.rows) * (p.col_vec[s + 1] - p.col_vec[s]) + p.num_blocks - 1) /
-                       p.num_blocks);
+        max_chunk,
+        (int64_t(p.rows) * (p.col_vec[s + 1] - p.col_vec[s]) + p.num_blocks - 1) / p.num_blocks);
   const bool pipe = !mm && !view && !(p.flags & kAgFlagNoPipe) && max_chunk > 2 * kAgRoundVec;
   if (pipe && max_chunk / kAgRoundVec >= (int64_t(1) << kAgRoundBits) - 2)
     return cudaErrorInvalidValue;  // round numbers would overflow the flag's round field
-#define TS_AG_LAUNCH(W)                                                                   \
-  do {                                                                                    \
-    if (pipe)                                                                             \
+#define TS_AG_LAUNCH(W)                                                                         \
+  do {                                                                                          \
+    if (pipe)                                                                                   \
       detail::launch(all_gather_hidden_pipe_kernel<W, kAgUnroll>, grid, block, stream, pdl, p); \
-    else if (mm)                                                                          \
-      detail::launch(all_gather_hidden_kernel<W, true>, grid, block, stream, pdl, p);      \
-    else                                                                                  \
-      detail::launch(all_gather_hidden_kernel<W, false>, grid, block, stream, pdl, p);     \
+    else if (mm)                                                                                \
+      detail::launch(all_gather_hidden_kernel<W, true>, grid, block, stream, pdl, p);           \
+    else                                                                                        \
+      detail::launch(all_gather_hidden_kernel<W, false>, grid, block, stream, pdl, p);          \
   } while (0)
   if (p.world <= 1)
     TS_AG_LAUNCH(1);

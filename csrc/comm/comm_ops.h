@@ -16,9 +16,8 @@ void impl_dp_cuda(torch::Library& m);
 //                   buf_bytes, num_blocks, flags, timeout_ns, ll_off=0, ll_bytes=0) -> ()
 //                   (see comm_ops.cu)
 void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out,
-                       const at::Tensor& state, const at::Tensor& symm,
-                       at::IntArrayRef peer_data, at::IntArrayRef peer_flags, int64_t mc_data,
-                       at::IntArrayRef col_offsets, int64_t rank, int64_t buf_bytes,
-                       int64_t num_blocks, int64_t flags, int64_t timeout_ns, int64_t ll_off,
-                       int64_t ll_bytes);
+                       const at::Tensor& state, const at::Tensor& symm, at::IntArrayRef peer_data,
+                       at::IntArrayRef peer_flags, int64_t mc_data, at::IntArrayRef col_offsets,
+                       int64_t rank, int64_t buf_bytes, int64_t num_blocks, int64_t flags,
+                       int64_t timeout_ns, int64_t ll_off, int64_t ll_bytes);
 }  // namespace tokenspeed_kernel::comm

@@ -39,7 +39,6 @@
 #include <cstdint>
 #include <cstdio>
 
-
 namespace tokenspeed_kernel::comm {
 
 constexpr int kDpMaxRanks = 16;
@@ -48,12 +47,12 @@ constexpr int kDpThreads = 512;
 constexpr int kDpUnroll = 4;
 constexpr int kDpMaxFields = 8;
 constexpr int64_t kDpSlots = int64_t(kDpMaxBlocks) * kDpMaxRanks;  // one [b][s] table
-constexpr int64_t kDpSwapFlags = 0;                                  // uint64 words
+constexpr int64_t kDpSwapFlags = 0;                                // uint64 words
 constexpr int64_t kDpReadyFlags = kDpSlots;
 constexpr int64_t kDpTritonSwapFlags = 2 * kDpSlots;
 constexpr int64_t kDpTritonReadyFlags = 3 * kDpSlots;
 constexpr int64_t kDpGatherFlags = 4 * kDpSlots;
-constexpr int64_t kDpFlagBytes = (kDpGatherFlags + 256) * 8;        // 130 KiB
+constexpr int64_t kDpFlagBytes = (kDpGatherFlags + 256) * 8;  // 130 KiB
 constexpr int kDpStateWords = 32;
 constexpr int kDpGatherState = 16;
 // words within a kernel's state block (the all-gather's layout)
@@ -64,7 +63,7 @@ constexpr int kDpErrTimeoutGather = 3;
 constexpr int kDpFlagTrap = 4;  // __trap() after recording a timeout (default: flag only)
 
 struct DpSwapParams {
-  const uint8_t* x;                   // [rows, shard] (byte row stride ldx)
+  const uint8_t* x;  // [rows, shard] (byte row stride ldx)
   int64_t ldx;
   uint8_t* peer_recv[kDpMaxRanks];    // recv buffer of each rank, in this address space
   uint64_t* peer_flags[kDpMaxRanks];  // flag region of each rank
@@ -75,15 +74,15 @@ struct DpSwapParams {
   int32_t rows_per_rank;              // Bl
   int32_t world;
   int32_t rank;
-  int32_t num_blocks;                 // the same on every rank for a given call
+  int32_t num_blocks;  // the same on every rank for a given call
   int32_t flags;
-  int64_t timeout_ns;                 // bounded wait; <= 0 waits forever
+  int64_t timeout_ns;  // bounded wait; <= 0 waits forever
 };
 
 struct DpGatherParams {
-  const uint8_t* src[kDpMaxFields];   // this rank's items of field f: [n_rank * item_bytes[f]]
-  uint8_t* out[kDpMaxFields];         // every rank's items: [items * item_bytes[f]]
-  int64_t res_off[kDpMaxFields];      // byte offset of field f in a res buffer
+  const uint8_t* src[kDpMaxFields];  // this rank's items of field f: [n_rank * item_bytes[f]]
+  uint8_t* out[kDpMaxFields];        // every rank's items: [items * item_bytes[f]]
+  int64_t res_off[kDpMaxFields];     // byte offset of field f in a res buffer
   int32_t item_bytes[kDpMaxFields];
   int32_t nfields;
   uint8_t* peer_res[kDpMaxRanks];     // res buffer 0 of each rank
@@ -134,30 +133,38 @@ __device__ __forceinline__ uint32_t chunk_begin(uint32_t n, int b, int g) {
 template <int U>
 struct Unit;
 template <>
-struct Unit<16> { using T = uint4; };
+struct Unit<16> {
+  using T = uint4;
+};
 template <>
-struct Unit<4> { using T = uint32_t; };
+struct Unit<4> {
+  using T = uint32_t;
+};
 template <>
-struct Unit<2> { using T = uint16_t; };
+struct Unit<2> {
+  using T = uint16_t;
+};
 
 // Either kernel's error makes the communicator unusable: both kernels check both words.
 __device__ __forceinline__ bool poisoned(const int64_t* state) {
-  return ld_relaxed_gpu(state + kDpErr) != 0 || ld_relaxed_gpu(state + kDpGatherState + kDpErr) != 0;
+  return ld_relaxed_gpu(state + kDpErr) != 0 ||
+         ld_relaxed_gpu(state + kDpGatherState + kDpErr) != 0;
 }
 
 static __device__ __noinline__ void record_timeout(int64_t* st, int code, int src, uint64_t epoch,
-                                            int rank, int64_t timeout_ns, int flags) {
+                                                   int rank, int64_t timeout_ns, int flags) {
   unsigned long long* err = reinterpret_cast<unsigned long long*>(st + kDpErr);
   if (atomicCAS(err, 0ull, static_cast<unsigned long long>(code)) == 0ull) {
     st[kDpErrBlock] = blockIdx.x;
     st[kDpErrSrc] = src;
     st[kDpErrEpoch] = static_cast<int64_t>(epoch);
     __threadfence_system();
-    printf("[tokenspeed_kernel] %s: rank %d block %d gave up after %lld ns waiting for rank %d "
-           "(call %llu); the communicator is now unusable\n",
-           code == kDpErrTimeoutGather ? "dp gather" : "swap_vocab_to_batch", rank,
-           static_cast<int>(blockIdx.x), static_cast<long long>(timeout_ns), src,
-           static_cast<unsigned long long>(epoch));
+    printf(
+        "[tokenspeed_kernel] %s: rank %d block %d gave up after %lld ns waiting for rank %d "
+        "(call %llu); the communicator is now unusable\n",
+        code == kDpErrTimeoutGather ? "dp gather" : "swap_vocab_to_batch", rank,
+        static_cast<int>(blockIdx.x), static_cast<long long>(timeout_ns), src,
+        static_cast<unsigned long long>(epoch));
   }
   if (flags & kDpFlagTrap) __trap();
 }
@@ -218,9 +225,8 @@ __device__ __forceinline__ void cta_copy(uint8_t* dst, const uint8_t* src, int64
     }
   } else {
     for (int64_t i = threadIdx.x; i < nbytes; i += blockDim.x) {
-      const unsigned char v = src_remote_written
-                                  ? __ldcg(reinterpret_cast<const unsigned char*>(src) + i)
-                                  : src[i];
+      const unsigned char v =
+          src_remote_written ? __ldcg(reinterpret_cast<const unsigned char*>(src) + i) : src[i];
       dst[i] = v;
     }
   }
@@ -238,7 +244,8 @@ __host__ __device__ __forceinline__ int32_t rows_of(int32_t rows, int32_t per_ra
 // block (n = Bl * shard_units) to every destination d (its rows d Bl + i), then publishes
 // swap[b][rank] = e on every rank and waits until swap[b][s] >= e for every s.
 template <int U>
-__global__ void __launch_bounds__(kDpThreads, 1) dp_swap_kernel(const __grid_constant__ DpSwapParams p) {
+__global__ void __launch_bounds__(kDpThreads, 1)
+    dp_swap_kernel(const __grid_constant__ DpSwapParams p) {
   using T = typename dp::Unit<U>::T;
   __shared__ uint64_t s_epoch;
   __shared__ int s_abort;
@@ -307,7 +314,8 @@ __global__ void __launch_bounds__(kDpThreads, 1) dp_swap_kernel(const __grid_con
 // One CTA: stores this rank's items of every field into every peer's res buffer (g & 1) at the
 // rank's section (its own straight into the outputs), publishes gather[rank] = g on every rank,
 // waits for gather[s] >= g of every s, then copies the peers' sections into the outputs.
-__global__ void __launch_bounds__(kDpThreads, 1) dp_gather_kernel(const __grid_constant__ DpGatherParams p) {
+__global__ void __launch_bounds__(kDpThreads, 1)
+    dp_gather_kernel(const __grid_constant__ DpGatherParams p) {
   __shared__ uint64_t s_epoch;
   __shared__ int s_abort;
   __shared__ int s_fail;
@@ -367,9 +375,9 @@ inline int dp_swap_unit(const DpSwapParams& p) {
 
 // p.shard_units holds the shard row's BYTES on entry; the launcher converts it to units.
 inline cudaError_t launch_dp_swap(DpSwapParams p, cudaStream_t stream) {
-  if (p.world < 1 || p.world > kDpMaxRanks || p.rank < 0 || p.rank >= p.world ||
-      p.num_blocks < 1 || p.num_blocks > kDpMaxBlocks || p.rows < 0 || p.rows_per_rank < 0 ||
-      p.state == nullptr || p.shard_units < 0)
+  if (p.world < 1 || p.world > kDpMaxRanks || p.rank < 0 || p.rank >= p.world || p.num_blocks < 1 ||
+      p.num_blocks > kDpMaxBlocks || p.rows < 0 || p.rows_per_rank < 0 || p.state == nullptr ||
+      p.shard_units < 0)
     return cudaErrorInvalidValue;
   const int U = dp_swap_unit(p);
   if (U == 1) return cudaErrorInvalidValue;  // element sizes are 2 or 4 bytes
@@ -387,9 +395,8 @@ inline cudaError_t launch_dp_swap(DpSwapParams p, cudaStream_t stream) {
 }
 
 inline cudaError_t launch_dp_gather(const DpGatherParams& p, cudaStream_t stream) {
-  if (p.world < 1 || p.world > kDpMaxRanks || p.rank < 0 || p.rank >= p.world ||
-      p.nfields < 1 || p.nfields > kDpMaxFields || p.items < 0 || p.items_per_rank < 0 ||
-      p.state == nullptr)
+  if (p.world < 1 || p.world > kDpMaxRanks || p.rank < 0 || p.rank >= p.world || p.nfields < 1 ||
+      p.nfields > kDpMaxFields || p.items < 0 || p.items_per_rank < 0 || p.state == nullptr)
     return cudaErrorInvalidValue;
   dp_gather_kernel<<<1, kDpThreads, 0, stream>>>(p);
   return cudaGetLastError();

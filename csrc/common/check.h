@@ -1,13 +1,15 @@
 // TS_CHECK(cond, parts...): TORCH_CHECK without iostreams.
 //
-// TORCH_CHECK formats a message of several parts with std::ostringstream (c10::str). A toolchain
-// that links libstdc++ into the extension statically (seen with a GCC 13 build whose g++ has no
-// shared libstdc++) leaves that copy's iostream / locale state uninitialized, so the first failed
-// check with a formatted message crashed the process (SIGSEGV) instead of raising. TS_CHECK
-// builds the message with std::string appends and std::to_string (no locale), then hands a
-// ready string to c10's check-failure function: the same c10::Error (RuntimeError in Python),
-// whatever the toolchain. Supported parts: strings, integers, floating point, bool, ScalarType,
-// Device, IntArrayRef; anything else is a compile error (add an overload here).
+// TORCH_CHECK formats a message of several parts with std::ostringstream
+// (c10::str). A toolchain that links libstdc++ into the extension statically
+// (seen with a GCC 13 build whose g++ has no shared libstdc++) leaves that
+// copy's iostream / locale state uninitialized, so the first failed check with
+// a formatted message crashed the process (SIGSEGV) instead of raising.
+// TS_CHECK builds the message with std::string appends and std::to_string (no
+// locale), then hands a ready string to c10's check-failure function: the same
+// c10::Error (RuntimeError in Python), whatever the toolchain. Supported parts:
+// strings, integers, floating point, bool, ScalarType, Device, IntArrayRef;
+// anything else is a compile error (add an overload here).
 #pragma once
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -26,12 +28,17 @@ inline void put(std::string& m, const std::string& s) { m += s; }
 inline void put(std::string& m, std::string_view s) { m.append(s.data(), s.size()); }
 inline void put(std::string& m, bool b) { m += b ? "true" : "false"; }
 template <typename I, std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool> &&
-                                           !std::is_same_v<I, char>, int> = 0>
-inline void put(std::string& m, I v) { m += std::to_string(v); }
+                                           !std::is_same_v<I, char>,
+                                       int> = 0>
+inline void put(std::string& m, I v) {
+  m += std::to_string(v);
+}
 template <typename F, std::enable_if_t<std::is_floating_point_v<F>, int> = 0>
-inline void put(std::string& m, F v) { m += std::to_string(v); }
+inline void put(std::string& m, F v) {
+  m += std::to_string(v);
+}
 inline void put(std::string& m, c10::ScalarType t) { m += c10::toString(t); }
-inline void put(std::string& m, const c10::Device& d) { m += d.str(); }   // formatted in libc10
+inline void put(std::string& m, const c10::Device& d) { m += d.str(); }  // formatted in libc10
 inline void put(std::string& m, c10::IntArrayRef a) {
   m += '[';
   for (size_t i = 0; i < a.size(); ++i) {

@@ -100,7 +100,9 @@ __device__ __forceinline__ uint64_t key56(uint32_t k32, uint32_t id) {
   return (uint64_t(k32) << 24) | uint64_t(kIdMask - id);
 }
 __device__ __forceinline__ uint32_t key56_id(uint64_t k) { return kIdMask - uint32_t(k & kIdMask); }
-__device__ __forceinline__ float key56_value(uint64_t k) { return key32_to_float(uint32_t(k >> 24)); }
+__device__ __forceinline__ float key56_value(uint64_t k) {
+  return key32_to_float(uint32_t(k >> 24));
+}
 
 // trunc(soft_exp_neg(y) * 2^38)
 __device__ __forceinline__ int64_t mass_fixed(float y) {
@@ -135,7 +137,10 @@ __device__ __forceinline__ float centered(float z, float zmax, float inv_t) {
 }
 
 // exact Gumbel score of token id; "better" = larger score, then lower id
-struct Scored { float score; uint32_t id; };
+struct Scored {
+  float score;
+  uint32_t id;
+};
 __device__ __forceinline__ bool better(float s, uint32_t id, float bs, uint32_t bid) {
   return s > bs || (s == bs && id < bid);
 }

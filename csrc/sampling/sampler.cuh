@@ -50,6 +50,7 @@
 #include <type_traits>
 
 #include "common/philox.cuh"
+#include "common/device.cuh"
 #include "common/softmath.cuh"
 
 namespace tokenspeed_kernel::sampler {
@@ -58,9 +59,9 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kCandCap = 512;      // CAND rows: at most this many candidates (top-k fast path k)
-constexpr int kCandBuf = 4096;     // CAND: a CTA's buffer of keys >= its bound (32 KB)
-constexpr int kCandMinP = 256;     // candidates of min-p rows (their kept sets are small)
+constexpr int kCandCap = 512;   // CAND rows: at most this many candidates (top-k fast path k)
+constexpr int kCandBuf = 4096;  // CAND: a CTA's buffer of keys >= its bound (32 KB)
+constexpr int kCandMinP = 256;  // candidates of min-p rows (their kept sets are small)
 // CAND: the bound th0 comes from the chunk's head, its first max(kHeadElems, chunk / 4)
 // elements (a multiple of 32), so that about K * chunk / head <= 4 K = 2048 keys are appended
 // (K = 512 candidates; the buffer holds 4096)
@@ -69,25 +70,34 @@ constexpr int kHeadElems = 32768;
 // mass and min-key histograms (3 x 256)
 constexpr int kCbufPerCta = 3 * 256 > kCandCap ? 3 * 256 : kCandCap;
 constexpr int kMaxCluster = 16;
-constexpr int kUnroll = 4;         // 16-byte vectors in flight per thread and iteration
+constexpr int kUnroll = 4;  // 16-byte vectors in flight per thread and iteration
 // A token whose y is below kDead never wins: y + G <= y + 16.6356 < -2.8144 < G_min = -2.8116
 // <= the score of the max token (y = 0), which every filter keeps. Rounding is monotone.
 constexpr float kDead = -19.5f;
-constexpr float kGumbelHi = 16.64f;   // > max G = 16.6356
+constexpr float kGumbelHi = 16.64f;  // > max G = 16.6356
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kRel = 4.76837158203125e-07f;   // 2^-21: relative margin of the filters
+constexpr float kRel = 4.76837158203125e-07f;  // 2^-21: relative margin of the filters
 
 // Flags shared with ops/sampling.py
 // F_FORCE_* / F_NO_RESIDENT: testing (every path against the reference); bits F_CS_SHIFT..+2:
 // tuning, a forced cluster size 2^(v-1) (v = 0: the launcher's choice)
-enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
-                   F_FORCE_GENERIC = 64, F_FORCE_EXACT = 128, F_NO_RESIDENT = 256,
-                   F_NO_SPLIT = 512, F_CS_SHIFT = 10 };
+enum Flags : int {
+  F_TEMP = 1,
+  F_TOPK = 2,
+  F_TOPP = 4,
+  F_MINP = 8,
+  F_LOGPROBS = 16,
+  F_FORCE_GENERIC = 64,
+  F_FORCE_EXACT = 128,
+  F_NO_RESIDENT = 256,
+  F_NO_SPLIT = 512,
+  F_CS_SHIFT = 10
+};
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
 struct Params {
   const void* logits;
-  int64_t stride;          // row stride, elements
+  int64_t stride;  // row stride, elements
   int rows, vocab, tpr;
   const float* temperature;
   const int* top_k;
@@ -96,18 +106,18 @@ struct Params {
   const int64_t* seed;
   const int64_t* offset;
   int flags;
-  int cs;                  // CTAs (cluster size) per row
-  int chunk;               // elements per CTA, multiple of 8
-  int resident;            // chunk staged in shared memory
-  int minp_cand;           // min-p-only rows take the CAND path (set when chunks stream)
-  int split;               // split launch (see launch_split): CTAs per row of phase 1, else 0
-  void* ws;                // split launch: Summary[rows * split] (phase 1 writes, 2 reads)
+  int cs;         // CTAs (cluster size) per row
+  int chunk;      // elements per CTA, multiple of 8
+  int resident;   // chunk staged in shared memory
+  int minp_cand;  // min-p-only rows take the CAND path (set when chunks stream)
+  int split;      // split launch (see launch_split): CTAs per row of phase 1, else 0
+  void* ws;       // split launch: Summary[rows * split] (phase 1 writes, 2 reads)
   void* tokens;
   int out64;
   bool* valid;
   float* lp;
   float* plp;
-  unsigned int* stats;     // optional [4] counters (tests): exact plain passes, generic rows, -, -
+  unsigned int* stats;  // optional [4] counters (tests): exact plain passes, generic rows, -, -
 };
 
 // ------------------------------------------------------------------------------------------
@@ -115,8 +125,8 @@ struct Params {
 // ------------------------------------------------------------------------------------------
 struct Row {
   float inv_t, top_p, min_p, L;
-  int k;              // effective top-k (V when off)
-  int K;              // CAND: candidates wanted
+  int k;  // effective top-k (V when off)
+  int K;  // CAND: candidates wanted
   bool greedy, k_on, p_on, mp_on;
   uint64_t seed, offset;
   int mode;
@@ -165,23 +175,16 @@ __device__ __forceinline__ Row row_params(const Params& p, int row) {
 // ------------------------------------------------------------------------------------------
 // loads: 16-byte vectors of VEC elements as float
 // ------------------------------------------------------------------------------------------
-template <typename T> struct VecOf { static constexpr int n = 16 / sizeof(T); };
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+struct VecOf {
+  static constexpr int n = 16 / sizeof(T);
+};
 
 template <typename T>
 __device__ __forceinline__ void unpack(const uint4& v, float (&z)[VecOf<T>::n]) {
   const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
   for (int j = 0; j < VecOf<T>::n; ++j) z[j] = to_f(e[j]);
-}
-
-__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
 }
 
 // Calls f(i, z) for each of this thread's 16-byte vectors of [c0, c1) (i = index of the first
@@ -193,8 +196,8 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 // global memory. Unaligned rows use scalar loads.
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_vec(const T* __restrict__ rowp, int c0, int c1,
-                                             bool aligned, uint4* sdata, bool store,
-                                             bool from_smem, F&& f) {
+                                             bool aligned, uint4* sdata, bool store, bool from_smem,
+                                             F&& f) {
   constexpr int VEC = VecOf<T>::n;
   const int nvec = (c1 - c0 + VEC - 1) / VEC;
   const int lane = threadIdx.x & 31;
@@ -211,7 +214,7 @@ __device__ __forceinline__ void for_each_vec(const T* __restrict__ rowp, int c0,
         } else if (aligned && i + VEC <= c1) {
           raw[u] = ldg_stream(reinterpret_cast<const uint4*>(rowp + i));
         } else {
-          T* e = reinterpret_cast<T*>(&raw[u]);   // zero bits past c1 (masked below)
+          T* e = reinterpret_cast<T*>(&raw[u]);  // zero bits past c1 (masked below)
 #pragma unroll
           for (int j = 0; j < VEC; ++j)
             if (i + j < c1) e[j] = rowp[i + j];
@@ -223,8 +226,8 @@ __device__ __forceinline__ void for_each_vec(const T* __restrict__ rowp, int c0,
     // instruction cache); the loaded vectors shift down through registers
 #pragma unroll 1
     for (int u = 0; u < kUnroll; ++u) {
-      const int vw = w0 + u * kThreads;        // the warp's first vector of this step
-      if (vw < nvec) {                         // warp-uniform
+      const int vw = w0 + u * kThreads;  // the warp's first vector of this step
+      if (vw < nvec) {                   // warp-uniform
         const int v = vw + lane;
         const int i = c0 + v * VEC;
         float z[VEC];
@@ -276,12 +279,8 @@ struct Lse {
   }
 };
 
-// (score, id) packed so that a larger u64 is better: higher score, then lower id
-__device__ __forceinline__ unsigned long long pack_best(float score, uint32_t id) {
-  return (uint64_t(key32(score)) << 32) | uint64_t(~id);
-}
-
-template <typename V> __device__ __forceinline__ V shfl_x(V v, int o) {
+template <typename V>
+__device__ __forceinline__ V shfl_x(V v, int o) {
   return __shfl_xor_sync(0xffffffffu, v, o);
 }
 
@@ -295,37 +294,37 @@ __device__ __forceinline__ unsigned long long key_of(float z, int id) {
 // ------------------------------------------------------------------------------------------
 // What each CTA pushes into every CTA of its cluster after pass 1.
 struct Summary {
-  float zmax;        // max raw logit of the chunk
-  int zid;           // its lowest id (INT_MAX: none)
-  unsigned bad;      // a NaN or +inf was seen
-  unsigned ovf;      // CAND: the candidate buffer overflowed (keys were dropped)
-  float lm, ls;      // raw logits: max, sum exp(z - lm)           (logprobs)
-  float pm, ps;      // processed: max z, sum exp((z - pm) / T)    (logprobs, PLAIN)
-  double h1, h2;     // PLAIN streamed: best / second-best approximate score
-  float z1;          // raw logit of the best
-  int w1;            // id of the best
-  int ncand;         // CAND: candidates pushed to rank 0
-  float zmin;        // min raw logit of the chunk (generic top-k window)
+  float zmax;     // max raw logit of the chunk
+  int zid;        // its lowest id (INT_MAX: none)
+  unsigned bad;   // a NaN or +inf was seen
+  unsigned ovf;   // CAND: the candidate buffer overflowed (keys were dropped)
+  float lm, ls;   // raw logits: max, sum exp(z - lm)           (logprobs)
+  float pm, ps;   // processed: max z, sum exp((z - pm) / T)    (logprobs, PLAIN)
+  double h1, h2;  // PLAIN streamed: best / second-best approximate score
+  float z1;       // raw logit of the best
+  int w1;         // id of the best
+  int ncand;      // CAND: candidates pushed to rank 0
+  float zmin;     // min raw logit of the chunk (generic top-k window)
 };
 
 struct Smem {
-  Summary summ[kMaxCluster];            // pushed by every CTA of the cluster (slot = its rank)
-  unsigned long long red64[kWarps];     // block reductions
+  Summary summ[kMaxCluster];         // pushed by every CTA of the cluster (slot = its rank)
+  unsigned long long red64[kWarps];  // block reductions
   unsigned long long red64b[kWarps];
   double redd[kWarps][2];
   float redf[kWarps][4];
   int redi[kWarps][2];
-  unsigned long long bcast[8];          // block / cluster broadcasts
-  unsigned int hist[256];               // radix select counts
-  unsigned long long hmass[256];        // radix select masses (generic top-p)
-  unsigned long long hmin[256];         // radix select: smallest key of each bin
-  unsigned long long cl_u64[kMaxCluster][2];   // per-CTA 64-bit values pushed to rank 0
-  unsigned long long best[kMaxCluster];        // exact pass: per-CTA packed best, at rank 0
-  float psum[kMaxCluster];                     // exact pass: per-CTA kept exp sums, at rank 0
+  unsigned long long bcast[8];                // block / cluster broadcasts
+  unsigned int hist[256];                     // radix select counts
+  unsigned long long hmass[256];              // radix select masses (generic top-p)
+  unsigned long long hmin[256];               // radix select: smallest key of each bin
+  unsigned long long cl_u64[kMaxCluster][2];  // per-CTA 64-bit values pushed to rank 0
+  unsigned long long best[kMaxCluster];       // exact pass: per-CTA packed best, at rank 0
+  float psum[kMaxCluster];                    // exact pass: per-CTA kept exp sums, at rank 0
   unsigned int counter;
-  unsigned int bar_key;    // key32 of a CTA-wide bar (PLAIN streamed / exact pass)
-  unsigned int ncb;        // CAND: keys appended to the CTA's candidate buffer
-  Summary row;             // the cluster's summaries merged (warp 0 writes, all read)
+  unsigned int bar_key;  // key32 of a CTA-wide bar (PLAIN streamed / exact pass)
+  unsigned int ncb;      // CAND: keys appended to the CTA's candidate buffer
+  Summary row;           // the cluster's summaries merged (warp 0 writes, all read)
 };
 // CAND finish (rank 0), in the CTA's candidate buffer (dead once its keys were pushed)
 struct Fin {
@@ -338,10 +337,20 @@ static_assert(sizeof(Fin) <= size_t(kCandBuf) * 8, "Fin must fit the candidate b
 // the neutral summary, and the merge of two (order-free up to the float sums of the logprobs)
 __device__ __forceinline__ Summary summ_empty() {
   Summary u;
-  u.zmax = -INFINITY; u.zid = 0x7fffffff; u.bad = 0; u.ovf = 0; u.ncand = 0;
+  u.zmax = -INFINITY;
+  u.zid = 0x7fffffff;
+  u.bad = 0;
+  u.ovf = 0;
+  u.ncand = 0;
   u.zmin = INFINITY;
-  u.lm = -INFINITY; u.ls = 0.0f; u.pm = -INFINITY; u.ps = 0.0f;
-  u.h1 = -INFINITY; u.h2 = -INFINITY; u.z1 = -INFINITY; u.w1 = 0x7fffffff;
+  u.lm = -INFINITY;
+  u.ls = 0.0f;
+  u.pm = -INFINITY;
+  u.ps = 0.0f;
+  u.h1 = -INFINITY;
+  u.h2 = -INFINITY;
+  u.z1 = -INFINITY;
+  u.w1 = 0x7fffffff;
   return u;
 }
 __device__ __forceinline__ void summ_merge(Summary& u, const Summary& v, bool lp, float inv_t);
@@ -350,19 +359,28 @@ __device__ __forceinline__ void warp_summ_merge(Summary& u, bool lp, float inv_t
 #pragma unroll
   for (int o = 16; o; o >>= 1) {
     Summary v;
-    v.zmax = __shfl_xor_sync(0xffffffffu, u.zmax, o); v.zid = __shfl_xor_sync(0xffffffffu, u.zid, o);
-    v.bad = __shfl_xor_sync(0xffffffffu, u.bad, o); v.ovf = __shfl_xor_sync(0xffffffffu, u.ovf, o);
+    v.zmax = __shfl_xor_sync(0xffffffffu, u.zmax, o);
+    v.zid = __shfl_xor_sync(0xffffffffu, u.zid, o);
+    v.bad = __shfl_xor_sync(0xffffffffu, u.bad, o);
+    v.ovf = __shfl_xor_sync(0xffffffffu, u.ovf, o);
     v.ncand = __shfl_xor_sync(0xffffffffu, u.ncand, o);
     v.zmin = __shfl_xor_sync(0xffffffffu, u.zmin, o);
-    v.lm = __shfl_xor_sync(0xffffffffu, u.lm, o); v.ls = __shfl_xor_sync(0xffffffffu, u.ls, o);
-    v.pm = __shfl_xor_sync(0xffffffffu, u.pm, o); v.ps = __shfl_xor_sync(0xffffffffu, u.ps, o);
-    v.h1 = __shfl_xor_sync(0xffffffffu, u.h1, o); v.h2 = __shfl_xor_sync(0xffffffffu, u.h2, o);
-    v.z1 = __shfl_xor_sync(0xffffffffu, u.z1, o); v.w1 = __shfl_xor_sync(0xffffffffu, u.w1, o);
+    v.lm = __shfl_xor_sync(0xffffffffu, u.lm, o);
+    v.ls = __shfl_xor_sync(0xffffffffu, u.ls, o);
+    v.pm = __shfl_xor_sync(0xffffffffu, u.pm, o);
+    v.ps = __shfl_xor_sync(0xffffffffu, u.ps, o);
+    v.h1 = __shfl_xor_sync(0xffffffffu, u.h1, o);
+    v.h2 = __shfl_xor_sync(0xffffffffu, u.h2, o);
+    v.z1 = __shfl_xor_sync(0xffffffffu, u.z1, o);
+    v.w1 = __shfl_xor_sync(0xffffffffu, u.w1, o);
     summ_merge(u, v, lp, inv_t);
   }
 }
 __device__ __forceinline__ void summ_merge(Summary& u, const Summary& v, bool lp, float inv_t) {
-  if (v.zmax > u.zmax || (v.zmax == u.zmax && v.zid < u.zid)) { u.zmax = v.zmax; u.zid = v.zid; }
+  if (v.zmax > u.zmax || (v.zmax == u.zmax && v.zid < u.zid)) {
+    u.zmax = v.zmax;
+    u.zid = v.zid;
+  }
   u.bad |= v.bad;
   u.ovf |= v.ovf;
   u.ncand += v.ncand;
@@ -371,11 +389,17 @@ __device__ __forceinline__ void summ_merge(Summary& u, const Summary& v, bool lp
     Lse a{u.lm, u.ls}, b{u.pm, u.ps};
     a.merge(v.lm, v.ls, 1.0f);
     b.merge(v.pm, v.ps, inv_t);
-    u.lm = a.m; u.ls = a.s; u.pm = b.m; u.ps = b.s;
+    u.lm = a.m;
+    u.ls = a.s;
+    u.pm = b.m;
+    u.ps = b.s;
   }
   // top-2 of the approximate scores (h2 bounds every score but the best's)
   if (v.h1 > u.h1 || (v.h1 == u.h1 && v.w1 < u.w1)) {
-    u.h2 = fmax(u.h1, v.h2); u.h1 = v.h1; u.w1 = v.w1; u.z1 = v.z1;
+    u.h2 = fmax(u.h1, v.h2);
+    u.h1 = v.h1;
+    u.w1 = v.w1;
+    u.z1 = v.z1;
   } else {
     u.h2 = fmax(u.h2, v.h1);
   }
@@ -389,14 +413,20 @@ __device__ __forceinline__ void summ_merge(Summary& u, const Summary& v, bool lp
 // ------------------------------------------------------------------------------------------
 __device__ __forceinline__ unsigned long long block_max_u64(unsigned long long v, Smem& s) {
 #pragma unroll
-  for (int o = 16; o; o >>= 1) { const unsigned long long w = shfl_x(v, o); v = w > v ? w : v; }
+  for (int o = 16; o; o >>= 1) {
+    const unsigned long long w = shfl_x(v, o);
+    v = w > v ? w : v;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
   if (lane == 0) s.red64[warp] = v;
   __syncthreads();
   v = s.red64[lane];
 #pragma unroll
-  for (int o = 16; o; o >>= 1) { const unsigned long long w = shfl_x(v, o); v = w > v ? w : v; }
+  for (int o = 16; o; o >>= 1) {
+    const unsigned long long w = shfl_x(v, o);
+    v = w > v ? w : v;
+  }
   return v;
 }
 // (max, min over nonzero) of u64 keys in one round
@@ -410,7 +440,10 @@ __device__ __forceinline__ void block_maxmin_u64(unsigned long long& mx, unsigne
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
-  if (lane == 0) { s.red64[warp] = mx; s.red64b[warp] = mn; }
+  if (lane == 0) {
+    s.red64[warp] = mx;
+    s.red64b[warp] = mn;
+  }
   __syncthreads();
   mx = s.red64[lane];
   mn = s.red64b[lane];
@@ -465,7 +498,10 @@ __device__ __forceinline__ Lse block_lse(Lse a, float scale, Smem& s, int slot) 
   lse_warp(a, scale);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
-  if (lane == 0) { s.redf[warp][2 * slot] = a.m; s.redf[warp][2 * slot + 1] = a.s; }
+  if (lane == 0) {
+    s.redf[warp][2 * slot] = a.m;
+    s.redf[warp][2 * slot + 1] = a.s;
+  }
   __syncthreads();
   Lse b;
   b.m = s.redf[lane][2 * slot];
@@ -479,11 +515,17 @@ __device__ __forceinline__ void block_argmax(float& z, int& id, Smem& s) {
   for (int o = 16; o; o >>= 1) {
     const float z2 = shfl_x(z, o);
     const int i2 = shfl_x(id, o);
-    if (z2 > z || (z2 == z && i2 < id)) { z = z2; id = i2; }
+    if (z2 > z || (z2 == z && i2 < id)) {
+      z = z2;
+      id = i2;
+    }
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
-  if (lane == 0) { s.redf[warp][3] = z; s.redi[warp][1] = id; }
+  if (lane == 0) {
+    s.redf[warp][3] = z;
+    s.redi[warp][1] = id;
+  }
   __syncthreads();
   z = s.redf[lane][3];
   id = s.redi[lane][1];
@@ -491,7 +533,10 @@ __device__ __forceinline__ void block_argmax(float& z, int& id, Smem& s) {
   for (int o = 16; o; o >>= 1) {
     const float z2 = shfl_x(z, o);
     const int i2 = shfl_x(id, o);
-    if (z2 > z || (z2 == z && i2 < id)) { z = z2; id = i2; }
+    if (z2 > z || (z2 == z && i2 < id)) {
+      z = z2;
+      id = i2;
+    }
   }
 }
 
@@ -520,9 +565,12 @@ __device__ unsigned long long block_select(const unsigned long long (&keys)[R], 
   if (n <= K) return n ? mn : 0ull;
   // bits above the highest differing one are common to every key; the first digit is the 8 bits
   // from there down (so that it spreads the keys over the bins), then 8 bits at a time
-  const int hb = 63 - __clzll(mx ^ mn);          // mx != mn since n > K >= 1
+  const int hb = 63 - __clzll(mx ^ mn);  // mx != mn since n > K >= 1
   int shift = hb - 7, width = 8;
-  if (shift < 0) { width = hb + 1; shift = 0; }
+  if (shift < 0) {
+    width = hb + 1;
+    shift = 0;
+  }
   unsigned long long pmask = ~((2ull << hb) - 1);
   unsigned long long prefix = mx & pmask;
   int need = K;
@@ -540,7 +588,10 @@ __device__ unsigned long long block_select(const unsigned long long (&keys)[R], 
       // lane l owns digits 255 - 8l - j, j = 0..7 (descending)
       unsigned c[8], tot = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) { c[j] = s.hist[255 - 8 * tid - j]; tot += c[j]; }
+      for (int j = 0; j < 8; ++j) {
+        c[j] = s.hist[255 - 8 * tid - j];
+        tot += c[j];
+      }
       unsigned incl = tot;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -567,8 +618,13 @@ __device__ unsigned long long block_select(const unsigned long long (&keys)[R], 
     prefix |= d << shift;
     pmask |= (unsigned long long)dmask << shift;
     need -= above;
-    if (c == need || shift == 0) break;   // the whole bin is selected (or a single key)
-    if (shift >= 8) { shift -= 8; } else { width = shift; shift = 0; }
+    if (c == need || shift == 0) break;  // the whole bin is selected (or a single key)
+    if (shift >= 8) {
+      shift -= 8;
+    } else {
+      width = shift;
+      shift = 0;
+    }
   }
   // the threshold: the smallest selected key of the boundary bin
   unsigned long long m2 = ~0ull;
@@ -654,10 +710,16 @@ struct PlainAcc {
   double h1 = -INFINITY, h2 = -INFINITY;
   float z1 = -INFINITY;
   int w1 = 0x7fffffff;
-  float bar = -INFINITY;   // float <= h2 (-inf until two elements were evaluated)
+  float bar = -INFINITY;  // float <= h2 (-inf until two elements were evaluated)
   __device__ __forceinline__ void update(double h, float z, int id) {
-    if (h > h1) { h2 = h1; h1 = h; z1 = z; w1 = id; }
-    else if (h > h2) { h2 = h; }
+    if (h > h1) {
+      h2 = h1;
+      h1 = h;
+      z1 = z;
+      w1 = id;
+    } else if (h > h2) {
+      h2 = h;
+    }
     if (h2 > -INFINITY) bar = __double2float_rd(h2);
   }
 };
@@ -670,23 +732,35 @@ __device__ __forceinline__ void block_top2(const PlainAcc& pa, Smem& s, Summary&
   int w1 = pa.w1;
   auto merge2 = [&](double bh1, int bw1, float bz1, double bh2) {
     if (bh1 > h1 || (bh1 == h1 && bw1 < w1)) {
-      h2 = fmax(h1, bh2); h1 = bh1; w1 = bw1; z1 = bz1;
+      h2 = fmax(h1, bh2);
+      h1 = bh1;
+      w1 = bw1;
+      z1 = bz1;
     } else {
       h2 = fmax(h2, bh1);
     }
   };
 #pragma unroll
-  for (int o = 16; o; o >>= 1)
-    merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
+  for (int o = 16; o; o >>= 1) merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
   const int warp = tid >> 5, lane = tid & 31;
   __syncthreads();
-  if (lane == 0) { s.redd[warp][0] = h1; s.redd[warp][1] = h2; s.redf[warp][0] = z1; s.redi[warp][0] = w1; }
+  if (lane == 0) {
+    s.redd[warp][0] = h1;
+    s.redd[warp][1] = h2;
+    s.redf[warp][0] = z1;
+    s.redi[warp][0] = w1;
+  }
   __syncthreads();
-  h1 = s.redd[lane][0]; h2 = s.redd[lane][1]; z1 = s.redf[lane][0]; w1 = s.redi[lane][0];
+  h1 = s.redd[lane][0];
+  h2 = s.redd[lane][1];
+  z1 = s.redf[lane][0];
+  w1 = s.redi[lane][0];
 #pragma unroll
-  for (int o = 16; o; o >>= 1)
-    merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
-  mine.h1 = h1; mine.h2 = h2; mine.z1 = z1; mine.w1 = w1;
+  for (int o = 16; o; o >>= 1) merge2(shfl_x(h1, o), shfl_x(w1, o), shfl_x(z1, o), shfl_x(h2, o));
+  mine.h1 = h1;
+  mine.h2 = h2;
+  mine.z1 = z1;
+  mine.w1 = w1;
 }
 
 // One vector of a lane (warp-convergent). The filter uses the larger of the lane's bar and the
@@ -705,13 +779,19 @@ __device__ __forceinline__ void plain_vec(PlainAcc& a, Smem& s, int i0, const fl
   for (int g = 0; g < VEC / 4; ++g) {
     float x[4], xm = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) { x[j] = z[4 * g + j] * inv_t; xm = fmaxf(xm, x[j]); }
+    for (int j = 0; j < 4; ++j) {
+      x[j] = z[4 * g + j] * inv_t;
+      xm = fmaxf(xm, x[j]);
+    }
     unsigned pend = 0;
     uint32_t w[4] = {0, 0, 0, 0};
     const int ib = i0 + 4 * g;
     if (!(fmaf(fabsf(xm), kRel, xm + kGumbelHi) < bar)) {
       const Philox4 r = philox_block(seed, offset, uint32_t(ib) >> 2, kStreamSample);
-      w[0] = r.x; w[1] = r.y; w[2] = r.z; w[3] = r.w;
+      w[0] = r.x;
+      w[1] = r.y;
+      w[2] = r.z;
+      w[3] = r.w;
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         if (!skip_elem(x[j], bar, barc, w[j])) pend |= 1u << j;
@@ -766,7 +846,7 @@ __device__ __forceinline__ bool plain_gap_ok(double h1, double h2, float z1, flo
 struct ExactAcc {
   float best = -INFINITY;
   int id = 0x7fffffff;
-  float psum = 0.0f;   // sum of exp(y) over the kept set (logprobs)
+  float psum = 0.0f;  // sum of exp(y) over the kept set (logprobs)
 };
 
 // rare path (an element that may beat the bar), out of line
@@ -776,8 +856,8 @@ __device__ __noinline__ float exact_score(float y, uint32_t w) {
 
 template <int VEC, bool kThr, bool kLp>
 __device__ __forceinline__ void exact_step(ExactAcc& a, Smem& s, int i0, const float (&z)[VEC],
-                                           float zmax, float inv_t, unsigned long long thr,
-                                           float L, uint64_t seed, uint64_t offset) {
+                                           float zmax, float inv_t, unsigned long long thr, float L,
+                                           uint64_t seed, uint64_t offset) {
   // the bar: the max token's score, or the best exact score any warp of the CTA has seen
   const float bar = fmaxf(a.best, key32_to_float(s.bar_key));
   const float barc = fmaf(fabsf(bar), kRel, 1e-6f);
@@ -801,7 +881,10 @@ __device__ __forceinline__ void exact_step(ExactAcc& a, Smem& s, int i0, const f
     uint32_t w[4] = {0, 0, 0, 0};
     if (ym >= kDead && !(fmaf(fabsf(ym), kRel, ym + kGumbelHi) < bar)) {
       const Philox4 r = philox_block(seed, offset, uint32_t(ib) >> 2, kStreamSample);
-      w[0] = r.x; w[1] = r.y; w[2] = r.z; w[3] = r.w;
+      w[0] = r.x;
+      w[1] = r.y;
+      w[2] = r.z;
+      w[3] = r.w;
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         if (y[j] >= kDead && !skip_elem(y[j], bar, barc, w[j])) pend |= 1u << j;
@@ -812,7 +895,10 @@ __device__ __forceinline__ void exact_step(ExactAcc& a, Smem& s, int i0, const f
         const int j = __ffs(pend) - 1;
         pend &= pend - 1;
         const float c = exact_score(pick<4>(y, j), pick4(w, j));
-        if (c > a.best || (c == a.best && ib + j < a.id)) { a.best = c; a.id = ib + j; }
+        if (c > a.best || (c == a.best && ib + j < a.id)) {
+          a.best = c;
+          a.id = ib + j;
+        }
       }
     }
   }
@@ -832,16 +918,18 @@ __device__ __forceinline__ V* peer(V* p, int rank) {
   return cg::this_cluster().map_shared_rank(p, rank);
 }
 __device__ __forceinline__ void cluster_sync(int cs) {
-  if (cs > 1) cg::this_cluster().sync();
-  else __syncthreads();
+  if (cs > 1)
+    cg::this_cluster().sync();
+  else
+    __syncthreads();
 }
 
 // The exact pass over this CTA's chunk; rank 0 returns the row's (token, processed kept exp
 // sum). Every CTA of the cluster calls it.
 template <typename T>
 __device__ void exact_pass(const Params& p, const Row& r, Smem& s, const T* rowp, int c0, int c1,
-                           bool aligned, uint4* sdata, float zmax, int zid,
-                           unsigned long long thr, int& tok, float& psum) {
+                           bool aligned, uint4* sdata, float zmax, int zid, unsigned long long thr,
+                           int& tok, float& psum) {
   constexpr int VEC = VecOf<T>::n;
   const int cs = p.cs;
   const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
@@ -856,16 +944,21 @@ __device__ void exact_pass(const Params& p, const Row& r, Smem& s, const T* rowp
   const bool from_smem = p.resident;
   auto run = [&](auto thr_tag, auto lp_tag) {
     constexpr bool kThr = decltype(thr_tag)::value, kLp = decltype(lp_tag)::value;
-    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, from_smem,
-                    [&](int i, const float (&z)[VEC]) {
-                      exact_step<VEC, kThr, kLp>(a, s, i, z, zmax, r.inv_t, thr, r.L, r.seed,
-                                                 r.offset);
-                    });
+    for_each_vec<T>(
+        rowp, c0, c1, aligned, sdata, false, from_smem, [&](int i, const float (&z)[VEC]) {
+          exact_step<VEC, kThr, kLp>(a, s, i, z, zmax, r.inv_t, thr, r.L, r.seed, r.offset);
+        });
   };
   if (thr) {
-    if (lp) run(std::true_type{}, std::true_type{}); else run(std::true_type{}, std::false_type{});
+    if (lp)
+      run(std::true_type{}, std::true_type{});
+    else
+      run(std::true_type{}, std::false_type{});
   } else {
-    if (lp) run(std::false_type{}, std::true_type{}); else run(std::false_type{}, std::false_type{});
+    if (lp)
+      run(std::false_type{}, std::true_type{});
+    else
+      run(std::false_type{}, std::false_type{});
   }
   // block argmax of (score, lowest id)
   unsigned long long b = a.best > -INFINITY ? pack_best(a.best, uint32_t(a.id)) : 0ull;
@@ -884,7 +977,10 @@ __device__ void exact_pass(const Params& p, const Row& r, Smem& s, const T* rowp
   if (rank == 0) {
     unsigned long long bb = 0;
     float pp = 0.0f;
-    for (int q = 0; q < cs; ++q) { bb = s.best[q] > bb ? s.best[q] : bb; pp += s.psum[q]; }
+    for (int q = 0; q < cs; ++q) {
+      bb = s.best[q] > bb ? s.best[q] : bb;
+      pp += s.psum[q];
+    }
     tok = bb ? int(~uint32_t(bb)) : zid;
     psum = pp;
   }
@@ -893,7 +989,7 @@ __device__ void exact_pass(const Params& p, const Row& r, Smem& s, const T* rowp
 // 64-bit add into shared memory with two native 32-bit atomics and a carry (a 64-bit shared
 // atomicAdd is a compare-and-swap loop on sm_90, which collapses under contention)
 __device__ __forceinline__ void smem_add_u64(unsigned long long* a, unsigned long long v) {
-  unsigned int* w = reinterpret_cast<unsigned int*>(a);   // little-endian: w[0] low, w[1] high
+  unsigned int* w = reinterpret_cast<unsigned int*>(a);  // little-endian: w[0] low, w[1] high
   const unsigned int lo = unsigned(v), hi = unsigned(v >> 32);
   const unsigned int old = atomicAdd(w, lo);
   const unsigned int h = hi + (old + lo < old ? 1u : 0u);
@@ -909,11 +1005,10 @@ __device__ __forceinline__ void smem_add_u64(unsigned long long* a, unsigned lon
 // first digit is the 8 bits from there down (an informative first level, spread over the bins).
 // Every CTA calls; all return t.
 template <typename T, bool kMass>
-__device__ unsigned long long cluster_select(const Params& p, const Row& r, Smem& s,
-                                             const T* rowp, int c0, int c1, bool aligned,
-                                             uint4* sdata, float zmax, unsigned long long lo,
-                                             unsigned long long hi, unsigned long long floor,
-                                             unsigned long long target,
+__device__ unsigned long long cluster_select(const Params& p, const Row& r, Smem& s, const T* rowp,
+                                             int c0, int c1, bool aligned, uint4* sdata, float zmax,
+                                             unsigned long long lo, unsigned long long hi,
+                                             unsigned long long floor, unsigned long long target,
                                              unsigned long long* cbuf) {
   constexpr int VEC = VecOf<T>::n;
   const int cs = p.cs;
@@ -923,12 +1018,19 @@ __device__ unsigned long long cluster_select(const Params& p, const Row& r, Smem
   if (hi <= lo) return hi;
   const int hb = 63 - __clzll(hi ^ lo);
   int shift = hb - 7, width = 8;
-  if (shift < 0) { width = hb + 1; shift = 0; }
+  if (shift < 0) {
+    width = hb + 1;
+    shift = 0;
+  }
   unsigned long long pmask = ~((2ull << hb) - 1);
   unsigned long long prefix = hi & pmask;
   for (;;) {
     const unsigned dmask = (1u << width) - 1;
-    if (tid < 256) { s.hist[tid] = 0; s.hmass[tid] = 0; s.hmin[tid] = ~0ull; }
+    if (tid < 256) {
+      s.hist[tid] = 0;
+      s.hmass[tid] = 0;
+      s.hmin[tid] = ~0ull;
+    }
     __syncthreads();
     for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident,
                     [&](int i, const float (&z)[VEC]) {
@@ -973,7 +1075,10 @@ __device__ unsigned long long cluster_select(const Params& p, const Row& r, Smem
       if (tid < 32) {
         unsigned long long c[8], tot = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) { c[j] = s.hmass[255 - 8 * tid - j]; tot += c[j]; }
+        for (int j = 0; j < 8; ++j) {
+          c[j] = s.hmass[255 - 8 * tid - j];
+          tot += c[j];
+        }
         unsigned long long incl = tot;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -1013,7 +1118,12 @@ __device__ unsigned long long cluster_select(const Params& p, const Row& r, Smem
     pmask |= (unsigned long long)dmask << shift;
     target -= above;
     if (shift == 0) break;
-    if (shift >= 8) { shift -= 8; } else { width = shift; shift = 0; }
+    if (shift >= 8) {
+      shift -= 8;
+    } else {
+      width = shift;
+      shift = 0;
+    }
   }
   return prefix;
 }
@@ -1032,7 +1142,7 @@ __device__ unsigned long long cluster_mass(const Params& p, const Row& r, Smem& 
 #pragma unroll
                     for (int j = 0; j < VEC; ++j) {
                       const float y = centered(z[j], zmax, r.inv_t);
-                      if (!(y >= -27.0f)) continue;   // mass_fixed(y) == 0 below -26.34
+                      if (!(y >= -27.0f)) continue;  // mass_fixed(y) == 0 below -26.34
                       if (floor && key_of(z[j], i + j) < floor) continue;
                       acc += (unsigned long long)mass_fixed_nonpos(y);
                     }
@@ -1054,8 +1164,10 @@ __device__ unsigned long long cluster_mass(const Params& p, const Row& r, Smem& 
 // ------------------------------------------------------------------------------------------
 __device__ __forceinline__ void write_row(const Params& p, int row, int tok, bool ok, float lp,
                                           float plp) {
-  if (p.out64) static_cast<int64_t*>(p.tokens)[row] = ok ? tok : 0;
-  else static_cast<int32_t*>(p.tokens)[row] = ok ? tok : 0;
+  if (p.out64)
+    static_cast<int64_t*>(p.tokens)[row] = ok ? tok : 0;
+  else
+    static_cast<int32_t*>(p.tokens)[row] = ok ? tok : 0;
   p.valid[row] = ok;
   if (p.flags & F_LOGPROBS) {
     p.lp[row] = ok ? lp : __int_as_float(0x7fc00000);
@@ -1084,7 +1196,7 @@ __device__ int cand_finish(const Row& r, Smem& s, Fin& f, int n, int vocab, floa
 #pragma unroll
   for (int o = 1; o < kTpk; o <<= 1) rk += __shfl_xor_sync(0xffffffffu, rk, o);
   __syncthreads();
-  if (kk < n && part == 0) f.sprefix[rk] = key;   // sprefix as scratch for the sorted keys
+  if (kk < n && part == 0) f.sprefix[rk] = key;  // sprefix as scratch for the sorted keys
   __syncthreads();
   float y = -INFINITY;
   unsigned long long e = 0;
@@ -1094,7 +1206,10 @@ __device__ int cand_finish(const Row& r, Smem& s, Fin& f, int n, int vocab, floa
     if (r.p_on) e = (unsigned long long)mass_fixed_nonpos(y);
   }
   __syncthreads();
-  if (tid < n) { f.skey[tid] = key; f.sy[tid] = y; }
+  if (tid < n) {
+    f.skey[tid] = key;
+    f.sy[tid] = y;
+  }
   // inclusive prefix of masses in key order (n <= kCandCap: warps 0..kCandCap / 32 - 1)
   unsigned long long incl = e;
   const int lane = tid & 31, warp = tid >> 5;
@@ -1167,7 +1282,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
       reinterpret_cast<unsigned long long*>(smem_raw + ((sizeof(Smem) + 15) / 16) * 16);
   const int cs = p.cs;
   const int cbuf_n = cs * kCbufPerCta;
-  unsigned long long* cand = cbuf + cbuf_n;                  // [kCandBuf] (FILT)
+  unsigned long long* cand = cbuf + cbuf_n;  // [kCandBuf] (FILT)
   uint4* sdata = reinterpret_cast<uint4*>(cand + (FILT ? kCandBuf : 0));
 
   const int row = blockIdx.x / cs;
@@ -1180,8 +1295,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   const int c1 = min(p.vocab, c0 + p.chunk);
   const bool lp = p.flags & F_LOGPROBS;
   const bool resident = p.resident;
-  const bool plain_stream =
-      !FILT && r.mode == kPlain && !resident && !(p.flags & F_FORCE_EXACT);
+  const bool plain_stream = !FILT && r.mode == kPlain && !resident && !(p.flags & F_FORCE_EXACT);
 
   if (tid == 0) s.bar_key = key32(-INFINITY);
   // A CTA may write a peer's shared memory only once the peer has started (CUDA programming
@@ -1200,8 +1314,11 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   auto common = [&](int i, const float (&z)[VEC]) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      if (z[j] > zm) { zm = z[j]; zi = i + j; }
-      bad |= z[j] < INFINITY ? 0u : 1u;   // NaN or +inf (padding is -inf)
+      if (z[j] > zm) {
+        zm = z[j];
+        zi = i + j;
+      }
+      bad |= z[j] < INFINITY ? 0u : 1u;  // NaN or +inf (padding is -inf)
       if (FILT && i + j < c1) zlo = fminf(zlo, z[j]);
     }
     if (lp) {
@@ -1225,8 +1342,12 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
                       for (int j = 0; j < VEC; ++j) {
                         if (z[j] > -INFINITY) {
                           const unsigned long long k = key_of(z[j], i + j);
-                          if (k > tkey) { tkey2 = tkey; tkey = k; }
-                          else if (k > tkey2) { tkey2 = k; }
+                          if (k > tkey) {
+                            tkey2 = tkey;
+                            tkey = k;
+                          } else if (k > tkey2) {
+                            tkey2 = k;
+                          }
                         }
                       }
                     });
@@ -1237,17 +1358,16 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     if (tid == 0) s.ncb = 0;
     __syncthreads();
     // the whole chunk (the head again, from L2 / shared memory): append the keys >= th0
-    for_each_vec<T>(rowp, c0, c1, aligned, sdata, resident && head_end < c1,
-                    false, [&](int i, const float (&z)[VEC]) {
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, resident && head_end < c1, false,
+                    [&](int i, const float (&z)[VEC]) {
                       if (i >= head_end) common(i, z);
                       cand_append<VEC>(s, cand, i, z, th0);
                     });
   } else if (!FILT && plain_stream) {
-    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, false,
-                    [&](int i, const float (&z)[VEC]) {
-                      common(i, z);
-                      plain_vec<VEC>(pa, s, i, z, r.inv_t, inv_t_d, r.seed, r.offset);
-                    });
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, false, [&](int i, const float (&z)[VEC]) {
+      common(i, z);
+      plain_vec<VEC>(pa, s, i, z, r.inv_t, inv_t_d, r.seed, r.offset);
+    });
   } else {
     for_each_vec<T>(rowp, c0, c1, aligned, sdata, resident && r.mode != kGreedy, false,
                     [&](int i, const float (&z)[VEC]) { common(i, z); });
@@ -1261,9 +1381,17 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     if (r.mode == kPlain) proc = block_lse(proc, r.inv_t, s, 1);
   }
   Summary mine{};
-  mine.zmax = zm; mine.zid = zi; mine.bad = bad;
-  mine.lm = raw.m; mine.ls = raw.s; mine.pm = proc.m; mine.ps = proc.s;
-  mine.h1 = -INFINITY; mine.h2 = -INFINITY; mine.z1 = -INFINITY; mine.w1 = 0x7fffffff;
+  mine.zmax = zm;
+  mine.zid = zi;
+  mine.bad = bad;
+  mine.lm = raw.m;
+  mine.ls = raw.s;
+  mine.pm = proc.m;
+  mine.ps = proc.s;
+  mine.h1 = -INFINITY;
+  mine.h2 = -INFINITY;
+  mine.z1 = -INFINITY;
+  mine.w1 = 0x7fffffff;
   if (!FILT && plain_stream) block_top2(pa, s, mine);
   if (FILT) {
     float zl = zlo;
@@ -1277,7 +1405,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     for (int o = 16; o; o >>= 1) zl = fminf(zl, shfl_x(zl, o));
     mine.zmin = zl;
   }
-  if (cs > 1) cg::this_cluster().barrier_wait();   // every peer has started (see the arrive)
+  if (cs > 1) cg::this_cluster().barrier_wait();  // every peer has started (see the arrive)
   if (FILT && r.mode == kCand) {
     // this CTA's top K of its buffer, pushed to rank 0's cbuf[rank][*]
     __syncthreads();
@@ -1309,7 +1437,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     Summary* dst = cs > 1 ? peer(&s.summ[rank], tid) : &s.summ[0];
     *dst = mine;
   }
-  cluster_sync(cs);   // B1
+  cluster_sync(cs);  // B1
 
   // ---------------- row summary (identical in every CTA): warp 0 merges ----------------
   if (tid < 32) {
@@ -1330,7 +1458,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   auto raw_lp = [&](int tok) -> float {
     if (!lp) return 0.0f;
     const float zt = to_f(rowp[tok]);
-    return (zt - rraw.m) - logf(rraw.s);   // not zt - (m + log s): exact at |z| ~ 1e30
+    return (zt - rraw.m) - logf(rraw.s);  // not zt - (m + log s): exact at |z| ~ 1e30
   };
   if (!ok) {
     if (rank == 0 && tid == 0) write_row(p, row, 0, false, 0.0f, 0.0f);
@@ -1360,7 +1488,8 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     float ps = 0.0f;
     exact_pass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, zid, 0ull, tok, ps);
     if (rank == 0 && tid == 0)
-      write_row(p, row, tok, true, raw_lp(tok), centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+      write_row(p, row, tok, true, raw_lp(tok),
+                centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
     return;
   }
 
@@ -1369,14 +1498,15 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   bool generic = r.mode == kGeneric || (r.mode == kCand && rovf);
   if (r.mode == kCand && !rovf) {
     unsigned long long S_row = 0;
-    if (!r.k_on && r.p_on) S_row = cluster_mass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, 0ull);
+    if (!r.k_on && r.p_on)
+      S_row = cluster_mass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, 0ull);
     int need_generic = 0;
     Fin& fin = *reinterpret_cast<Fin*>(cand);
     if (rank == 0) {
       // the row's top K among the cs * K candidates
       int n = ncand;
       if (cs > 1) {
-        constexpr int RR = kMaxCluster * kCandCap / kThreads;   // 8
+        constexpr int RR = kMaxCluster * kCandCap / kThreads;  // 8
         unsigned long long keys[RR];
         int q = 0;
 #pragma unroll
@@ -1410,7 +1540,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
       } else if (tid == 0) {
         write_row(p, row, tok, true, raw_lp(tok), ytok - logf(ps));
       }
-      if (!r.k_on) {   // the peers wait for the decision
+      if (!r.k_on) {  // the peers wait for the decision
         if (tid < cs) {
           unsigned long long* dst = cs > 1 ? peer(&s.bcast[7], tid) : &s.bcast[7];
           *dst = (unsigned long long)need_generic;
@@ -1418,7 +1548,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
       }
     }
     if (!r.k_on) {
-      cluster_sync(cs);   // B2
+      cluster_sync(cs);  // B2
       need_generic = int(s.bcast[7]);
     }
     if (!need_generic) return;
@@ -1477,21 +1607,29 @@ constexpr float kPruneC = 0.03f, kPruneMargin = 0.02f, kPruneDelta = 1.907348632
 constexpr float kGapAMax = 16384.0f, kGapAPad = 256.0f, kGapScale = 4.76837158203125e-07f;  // 2^-21
 
 struct SplitSum {
-  float zmax;     // max raw logit of the chunk (-inf: none)
-  int zid;        // its lowest id
-  float h1;       // best approximate score (temperature rows)
-  int i1;         // its id
-  float h2;       // >= every other score of the chunk (second best, or the skip bound)
-  float z1;       // raw logit of the best
-  float ls, ps;   // sum exp(z - zmax), sum exp((z - zmax) t)   (logprobs)
-  unsigned bad;   // a NaN or +inf was seen
+  float zmax;    // max raw logit of the chunk (-inf: none)
+  int zid;       // its lowest id
+  float h1;      // best approximate score (temperature rows)
+  int i1;        // its id
+  float h2;      // >= every other score of the chunk (second best, or the skip bound)
+  float z1;      // raw logit of the best
+  float ls, ps;  // sum exp(z - zmax), sum exp((z - zmax) t)   (logprobs)
+  unsigned bad;  // a NaN or +inf was seen
   unsigned pad;
 };
 
 __device__ __forceinline__ SplitSum split_empty() {
   SplitSum u;
-  u.zmax = -INFINITY; u.zid = 0x7fffffff; u.h1 = -INFINITY; u.i1 = 0x7fffffff; u.h2 = -INFINITY;
-  u.z1 = -INFINITY; u.ls = 0.0f; u.ps = 0.0f; u.bad = 0; u.pad = 0;
+  u.zmax = -INFINITY;
+  u.zid = 0x7fffffff;
+  u.h1 = -INFINITY;
+  u.i1 = 0x7fffffff;
+  u.h2 = -INFINITY;
+  u.z1 = -INFINITY;
+  u.ls = 0.0f;
+  u.ps = 0.0f;
+  u.bad = 0;
+  u.pad = 0;
   return u;
 }
 
@@ -1509,10 +1647,16 @@ __device__ __forceinline__ void split_merge(SplitSum& u, const SplitSum& v, bool
       u.ps = u.ps * lse_factor(u.zmax, m, inv_t) + v.ps * lse_factor(v.zmax, m, inv_t);
     }
   }
-  if (v.zmax > u.zmax || (v.zmax == u.zmax && v.zid < u.zid)) { u.zmax = v.zmax; u.zid = v.zid; }
+  if (v.zmax > u.zmax || (v.zmax == u.zmax && v.zid < u.zid)) {
+    u.zmax = v.zmax;
+    u.zid = v.zid;
+  }
   u.bad |= v.bad;
   if (v.h1 > u.h1 || (v.h1 == u.h1 && v.i1 < u.i1)) {
-    u.h2 = fmaxf(u.h1, v.h2); u.h1 = v.h1; u.i1 = v.i1; u.z1 = v.z1;
+    u.h2 = fmaxf(u.h1, v.h2);
+    u.h1 = v.h1;
+    u.i1 = v.i1;
+    u.z1 = v.z1;
   } else {
     u.h2 = fmaxf(u.h2, v.h1);
   }
@@ -1520,9 +1664,16 @@ __device__ __forceinline__ void split_merge(SplitSum& u, const SplitSum& v, bool
 
 __device__ __forceinline__ SplitSum split_shfl(const SplitSum& u, int o) {
   SplitSum v;
-  v.zmax = shfl_x(u.zmax, o); v.zid = shfl_x(u.zid, o); v.h1 = shfl_x(u.h1, o);
-  v.i1 = shfl_x(u.i1, o); v.h2 = shfl_x(u.h2, o); v.z1 = shfl_x(u.z1, o);
-  v.ls = shfl_x(u.ls, o); v.ps = shfl_x(u.ps, o); v.bad = shfl_x(u.bad, o); v.pad = 0;
+  v.zmax = shfl_x(u.zmax, o);
+  v.zid = shfl_x(u.zid, o);
+  v.h1 = shfl_x(u.h1, o);
+  v.i1 = shfl_x(u.i1, o);
+  v.h2 = shfl_x(u.h2, o);
+  v.z1 = shfl_x(u.z1, o);
+  v.ls = shfl_x(u.ls, o);
+  v.ps = shfl_x(u.ps, o);
+  v.bad = shfl_x(u.bad, o);
+  v.pad = 0;
   return v;
 }
 
@@ -1538,7 +1689,7 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   constexpr int VEC = VecOf<T>::n;
-  constexpr int U = 4;   // vectors in flight per thread
+  constexpr int U = 4;  // vectors in flight per thread
   __shared__ SplitSum red[kSplitWarps];
   const int S = p.split;
   const int row = int(blockIdx.x) / S;
@@ -1592,7 +1743,10 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if (i + j >= c1) z[j] = -INFINITY;
-        if (z[j] > me.zmax) { me.zmax = z[j]; me.zid = i + j; }
+        if (z[j] > me.zmax) {
+          me.zmax = z[j];
+          me.zid = i + j;
+        }
         me.bad |= z[j] < INFINITY ? 0u : 1u;
       }
       if (lp) {
@@ -1611,15 +1765,20 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
 #pragma unroll
         for (int g = 0; g < VEC / 4; ++g) {
           const Philox4 r = philox_block(seed, offset, uint32_t(i + 4 * g) >> 2, kStreamSample);
-          w[4 * g] = r.x; w[4 * g + 1] = r.y; w[4 * g + 2] = r.z; w[4 * g + 3] = r.w;
+          w[4 * g] = r.x;
+          w[4 * g + 1] = r.y;
+          w[4 * g + 2] = r.z;
+          w[4 * g + 3] = r.w;
         }
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float x = z[j];
           const float th = ex2approx(fmul(ex2approx(fsub(fmul(x, c1f), bterm)), -kLog2e));
           if (x > -INFINITY) {
-            if (fadd(uniform_from_bits(w[j]), kPruneDelta) >= th) need |= 1u << j;
-            else pruned = true;
+            if (fadd(uniform_from_bits(w[j]), kPruneDelta) >= th)
+              need |= 1u << j;
+            else
+              pruned = true;
           }
         }
         if (need) {
@@ -1627,8 +1786,14 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
           for (int j = 0; j < VEC; ++j) {
             if ((need >> j) & 1u) {
               const float h = fadd(fmul(z[j], inv_t), gumbel_from_bits(w[j]));
-              if (h > me.h1) { me.h2 = me.h1; me.h1 = h; me.i1 = i + j; me.z1 = z[j]; }
-              else { me.h2 = fmaxf(me.h2, h); }
+              if (h > me.h1) {
+                me.h2 = me.h1;
+                me.h1 = h;
+                me.i1 = i + j;
+                me.z1 = z[j];
+              } else {
+                me.h2 = fmaxf(me.h2, h);
+              }
             }
           }
         }
@@ -1673,7 +1838,7 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
     const SplitSum* ws = static_cast<const SplitSum*>(p.ws) + int64_t(row) * S;
     SplitSum u = split_empty();
     for (int j = threadIdx.x; j < S; j += kThreads) split_merge(u, ws[j], lp, r.inv_t);
-    if (threadIdx.x < ((S + 31) & ~31)) {   // warps past the summaries hold nothing
+    if (threadIdx.x < ((S + 31) & ~31)) {  // warps past the summaries hold nothing
       split_warp_merge(u, lp, r.inv_t);
       if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = u;
     }
@@ -1732,7 +1897,10 @@ inline size_t smem_fixed_bytes(int cs, bool filt = true) {
          (filt ? size_t(kCandBuf) * 8 : 0);
 }
 
-struct DeviceInfo { int sms = 0, max_smem = 0, max_cs = 1; bool pdl = false; };
+struct DeviceInfo {
+  int sms = 0, max_smem = 0, max_cs = 1;
+  bool pdl = false;
+};
 
 template <typename Kernel>
 inline DeviceInfo device_info(Kernel kernel) {
@@ -1800,8 +1968,8 @@ inline int active_clusters(Kernel kernel, int cs, size_t smem) {
 // thread at least, at most kSplitCtasPerSm CTAs per SM in all. The caller provides p.ws,
 // split_ws_bytes() bytes, ordered on `stream` (one per call: nothing persists between calls, so
 // concurrent calls on other streams cannot interfere).
-constexpr int kSplitCtasPerSm = 4;     // phase-1 CTAs per SM, at most (all rows together)
-constexpr int kSplitMax = 256;         // phase-1 CTAs per row, at most
+constexpr int kSplitCtasPerSm = 4;  // phase-1 CTAs per SM, at most (all rows together)
+constexpr int kSplitMax = 256;      // phase-1 CTAs per row, at most
 template <typename T>
 int split_ctas(const Params& p) {
   if (p.rows == 0 || (p.flags & (F_TOPK | F_TOPP | F_MINP | F_FORCE_GENERIC | F_NO_SPLIT)) ||
@@ -1815,7 +1983,9 @@ int split_ctas(const Params& p) {
   S = S < by_vocab ? S : by_vocab;
   return S >= 2 ? S : 0;
 }
-inline size_t split_ws_bytes(const Params& p, int S) { return sizeof(SplitSum) * size_t(p.rows) * S; }
+inline size_t split_ws_bytes(const Params& p, int S) {
+  return sizeof(SplitSum) * size_t(p.rows) * S;
+}
 
 template <typename T>
 cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
@@ -1876,7 +2046,10 @@ cudaError_t launch(Params p, cudaStream_t stream, int cs_override = 0) {
       for (int c = d.max_cs; c >= 2; c >>= 1) {
         if (chunk_of(c) < 2048) continue;
         const size_t smem = smem_fixed_bytes(c, filt) + (resident_ok(c) ? res_bytes_of(c) : 0);
-        if (int64_t(active_clusters(kernel, c, smem)) >= p.rows) { cs = c; break; }
+        if (int64_t(active_clusters(kernel, c, smem)) >= p.rows) {
+          cs = c;
+          break;
+        }
       }
     }
     while (cs > 1 && (cs - 1) * chunk_of(cs) >= p.vocab) cs >>= 1;

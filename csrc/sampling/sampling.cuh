@@ -16,16 +16,17 @@
 #include <cstdint>
 
 #include "common/philox.cuh"
+#include "common/device.cuh"
 #include "common/softmath.cuh"
 
 namespace tokenspeed_kernel::sampling {
 
 constexpr int kThreads = 256;
-constexpr int kGroupsPerThread = 4;                           // 4-element groups per iteration
-constexpr int kTile = kThreads * kGroupsPerThread * 4;        // elements per CTA iteration
-constexpr int kTopKCap = 256;                                 // top-k fast path bound
-constexpr int kCandCap = 8192;                                // per-CTA candidate buffer
-constexpr int kMergeCap = 16384;                              // finalize merge buffer (keys)
+constexpr int kGroupsPerThread = 4;                     // 4-element groups per iteration
+constexpr int kTile = kThreads * kGroupsPerThread * 4;  // elements per CTA iteration
+constexpr int kTopKCap = 256;                           // top-k fast path bound
+constexpr int kCandCap = 8192;                          // per-CTA candidate buffer
+constexpr int kMergeCap = 16384;                        // finalize merge buffer (keys)
 constexpr int kHistBins = 4096;
 
 enum RowMode : int { kGreedy = 0, kPlain = 1, kTopK = 2, kGeneric = 3 };
@@ -36,14 +37,23 @@ enum RowMode : int { kGreedy = 0, kPlain = 1, kTopK = 2, kGeneric = 3 };
 // F_NO_EXCL (tests / A-B): level 0 of a top-p row histograms every key (no excluded bins).
 // F_EXCL_TEST (tests): level 0 excludes the bins below y = -2 (z = zmax - 2 T) instead of the
 // proven bound, so the boundary often falls among them and the redo path runs.
-enum Flags : int { F_TEMP = 1, F_TOPK = 2, F_TOPP = 4, F_MINP = 8, F_LOGPROBS = 16,
-                   F_GENERIC = 32, F_THRESHOLDS = 64, F_NO_LIST = 128, F_NO_EXCL = 256,
-                   F_EXCL_TEST = 512 };
+enum Flags : int {
+  F_TEMP = 1,
+  F_TOPK = 2,
+  F_TOPP = 4,
+  F_MINP = 8,
+  F_LOGPROBS = 16,
+  F_GENERIC = 32,
+  F_THRESHOLDS = 64,
+  F_NO_LIST = 128,
+  F_NO_EXCL = 256,
+  F_EXCL_TEST = 512
+};
 
 struct Params {
   const void* logits;
-  int64_t row_stride;     // elements
-  int rows, vocab, tpr;   // tokens per request
+  int64_t row_stride;    // elements
+  int rows, vocab, tpr;  // tokens per request
   const float* temperature;
   const int* top_k;
   const float* top_p;
@@ -51,14 +61,14 @@ struct Params {
   const int64_t* seed;
   const int64_t* offset;
   int flags;
-  int splits, chunk;      // chunk: elements per split (multiple of 8)
-  int row0;               // first row of this launch (grid.y <= 65535 rows per launch)
+  int splits, chunk;  // chunk: elements per split (multiple of 8)
+  int row0;           // first row of this launch (grid.y <= 65535 rows per launch)
   // F_THRESHOLDS callers only (the verify family; null / 0 for sampling):
-  const int32_t* row_req; // request of each row (instead of row / tpr); < 0: no thresholds
-  const void* logits2;    // rows >= rows1 are rows (row - rows1) of logits2 (stride row_stride2)
+  const int32_t* row_req;  // request of each row (instead of row / tpr); < 0: no thresholds
+  const void* logits2;     // rows >= rows1 are rows (row - rows1) of logits2 (stride row_stride2)
   int64_t row_stride2;
   int rows1;
-  int64_t* thr_out;       // [rows] key56 threshold of each row (0: no top-k / top-p)
+  int64_t* thr_out;  // [rows] key56 threshold of each row (0: no top-k / top-p)
 };
 
 struct Partial {
@@ -67,26 +77,26 @@ struct Partial {
   float zmax, zsum;          // raw logits: max and sum exp(z - zmax) (logprobs only)
   float xsum;                // pass 0: sum exp(x - xmax_split); pass 1: kept sum exp(x - m)
   unsigned int invalid;
-  unsigned int count;        // TOPK: candidates written
+  unsigned int count;  // TOPK: candidates written
 };
 
 struct RowState {
-  unsigned long long prefix, lower, target, thr;   // key56 of the raw logits z
+  unsigned long long prefix, lower, target, thr;  // key56 of the raw logits z
   int phase, level, mode;
-  unsigned int nact;             // keys active at this level (prefix and >= lower), if known
-  unsigned int arrive, ncand;    // arrival counter; keys appended to the row's list
-  float m, L;                    // m: the raw row max zmax (masses of y = centered(z, m, 1/T))
-  int noexcl;                    // level 0 of top-p: redo without excluded bins (level_decide)
+  unsigned int nact;           // keys active at this level (prefix and >= lower), if known
+  unsigned int arrive, ncand;  // arrival counter; keys appended to the row's list
+  float m, L;                  // m: the raw row max zmax (masses of y = centered(z, m, 1/T))
+  int noexcl;                  // level 0 of top-p: redo without excluded bins (level_decide)
 };
 
 struct Workspace {
-  Partial* part;                 // [rows][splits] pass 0
-  Partial* part1;                // [rows][splits] pass 1 (generic)
-  unsigned long long* cand;      // [rows][splits][kTopKCap]
-  RowState* state;               // [rows]
-  unsigned int* hcnt;            // [rows][kHistBins]
-  unsigned long long* hmass;     // [rows][kHistBins]
-  unsigned long long* list;      // [rows][list_cap] a level's active keys (null: no compaction)
+  Partial* part;              // [rows][splits] pass 0
+  Partial* part1;             // [rows][splits] pass 1 (generic)
+  unsigned long long* cand;   // [rows][splits][kTopKCap]
+  RowState* state;            // [rows]
+  unsigned int* hcnt;         // [rows][kHistBins]
+  unsigned long long* hmass;  // [rows][kHistBins]
+  unsigned long long* list;   // [rows][list_cap] a level's active keys (null: no compaction)
   int list_cap;
 };
 
@@ -106,10 +116,18 @@ __device__ __forceinline__ RowParams row_params(const Params& p, int row) {
   int q = row / p.tpr;
   if (p.row_req != nullptr) {
     q = p.row_req[row];
-    if (q < 0) {   // a row without thresholds (F_THRESHOLDS callers)
-      r.inv_t = 1.0f; r.top_p = 1.0f; r.min_p = 0.0f; r.k = 0;
-      r.greedy = false; r.k_on = false; r.p_on = false; r.mp_on = false;
-      r.seed = 0; r.offset = 0; r.mode = kPlain;
+    if (q < 0) {  // a row without thresholds (F_THRESHOLDS callers)
+      r.inv_t = 1.0f;
+      r.top_p = 1.0f;
+      r.min_p = 0.0f;
+      r.k = 0;
+      r.greedy = false;
+      r.k_on = false;
+      r.p_on = false;
+      r.mp_on = false;
+      r.seed = 0;
+      r.offset = 0;
+      r.mode = kPlain;
       return r;
     }
   }
@@ -124,24 +142,34 @@ __device__ __forceinline__ RowParams row_params(const Params& p, int row) {
   r.mp_on = r.min_p > 0.0f;
   r.seed = p.seed ? uint64_t(p.seed[q]) : 0;
   r.offset = p.offset ? uint64_t(p.offset[q]) + uint64_t(row % p.tpr) : 0;
-  if (r.greedy) r.mode = kGreedy;
-  else if (r.k_on && r.k <= kTopKCap && !(p.flags & F_THRESHOLDS)) r.mode = kTopK;
-  else if (r.k_on || r.p_on || r.mp_on) r.mode = kGeneric;
-  else r.mode = kPlain;
+  if (r.greedy)
+    r.mode = kGreedy;
+  else if (r.k_on && r.k <= kTopKCap && !(p.flags & F_THRESHOLDS))
+    r.mode = kTopK;
+  else if (r.k_on || r.p_on || r.mp_on)
+    r.mode = kGeneric;
+  else
+    r.mode = kPlain;
   return r;
 }
 
 // ------------------------------------------------------------------------------------------
 // loads: 4 consecutive elements as float
 // ------------------------------------------------------------------------------------------
-template <typename T> struct Vec4;
-template <> struct Vec4<float> { using type = float4; };
-template <> struct Vec4<__half> { using type = uint2; };
-template <> struct Vec4<__nv_bfloat16> { using type = uint2; };
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+struct Vec4;
+template <>
+struct Vec4<float> {
+  using type = float4;
+};
+template <>
+struct Vec4<__half> {
+  using type = uint2;
+};
+template <>
+struct Vec4<__nv_bfloat16> {
+  using type = uint2;
+};
 
 template <typename T>
 __device__ __forceinline__ void load4(const T* row, int i, int vocab, bool aligned, float (&z)[4]) {
@@ -152,35 +180,22 @@ __device__ __forceinline__ void load4(const T* row, int i, int vocab, bool align
     for (int j = 0; j < 4; ++j) z[j] = to_f(e[j]);
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) z[j] = (i + j < vocab) ? to_f(row[i + j]) : __int_as_float(0xff800000);
+    for (int j = 0; j < 4; ++j)
+      z[j] = (i + j < vocab) ? to_f(row[i + j]) : __int_as_float(0xff800000);
   }
 }
 
 // ------------------------------------------------------------------------------------------
 // block reductions
 // ------------------------------------------------------------------------------------------
-__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) {
-    unsigned long long w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = w > v ? w : v;
-  }
-  return v;
-}
-__device__ __forceinline__ float warp_max_f(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum_f(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 // online (max, sum exp(. - max)) pair merge
 __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
   float nm = fmaxf(m, m2);
-  if (nm == -INFINITY) { m = nm; s = 0.0f; return; }
+  if (nm == -INFINITY) {
+    m = nm;
+    s = 0.0f;
+    return;
+  }
   s = s * __expf(m - nm) + s2 * __expf(m2 - nm);
   m = nm;
 }
@@ -191,11 +206,6 @@ __device__ __forceinline__ void warp_lse(float& m, float& s) {
     lse_merge(m, s, m2, s2);
   }
 }
-
-__device__ __forceinline__ unsigned long long pack_best(float score, uint32_t id) {
-  return (uint64_t(key32(score)) << 32) | uint64_t(~id);
-}
-__device__ __forceinline__ uint32_t best_id(unsigned long long b) { return ~uint32_t(b); }
 
 // ------------------------------------------------------------------------------------------
 // generic path: init + radix levels
@@ -247,13 +257,28 @@ __global__ void generic_init_kernel(Params p, Workspace ws) {
     RowState st;
     st.m = key56_value(mx);
     st.L = rp.mp_on ? soft_ln(rp.min_p) : -INFINITY;
-    st.prefix = 0; st.lower = 0; st.thr = 0; st.level = 0; st.arrive = 0; st.mode = kGeneric;
-    st.nact = unsigned(p.vocab); st.ncand = 0;   // level 0: every key is active
+    st.prefix = 0;
+    st.lower = 0;
+    st.thr = 0;
+    st.level = 0;
+    st.arrive = 0;
+    st.mode = kGeneric;
+    st.nact = unsigned(p.vocab);
+    st.ncand = 0;  // level 0: every key is active
     st.noexcl = 0;
-    if (inv || !(st.m > -INFINITY)) { st.phase = 2; st.target = 0; }
-    else if (rp.k_on) { st.phase = 0; st.target = uint64_t(rp.k); }
-    else if (rp.p_on) { st.phase = 1; st.target = 0; }
-    else { st.phase = 2; st.target = 0; }
+    if (inv || !(st.m > -INFINITY)) {
+      st.phase = 2;
+      st.target = 0;
+    } else if (rp.k_on) {
+      st.phase = 0;
+      st.target = uint64_t(rp.k);
+    } else if (rp.p_on) {
+      st.phase = 1;
+      st.target = 0;
+    } else {
+      st.phase = 2;
+      st.target = 0;
+    }
     ws.state[row] = st;
     if (p.thr_out != nullptr && st.phase == 2) p.thr_out[row] = 0;
   }
@@ -267,7 +292,7 @@ struct LevelSmem {
   unsigned long long wsum[kThreads / 32];
   unsigned int wcnt[kThreads / 32];
   RowState st;
-  unsigned long long q[kThreads / 32][64];   // level 0 with excluded bins: each warp's queue
+  unsigned long long q[kThreads / 32][64];  // level 0 with excluded bins: each warp's queue
 };
 
 // Exact 64-bit add to shared memory from two native 32-bit atomics (a 64-bit shared atomicAdd is
@@ -275,7 +300,7 @@ struct LevelSmem {
 // into the high word by the adder that caused them, so after a barrier the pair holds the exact
 // sum (mod 2^64). Every access to *a between barriers must go through this function.
 __device__ __forceinline__ void smem_add_u64(unsigned long long* a, unsigned long long v) {
-  unsigned int* w = reinterpret_cast<unsigned int*>(a);   // little-endian: w[0] low, w[1] high
+  unsigned int* w = reinterpret_cast<unsigned int*>(a);  // little-endian: w[0] low, w[1] high
   const unsigned int lo = unsigned(v), hi = unsigned(v >> 32);
   const unsigned int old = atomicAdd(w, lo);
   const unsigned int h = hi + (old + lo < old ? 1u : 0u);
@@ -295,7 +320,10 @@ __device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb,
   unsigned long long target = sm.st.target;
   // the boundary search below always finds a bucket (valid rows: target <= the total count or
   // mass); zeroed anyway, so that a bucket index is never read uninitialized
-  if (threadIdx.x == 0) { sm.sh[0] = 0; sm.sh[1] = 0; }
+  if (threadIdx.x == 0) {
+    sm.sh[0] = 0;
+    sm.sh[1] = 0;
+  }
   __syncthreads();
   if (phase == 1 && level == 0) {
     // S = total mass of the eligible set (the top-k set, or the row): P' = max(1, trunc(p*S))
@@ -335,7 +363,11 @@ __device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb,
       for (int j = 0; j < seg; ++j) {
         int dd = nb - 1 - (t * seg + j);
         unsigned long long v = sm.mass[dd];
-        if (v > 0 && a + v >= target) { sm.sh[0] = dd; sm.sh[1] = a; break; }
+        if (v > 0 && a + v >= target) {
+          sm.sh[0] = dd;
+          sm.sh[1] = a;
+          break;
+        }
         a += v;
       }
     }
@@ -351,17 +383,24 @@ __device__ inline void level_decide(LevelSmem& sm, const RowParams& rp, int nb,
     st.arrive = 0;
     st.ncand = 0;
     if (unsigned(d) < excl_bin) {
-      st.noexcl = 1;   // the boundary lies among the excluded bins: the same level 0, every key
+      st.noexcl = 1;  // the boundary lies among the excluded bins: the same level 0, every key
     } else if (!done) {
       // the next level's active keys are exactly this bucket's (counted: key >= lower)
-      st.prefix = np; st.level = level + 1; st.target = remaining; st.nact = sm.cnt[d];
+      st.prefix = np;
+      st.level = level + 1;
+      st.target = remaining;
+      st.nact = sm.cnt[d];
     } else {
       // phase 1 counts only keys >= lower (the top-k threshold): a bucket it stops at early may
       // also hold keys below lower, so the kept set is key >= max(np, lower) (phase 0: lower 0)
       st.thr = np > lower ? np : lower;
       if (phase == 0 && rp.p_on) {
         // exactly k keys are >= np (unique keys): phase 1's level 0 has k active keys
-        st.phase = 1; st.lower = np; st.prefix = 0; st.level = 0; st.target = 0;
+        st.phase = 1;
+        st.lower = np;
+        st.prefix = 0;
+        st.level = 0;
+        st.target = 0;
         st.nact = unsigned(rp.k);
       } else {
         st.phase = 2;
@@ -399,9 +438,9 @@ __device__ __forceinline__ void load_batch(const T* rowp, int b0, int end, bool 
 __device__ __forceinline__ unsigned level0_excl_bin(float m, float inv_t, float top_p, int vocab,
                                                     bool test) {
   const float ycut = test ? -2.0f : logf(1.0f - top_p) - logf(float(vocab)) - 1.0f;
-  const float cut = m + ycut / inv_t;   // inv_t = +inf: the cut at zmax (y = -inf below it)
+  const float cut = m + ycut / inv_t;  // inv_t = +inf: the cut at zmax (y = -inf below it)
   if (!(cut > -INFINITY)) return 0u;
-  return key32(cut) >> 20;   // the level-0 digit (top 12 bits of key56 = of key32)
+  return key32(cut) >> 20;  // the level-0 digit (top 12 bits of key56 = of key32)
 }
 
 // Histogram cnt keys q[0..cnt) (cnt <= 32, warp-uniform) of one warp's level-0 queue: a warp
@@ -415,7 +454,7 @@ __device__ __forceinline__ void level0_flush(LevelSmem& sm, const unsigned long 
   const unsigned d = unsigned(k >> 44);
   const unsigned grp = __match_any_sync(0xffffffffu, v ? d : 0x10000u + lane);
   if (v && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
-  if (v) {   // key56_value gives back z (-0 as +0: the same y up to the sign of a zero)
+  if (v) {  // key56_value gives back z (-0 as +0: the same y up to the sign of a zero)
     const int64_t e = mass_fixed_nonpos(centered(key56_value(k), m, inv_t));
     if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
   }
@@ -451,11 +490,13 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
   const unsigned long long prefix = stp->prefix, lower = stp->lower;
   const unsigned int nact = stp->nact;
   const int shift = level_shift(level), bits = level_bits(level);
-  const unsigned long long pmask = level == 0 ? 0ull : (~0ull << (shift + bits)) & ((1ull << 56) - 1);
-  const float m = stp->m;   // zmax
+  const unsigned long long pmask =
+      level == 0 ? 0ull : (~0ull << (shift + bits)) & ((1ull << 56) - 1);
+  const float m = stp->m;  // zmax
   const int nb = 1 << bits;
   unsigned long long* list = (ws.list != nullptr && !(p.flags & F_NO_LIST))
-                                 ? ws.list + int64_t(row) * ws.list_cap : nullptr;
+                                 ? ws.list + int64_t(row) * ws.list_cap
+                                 : nullptr;
   const bool compact = list != nullptr && nact <= unsigned(ws.list_cap);
   // level 0 of a top-p row without top-k: excluded bins (level0_excl_bin); their keys are only
   // summed (xacc), the others queue per warp (qn, warp-uniform) and are histogrammed 32 at a
@@ -463,8 +504,12 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
   const unsigned excl_bin =
       (phase == 1 && level == 0 && lower == 0 && !rp.k_on && !compact && !stp->noexcl &&
        !(p.flags & F_NO_EXCL))
-          ? level0_excl_bin(m, rp.inv_t, rp.top_p, p.vocab, (p.flags & F_EXCL_TEST) != 0) : 0u;
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) { sm.cnt[i] = 0; sm.mass[i] = 0; }
+          ? level0_excl_bin(m, rp.inv_t, rp.top_p, p.vocab, (p.flags & F_EXCL_TEST) != 0)
+          : 0u;
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+    sm.cnt[i] = 0;
+    sm.mass[i] = 0;
+  }
   __syncthreads();
 
   const int begin = split * p.chunk, end = min(begin + p.chunk, p.vocab);
@@ -485,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
     // so that the general scan below compiles as before. The 4 masses of a vector first,
     // branch-free (y <= 0, or -inf past end), so that their chains interleave.
     unsigned long long xacc = 0;
-    int qn = 0;   // warp-uniform
+    int qn = 0;  // warp-uniform
     unsigned long long* wq = sm.q[threadIdx.x >> 5];
     for (int b0 = begin; b0 < end; b0 += kThreads * 4 * U) {
       float z[U][4];
@@ -520,48 +565,48 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
     for (int o = 16; o; o >>= 1) xacc += __shfl_xor_sync(0xffffffffu, xacc, o);
     if (lane == 0 && xacc) smem_add_u64(&sm.mass[0], xacc);
   } else {
-  // U vectors of 4 per thread and iteration, all loaded before any is used (loads in flight)
-  for (int b0 = begin; b0 < end; b0 += kThreads * 4 * U) {
-    float z[U][4];
-    load_batch<T, U>(rowp, b0, end, aligned, z);
+    // U vectors of 4 per thread and iteration, all loaded before any is used (loads in flight)
+    for (int b0 = begin; b0 < end; b0 += kThreads * 4 * U) {
+      float z[U][4];
+      load_batch<T, U>(rowp, b0, end, aligned, z);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
-      bool pre = false;
+      for (int u = 0; u < U; ++u) {
+        const int i0 = b0 + (u * kThreads + threadIdx.x) * 4;
+        bool pre = false;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) pre |= z[u][j] >= xlo && z[u][j] <= xhi;
-      // after level 0 (and in phase 1 after a top-k) few elements match the prefix: warps with
-      // none skip the keys, the match and the atomics (the loop is uniform over the block)
-      if (!__any_sync(0xffffffffu, pre)) continue;
-      unsigned long long k[4];
-      bool act[4];
+        for (int j = 0; j < 4; ++j) pre |= z[u][j] >= xlo && z[u][j] <= xhi;
+        // after level 0 (and in phase 1 after a top-k) few elements match the prefix: warps with
+        // none skip the keys, the match and the atomics (the loop is uniform over the block)
+        if (!__any_sync(0xffffffffu, pre)) continue;
+        unsigned long long k[4];
+        bool act[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        k[j] = key56(key32(z[u][j]), uint32_t(i0 + j));
-        act[j] = (i0 + j < end) && k[j] >= lower && (k[j] & pmask) == prefix;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (!__any_sync(0xffffffffu, act[j])) continue;
-        const unsigned d = unsigned((k[j] >> shift) & uint64_t(nb - 1));
-        const unsigned grp = __match_any_sync(0xffffffffu, act[j] ? d : 0x10000u + lane);
-        if (act[j] && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
-        if (act[j] && phase == 1) {
-          int64_t e = mass_fixed(centered(z[u][j], m, rp.inv_t));
-          if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
+        for (int j = 0; j < 4; ++j) {
+          k[j] = key56(key32(z[u][j]), uint32_t(i0 + j));
+          act[j] = (i0 + j < end) && k[j] >= lower && (k[j] & pmask) == prefix;
         }
-        if (compact) {   // warp-aggregated append (positions past list_cap: counted, not written)
-          const unsigned am = __ballot_sync(0xffffffffu, act[j]);
-          const int leader = __ffs(am) - 1;
-          unsigned pos = 0;
-          if (lane == leader) pos = atomicAdd(&stp->ncand, unsigned(__popc(am)));
-          pos = __shfl_sync(0xffffffffu, pos, leader) + __popc(am & ((1u << lane) - 1u));
-          if (act[j] && pos < unsigned(ws.list_cap)) list[pos] = k[j];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (!__any_sync(0xffffffffu, act[j])) continue;
+          const unsigned d = unsigned((k[j] >> shift) & uint64_t(nb - 1));
+          const unsigned grp = __match_any_sync(0xffffffffu, act[j] ? d : 0x10000u + lane);
+          if (act[j] && lane == __ffs(grp) - 1) atomicAdd(&sm.cnt[d], unsigned(__popc(grp)));
+          if (act[j] && phase == 1) {
+            int64_t e = mass_fixed(centered(z[u][j], m, rp.inv_t));
+            if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
+          }
+          if (compact) {  // warp-aggregated append (positions past list_cap: counted, not written)
+            const unsigned am = __ballot_sync(0xffffffffu, act[j]);
+            const int leader = __ffs(am) - 1;
+            unsigned pos = 0;
+            if (lane == leader) pos = atomicAdd(&stp->ncand, unsigned(__popc(am)));
+            pos = __shfl_sync(0xffffffffu, pos, leader) + __popc(am & ((1u << lane) - 1u));
+            if (act[j] && pos < unsigned(ws.list_cap)) list[pos] = k[j];
+          }
         }
       }
     }
-  }
-  }   // scans
+  }  // scans
   __syncthreads();
   if (p.splits > 1) {
     unsigned int* gcnt = ws.hcnt + int64_t(row) * kHistBins;
@@ -570,7 +615,7 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
       if (sm.cnt[i]) atomicAdd(&gcnt[i], sm.cnt[i]);
       if (sm.mass[i]) atomicAdd(&gmass[i], sm.mass[i]);
     }
-    __threadfence();   // also publishes this CTA's list entries
+    __threadfence();  // also publishes this CTA's list entries
     __syncthreads();
     if (threadIdx.x == 0) sm.last = (atomicAdd(&stp->arrive, 1u) == unsigned(p.splits - 1));
     __syncthreads();
@@ -583,10 +628,13 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
       sm.cnt[i] = __ldcg(&gcnt[i]);
       sm.mass[i] = __ldcg(&gmass[i]);
     }
-    for (int i = threadIdx.x; i < nb; i += blockDim.x) { gcnt[i] = 0; gmass[i] = 0; }
-  }   // one split: the CTA's own histogram is the row's
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+      gcnt[i] = 0;
+      gmass[i] = 0;
+    }
+  }  // one split: the CTA's own histogram is the row's
   if (threadIdx.x == 0) {
-    sm.st = *stp;   // fields other than arrive / ncand are not written during a launch
+    sm.st = *stp;  // fields other than arrive / ncand are not written during a launch
     sm.ncand = __ldcg(&stp->ncand);
   }
   __syncthreads();
@@ -603,14 +651,17 @@ __global__ void __launch_bounds__(kThreads, 4) level_kernel(Params p, Workspace 
       const int sh2 = level_shift(lv), nb2 = 1 << level_bits(lv);
       const unsigned long long pre2 = sm.st.prefix, low2 = sm.st.lower;
       const unsigned long long pm2 = (~0ull << (sh2 + level_bits(lv))) & ((1ull << 56) - 1);
-      for (int i = threadIdx.x; i < nb2; i += blockDim.x) { sm.cnt[i] = 0; sm.mass[i] = 0; }
+      for (int i = threadIdx.x; i < nb2; i += blockDim.x) {
+        sm.cnt[i] = 0;
+        sm.mass[i] = 0;
+      }
       __syncthreads();
       for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const unsigned long long k = __ldcg(list + i);
         if (k < low2 || (k & pm2) != pre2) continue;
         const unsigned d = unsigned((k >> sh2) & uint64_t(nb2 - 1));
         atomicAdd(&sm.cnt[d], 1u);
-        if (phase == 1) {   // key56_value gives back z (-0 as +0: the same y)
+        if (phase == 1) {  // key56_value gives back z (-0 as +0: the same y)
           const int64_t e = mass_fixed(centered(key56_value(k), m, rp.inv_t));
           if (e) smem_add_u64(&sm.mass[d], (unsigned long long)e);
         }
@@ -637,7 +688,7 @@ inline size_t level_smem() { return sizeof(LevelSmem); }
 // splits per row: enough CTAs to fill the GPU, chunks of >= 2048 elements, and the TOPK merge
 // buffer (splits * kTopKCap) must fit kMergeCap.
 inline int choose_splits(int rows, int vocab, int num_sms) {
-  int target = 4 * num_sms;   // CTAs of kThreads
+  int target = 4 * num_sms;  // CTAs of kThreads
   int by_rows = (target + rows - 1) / rows;
   int by_vocab = (vocab + 2047) / 2048;
   int s = by_rows < by_vocab ? by_rows : by_vocab;
@@ -663,7 +714,7 @@ constexpr int kLevelU = 4;
 
 template <typename T>
 cudaError_t launch_levels(const Params& p, const Workspace& ws, cudaStream_t stream) {
-  static bool attr_set = false;   // per template instance (process-wide; attribute is per function)
+  static bool attr_set = false;  // per template instance (process-wide; attribute is per function)
   if (!attr_set) {
     const cudaError_t e = cudaFuncSetAttribute(
         level_kernel<T, kLevelU>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(level_smem()));
@@ -689,8 +740,8 @@ inline int level_list_cap(int64_t rows) {
 }
 inline int64_t ws_align(int64_t b) { return (b + 255) / 256 * 256; }
 inline int64_t level_ws_bytes(int64_t rows, int splits) {
-  const int64_t hist = splits > 1 ? ws_align(rows * kHistBins * 4) + ws_align(rows * kHistBins * 8)
-                                  : 0;
+  const int64_t hist =
+      splits > 1 ? ws_align(rows * kHistBins * 4) + ws_align(rows * kHistBins * 8) : 0;
   return ws_align(rows * int64_t(sizeof(RowState))) + hist +
          ws_align(rows * int64_t(level_list_cap(rows)) * 8);
 }

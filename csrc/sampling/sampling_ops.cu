@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/all.h>
+#include <torch/library.h>
 
 #include "common/check.h"
 #include "sampling/sampler.cuh"
@@ -19,7 +20,7 @@ const T* opt_ptr(const std::optional<at::Tensor>& t, at::ScalarType st, const ch
   if (!t.has_value()) return nullptr;
   TS_CHECK(t->scalar_type() == st, name, ": expected dtype ", st, ", got ", t->scalar_type());
   TS_CHECK(t->dim() == 1 && t->size(0) == n && t->is_contiguous(), name,
-              ": expected a contiguous 1-D tensor of ", n, " values");
+           ": expected a contiguous 1-D tensor of ", n, " values");
   TS_CHECK(t->device() == like.device(), name, ": must be on ", like.device());
   return t->data_ptr<T>();
 }
@@ -35,12 +36,12 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   using namespace tokenspeed_kernel::sampler;
   TS_CHECK(logits.is_cuda() && logits.dim() == 2, "logits: expected a 2-D CUDA tensor");
   TS_CHECK(logits.stride(1) == 1 || logits.size(1) == 1,
-              "logits: last dimension must be contiguous");
+           "logits: last dimension must be contiguous");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   TS_CHECK(vocab >= 1 && vocab <= (1 << 24), "logits: vocab must be in [1, 2^24]");
   TS_CHECK(rows < (int64_t(1) << 27), "logits: fewer than 2^27 rows");
   TS_CHECK(tokens_per_request >= 1 && rows % tokens_per_request == 0,
-              "tokens_per_request: must divide rows");
+           "tokens_per_request: must divide rows");
   const int64_t n = rows / tokens_per_request;
   const at::cuda::CUDAGuard guard(logits.device());
   Params p{};
@@ -62,19 +63,20 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   p.seed = opt_ptr<int64_t>(seed, at::kLong, "seed", n, logits);
   p.offset = opt_ptr<int64_t>(offset, at::kLong, "offset", n, logits);
   TS_CHECK(tokens.is_cuda() && tokens.numel() == rows && tokens.is_contiguous() &&
-                  (tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt),
-              "tokens: expected a contiguous int64/int32 CUDA tensor of ", rows, " values");
+               (tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt),
+           "tokens: expected a contiguous int64/int32 CUDA tensor of ", rows, " values");
   TS_CHECK(valid.is_cuda() && valid.numel() == rows && valid.scalar_type() == at::kBool &&
-                  valid.is_contiguous(), "valid: expected a contiguous bool tensor of ", rows);
+               valid.is_contiguous(),
+           "valid: expected a contiguous bool tensor of ", rows);
   TS_CHECK(tokens.device() == logits.device() && valid.device() == logits.device(),
-              "tokens/valid: must be on ", logits.device());
+           "tokens/valid: must be on ", logits.device());
   if (flags & F_LOGPROBS) {
     TS_CHECK(logprobs.has_value() && processed_logprobs.has_value(),
-                "logprobs/processed_logprobs: required when the logprobs flag is set");
+             "logprobs/processed_logprobs: required when the logprobs flag is set");
     for (const auto* t : {&*logprobs, &*processed_logprobs})
       TS_CHECK(t->is_cuda() && t->numel() == rows && t->scalar_type() == at::kFloat &&
-                      t->is_contiguous() && t->device() == logits.device(),
-                  "logprobs: expected contiguous float32 of ", rows);
+                   t->is_contiguous() && t->device() == logits.device(),
+               "logprobs: expected contiguous float32 of ", rows);
     p.lp = logprobs->data_ptr<float>();
     p.plp = processed_logprobs->data_ptr<float>();
   }
@@ -109,5 +111,14 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   }
   TS_CHECK(err == cudaSuccess, "tokenspeed_kernel.sample: CUDA error: ", cudaGetErrorString(err));
 }
+
+void define_ops(torch::Library& m) {
+  m.def(
+      "sample(Tensor logits, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
+      "Tensor seed, Tensor offset, int tokens_per_request, int flags, Tensor(a!) tokens, "
+      "Tensor(b!) valid, Tensor(c!)? logprobs, Tensor(d!)? processed_logprobs) -> ()");
+}
+
+void impl_cuda(torch::Library& m) { m.impl("sample", &sample); }
 
 }  // namespace tokenspeed_kernel::sampling

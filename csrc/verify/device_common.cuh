@@ -9,12 +9,6 @@ namespace tokenspeed_kernel::verify {
 // ------------------------------------------------------------------------------------------
 // small helpers
 // ------------------------------------------------------------------------------------------
-template <typename T> __device__ __forceinline__ float to_f(T v);
-template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
 
 // The VEC elements of one 16-byte vector (VEC * sizeof(T) == 16) as floats.
 template <typename T, int VEC>
@@ -127,16 +121,6 @@ __device__ __forceinline__ Cand warp_best(Cand a) {
   }
   return a;
 }
-__device__ __forceinline__ long long warp_sum_i64(long long a) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-  return a;
-}
-__device__ __forceinline__ float warp_sum_f(float a) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-  return a;
-}
 
 // Thread-block cluster abstraction: CLUSTER = false is a cluster of one CTA (any arch).
 template <bool CLUSTER>
@@ -181,9 +165,7 @@ struct Grp {
 __device__ __forceinline__ float ycen(float z, float zmax, float inv_t) {
   return fminf(fmul(fsub(z, zmax), inv_t), 0.0f);
 }
-__device__ __forceinline__ int64_t mass_at(float y) {
-  return (y >= kMassCut) ? mass_fixed(y) : 0;
-}
+__device__ __forceinline__ int64_t mass_at(float y) { return (y >= kMassCut) ? mass_fixed(y) : 0; }
 typedef unsigned __int128 u128;
 __device__ __forceinline__ float wide_to_f32(u128 v) {
   // f32(f64(hi) * 2^62 + f64(lo)), hi/lo in base 2^62 (reference/verify.py wide_to_f32)
@@ -201,10 +183,10 @@ __device__ __forceinline__ float wide_to_f32(u128 v) {
 // 16.65 - 16.6356 dwarfs its rounding). Checked exhaustively against gumbel_from_bits for all
 // 2^23 values by tools/check_softmath.cu.
 __device__ __forceinline__ float gumbel_ub(uint32_t bits) {
-  const uint32_t d = (bits >> 9) ^ 0x7FFFFFu;   // = 2^23 - 1 - (bits >> 9)
-  const float fd = __fsub_rn(__uint_as_float(d | 0x4B000000u), 8388608.0f);   // float(d)
+  const uint32_t d = (bits >> 9) ^ 0x7FFFFFu;  // = 2^23 - 1 - (bits >> 9)
+  const float fd = __fsub_rn(__uint_as_float(d | 0x4B000000u), 8388608.0f);  // float(d)
   const uint32_t e = __float_as_uint(fd) >> 23;
-  const float fe = __fsub_rn(__uint_as_float(e | 0x4B000000u), 8388608.0f);   // float(e)
+  const float fe = __fsub_rn(__uint_as_float(e | 0x4B000000u), 8388608.0f);  // float(e)
   return __fmaf_rn(-0.693f, fe, 103.968f);
 }
 // For 1 <= n <= a: soft_ln(wide_to_f32(n)) <= ln_ub(a). wide_to_f32 is monotone and
@@ -251,14 +233,16 @@ __device__ __forceinline__ void locate_target_row(const VerifyParams& p, int64_t
   int lo = 0, hi = p.bs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (p.cu[mid] + mid <= row) lo = mid; else hi = mid - 1;
+    if (p.cu[mid] + mid <= row)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   i = lo;
   j = int(row - (p.cu[lo] + lo));
 }
 // Request of a draft row (slot) and its position (ragged: cu[i] <= d < cu[i + 1]).
-__device__ __forceinline__ void locate_draft_row(const VerifyParams& p, int64_t d, int& i,
-                                                 int& j) {
+__device__ __forceinline__ void locate_draft_row(const VerifyParams& p, int64_t d, int& i, int& j) {
   if (p.flags & kPadded) {
     const int64_t W = p.max_n > 0 ? p.max_n : 1;
     i = int(d / W);
@@ -268,7 +252,10 @@ __device__ __forceinline__ void locate_draft_row(const VerifyParams& p, int64_t 
   int lo = 0, hi = p.bs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (p.cu[mid] <= d) lo = mid; else hi = mid - 1;
+    if (p.cu[mid] <= d)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   i = lo;
   j = int(d - p.cu[lo]);
@@ -281,12 +268,16 @@ __device__ __forceinline__ int64_t draft_slot(const VerifyParams& p, int i, int 
 }
 
 __device__ __forceinline__ void store_tok(const VerifyParams& p, int64_t idx, int64_t v) {
-  if (p.out64) static_cast<int64_t*>(p.tokens)[idx] = v;
-  else static_cast<int32_t*>(p.tokens)[idx] = int32_t(v);
+  if (p.out64)
+    static_cast<int64_t*>(p.tokens)[idx] = v;
+  else
+    static_cast<int32_t*>(p.tokens)[idx] = int32_t(v);
 }
 __device__ __forceinline__ void store_count(const VerifyParams& p, int i, int64_t v) {
-  if (p.out64) static_cast<int64_t*>(p.num_accepted)[i] = v;
-  else static_cast<int32_t*>(p.num_accepted)[i] = int32_t(v);
+  if (p.out64)
+    static_cast<int64_t*>(p.num_accepted)[i] = v;
+  else
+    static_cast<int32_t*>(p.num_accepted)[i] = int32_t(v);
 }
 
 // Block reductions (kThreads threads); the result is valid in every thread.
@@ -299,7 +290,10 @@ __device__ __forceinline__ MaxArg block_max_arg(MaxArg a, BlockScratch& s) {
   a = warp_max_arg(a);
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   __syncthreads();
-  if (l == 0) { s.f[w] = a.v; s.i[w] = a.id; }
+  if (l == 0) {
+    s.f[w] = a.v;
+    s.i[w] = a.id;
+  }
   __syncthreads();
   MaxArg r{s.f[0], s.i[0]};
 #pragma unroll
@@ -310,7 +304,10 @@ __device__ __forceinline__ Cand block_best(Cand a, BlockScratch& s) {
   a = warp_best(a);
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   __syncthreads();
-  if (l == 0) { s.f[w] = a.s; s.i[w] = a.id; }
+  if (l == 0) {
+    s.f[w] = a.s;
+    s.i[w] = a.id;
+  }
   __syncthreads();
   Cand r{s.f[0], s.i[0]};
 #pragma unroll
@@ -322,12 +319,18 @@ __device__ __forceinline__ void block_sum2(long long& a, float& b, BlockScratch&
   b = warp_sum_f(b);
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   __syncthreads();
-  if (l == 0) { s.l[w] = a; s.f[w] = b; }
+  if (l == 0) {
+    s.l[w] = a;
+    s.f[w] = b;
+  }
   __syncthreads();
   a = 0;
   b = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kThreads / 32; ++k) { a += s.l[k]; b += s.f[k]; }
+  for (int k = 0; k < kThreads / 32; ++k) {
+    a += s.l[k];
+    b += s.f[k];
+  }
 }
 __device__ __forceinline__ bool block_any(bool a, BlockScratch& s) {
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;

@@ -44,7 +44,7 @@ constexpr int final_stages() {
   return 0;
 #endif
 #ifdef TS_FINAL_STAGES
-  return TS_FINAL_STAGES;   // build knob for A/Bs (static shared memory: <= ~44 KiB of stages)
+  return TS_FINAL_STAGES;  // build knob for A/Bs (static shared memory: <= ~44 KiB of stages)
 #endif
   return 2 * final_u<VEC>() * kThreads * 16 <= 8192 ? 3 : 2;
 }
@@ -72,8 +72,8 @@ constexpr int final_pipe_vectors() {
 template <typename T, int VEC, bool TWO, typename R, typename B, typename S>
 __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start, int64_t end,
                                           uint64_t seed, uint64_t off, uint32_t stream,
-                                          const uint32_t& lb, R&& refresh, B&& base_of,
-                                          S&& slow, uint4* pipe) {
+                                          const uint32_t& lb, R&& refresh, B&& base_of, S&& slow,
+                                          uint4* pipe) {
   constexpr int U = final_u<VEC>();
   constexpr int ST = final_stages<VEC>();
   const int64_t step = int64_t(kThreads) * VEC;
@@ -90,7 +90,7 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
   // kThreads + threadIdx.x]). The stage written at an iteration is the one read at the previous
   // iteration: its values were used by that iteration's bases, which precede this copy in
   // program order.
-  int rs = 0;   // stage read at this iteration
+  int rs = 0;  // stage read at this iteration
   // copy the vectors of iteration it (= the current one + ahead) into stage s
   auto issue = [&](int it, int ahead, int s) {
     if constexpr (ST > 0) {
@@ -103,7 +103,7 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
             cp_async16(pipe + (s * 2 * U + U + u) * kThreads + threadIdx.x, b + at + u * step);
         }
       }
-      cp_async_commit();   // empty groups too: wait_group counts groups
+      cp_async_commit();  // empty groups too: wait_group counts groups
     }
   };
 #pragma unroll
@@ -139,8 +139,8 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
 #pragma unroll
       for (int k = 0; k < VEC; ++k)
         base[u * VEC + k] = base_of(idx + u * step + k, va[u][k], TWO ? vb[u][k] : 0.0f);
-    auto block_of = [&](int g) -> Philox4 {   // group g: vector g / (VEC / 4), its quad g % ..
-      constexpr int QV = VEC >= 4 ? VEC / 4 : 1;   // groups per vector (used only if VEC % 4 == 0)
+    auto block_of = [&](int g) -> Philox4 {       // group g: vector g / (VEC / 4), its quad g % ..
+      constexpr int QV = VEC >= 4 ? VEC / 4 : 1;  // groups per vector (used only if VEC % 4 == 0)
       const uint32_t blk = uint32_t((idx + (g / QV) * step) >> 2) + uint32_t(g % QV);
       return philox_block(seed, off, blk, stream);
     };
@@ -203,13 +203,13 @@ __device__ __forceinline__ void scan_rows(const T* a, const T* b, int64_t start,
 }
 
 struct FinalWs {
-  unsigned long long* cand;   // [bs]
-  unsigned int* count;        // [bs]
-  float4* state;              // [bs * splits] per-CTA interval state (first pass), or null
+  unsigned long long* cand;  // [bs]
+  unsigned int* count;       // [bs]
+  float4* state;             // [bs * splits] per-CTA interval state (first pass), or null
   int32_t splits;
-  int32_t chunk;              // elements per split (multiple of 8)
-  int32_t mode;               // 0: after the resolve kernel (every sum it needs is exact);
-                              // 1: first pass (approximate sums allowed); 2: second pass
+  int32_t chunk;  // elements per split (multiple of 8)
+  int32_t mode;   // 0: after the resolve kernel (every sum it needs is exact);
+                  // 1: first pass (approximate sums allowed); 2: second pass
 };
 
 // S from the pos kernel's approximate S~ = trunc(X), X = s * 2^38, |X - S| <= d S (coin_margin):
@@ -232,10 +232,10 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   __shared__ int sh_f;
   __shared__ int sh_last;
   __shared__ unsigned long long sh_key;
-  __shared__ unsigned sh_lb;   // key32 of a lower bound of the winner's score (pruning)
+  __shared__ unsigned sh_lb;  // key32 of a lower bound of the winner's score (pruning)
   __shared__ float sh_hi;
   __shared__ float2 sh_iv[kThreads];
-  __shared__ __align__(16) uint4 sh_pipe[final_pipe_vectors<VEC>()];   // scan_rows' loads
+  __shared__ __align__(16) uint4 sh_pipe[final_pipe_vectors<VEC>()];  // scan_rows' loads
   __shared__ long long sh_S2[2];
   const int n = int(p.cu[i + 1] - p.cu[i]);
   const int W = p.max_n + 1;
@@ -291,7 +291,10 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
         }
       } else if (j > f || bad) {
         store_tok(p, o, j > f ? -1 : 0);
-        if (logprobs) { p.lp[o] = j > f ? 0.0f : NAN; p.plp[o] = j > f ? 0.0f : NAN; }
+        if (logprobs) {
+          p.lp[o] = j > f ? 0.0f : NAN;
+          p.plp[o] = j > f ? 0.0f : NAN;
+        }
       }
     }
     if (threadIdx.x == 0) {
@@ -310,7 +313,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   const uint64_t offp = uint64_t(p.offset[i] + f);
   const int64_t start = int64_t(sp) * ws.chunk;
   const int64_t end = start + ws.chunk < p.V ? start + ws.chunk : int64_t(p.V);
-  Cand best{-INFINITY, INT32_MAX};   // approx: by the lower ends of the score intervals
+  Cand best{-INFINITY, INT32_MAX};  // approx: by the lower ends of the score intervals
   // approx, per thread (shared memory: touched only by the rare exact scores, keeps registers
   // for the scan): upper end of best's interval, max upper end of the other scored tokens
   sh_iv[threadIdx.x] = make_float2(-INFINITY, -INFINITY);
@@ -318,16 +321,21 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   Philox4 ph{0, 0, 0, 0};
   auto word = [&](int64_t id, uint32_t stream) -> uint32_t {
     const uint32_t b = uint32_t(id >> 2);
-    if (b != blk) { blk = b; ph = philox_block(seed, offp, b, stream); }
+    if (b != blk) {
+      blk = b;
+      ph = philox_block(seed, offp, b, stream);
+    }
     return (id & 3) == 0 ? ph.x : (id & 3) == 1 ? ph.y : (id & 3) == 2 ? ph.z : ph.w;
   };
-  auto noise = [&](int64_t id, uint32_t stream) -> float { return gumbel_from_bits(word(id, stream)); };
+  auto noise = [&](int64_t id, uint32_t stream) -> float {
+    return gumbel_from_bits(word(id, stream));
+  };
   // Exact pruning: `lb` is key32 of a lower bound of the winner's score -- the score of a token
   // that was actually scored exactly (by any thread of this CTA, by the probe, or by a finished
   // CTA of this request through ws.cand). A token whose score upper bound ub is < that score
   // has a strictly smaller score than the winner, so it is not the winner (ties included) and
   // its exact score need not be computed. The winner itself is never skipped.
-  uint32_t lb = 0;   // 0 = no bound (key32 of every float is > 0)
+  uint32_t lb = 0;  // 0 = no bound (key32 of every float is > 0)
 #ifdef TS_FINAL_NOPRUNE
   // test build: no pruning at all, every element of the support is scored exactly (the oracle
   // that bench/lab/tools/verify_tokens.py compares the pruned kernel against)
@@ -342,9 +350,12 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   };
   auto publish = [&](float s) {
     const uint32_t k = key32(s);
-    if (k > lb) { lb = k; atomicMax(&sh_lb, k); }
+    if (k > lb) {
+      lb = k;
+      atomicMax(&sh_lb, k);
+    }
   };
-  auto refresh = [&]() {   // lb = max(lb, the CTA's shared bound)
+  auto refresh = [&]() {  // lb = max(lb, the CTA's shared bound)
     const uint32_t s = *reinterpret_cast<volatile unsigned*>(&sh_lb);
     lb = s > lb ? s : lb;
   };
@@ -361,14 +372,15 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     };
     auto slow = [&](int64_t id, uint32_t w) {
       const float y = ycen(to_f<T>(trow[id]), st.zmax_t, rp.inv_t);
-      if (!may_win(fadd(y, gumbel_ub(w)))) return;   // the shared bound may have risen
+      if (!may_win(fadd(y, gumbel_ub(w)))) return;  // the shared bound may have risen
       const float s = fadd(y, gumbel_from_bits(w));
       best = best_of(best, Cand{s, int32_t(id)});
       publish(s);
     };
     if (threadIdx.x == 0) {  // probe: the row's argmax token (its score seeds the bound)
       const float bs = base_of(st.arg_t, to_f<T>(trow[st.arg_t]), 0.0f);
-      if (bs > -INFINITY) slow(st.arg_t, philox_word(seed, offp, uint32_t(st.arg_t), kStreamSample));
+      if (bs > -INFINITY)
+        slow(st.arg_t, philox_word(seed, offp, uint32_t(st.arg_t), kStreamSample));
     }
     __syncthreads();
     // rows without min-p / top-k / top-p (and not greedy): every element is kept, so the same
@@ -394,7 +406,10 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     if (approx) {
       s_interval(st.S_t, dt, St_lo, St_hi);
       if (!ngram) s_interval(st.S_q, dq, Sq_lo, Sq_hi);
-      if (threadIdx.x == 0) { sh_S2[0] = Sq_lo; sh_S2[1] = St_hi; }   // read by the rare scores
+      if (threadIdx.x == 0) {
+        sh_S2[0] = Sq_lo;
+        sh_S2[1] = St_hi;
+      }  // read by the rare scores
     }
     const u128 Sq = u128(uint64_t(Sq_hi)), Sp = u128(uint64_t(St_lo));
     const float bl_sq = float(39 + (64 - __clzll((long long)Sq_hi))) + 0.01f;
@@ -456,7 +471,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
         const u128 B2 = u128(uint64_t(eq)) * u128(uint64_t(sh_S2[1]));
         const float lo = A2 > B2 ? fsub(fadd(soft_ln(wide_to_f32(A2 - B2)), g), kIvPad) : -INFINITY;
         const float hi = fadd(s, kIvPad);
-        if (int32_t(id) == best.id) return;   // the probe's token scanned again
+        if (int32_t(id) == best.id) return;  // the probe's token scanned again
         float2 iv = sh_iv[threadIdx.x];
         if (lo > best.s || (lo == best.s && uint32_t(id) < uint32_t(best.id))) {
           iv.y = fmaxf(iv.y, iv.x);
@@ -488,30 +503,30 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
         const float yq = ycen(zq, st.zmax_q, rp.inv_t);
         out = out | ((yq >= -12.0f) & (fadd(yt, dS) < fsub(yq, 1e-4f)));
       }
-      const float ub = __fmaf_rn(yt, ubc_a, ubc_b);   // >= ubc_of(yt), see above
+      const float ub = __fmaf_rn(yt, ubc_a, ubc_b);  // >= ubc_of(yt), see above
       return out ? -INFINITY : ub;
     };
     if (start < end) {
       if (ngram) {
         if (plain)
-          scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb,
-                                   refresh, base_plain, slow, sh_pipe);
+          scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb, refresh,
+                                   base_plain, slow, sh_pipe);
         else
-          scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb,
-                                   refresh, base_of, slow, sh_pipe);
+          scan_rows<T, VEC, false>(trow, trow, start, end, seed, offp, kStreamResample, lb, refresh,
+                                   base_of, slow, sh_pipe);
       } else {
         if (plain)
-          scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb,
-                                  refresh, base_plain, slow, sh_pipe);
+          scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb, refresh,
+                                  base_plain, slow, sh_pipe);
         else
-          scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb,
-                                  refresh, base_of, slow, sh_pipe);
+          scan_rows<T, VEC, true>(trow, drow, start, end, seed, offp, kStreamResample, lb, refresh,
+                                  base_of, slow, sh_pipe);
       }
     }
   }
   const Cand mine = best;
   best = block_best(best, scratch);
-  float hx = -INFINITY;   // approx: max upper end over the CTA's scored tokens other than best
+  float hx = -INFINITY;  // approx: max upper end over the CTA's scored tokens other than best
   if (approx) {
     const float2 iv = sh_iv[threadIdx.x];
     const float t = fmaxf(iv.y, mine.id == best.id ? -INFINITY : iv.x);
@@ -524,8 +539,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     const unsigned long long k = pack_cand(best);
     if (k) atomicMax(&ws.cand[i], k);
     if (approx)
-      ws.state[int64_t(i) * ws.splits + sp] =
-          make_float4(__int_as_float(best.id), sh_hi, hx, 0.0f);
+      ws.state[int64_t(i) * ws.splits + sp] = make_float4(__int_as_float(best.id), sh_hi, hx, 0.0f);
     __threadfence();
     sh_last = atomicAdd(&ws.count[i], 1u) == unsigned(ws.splits) - 1u;
   }
@@ -534,7 +548,7 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   // ---- the last CTA of the request: winner, fallback, token, logprobs ----
   if (threadIdx.x == 0) {
     __threadfence();
-    sh_key = atomicMax(&ws.cand[i], 0ull);   // atomic read of the final maximum
+    sh_key = atomicMax(&ws.cand[i], 0ull);  // atomic read of the final maximum
   }
   __syncthreads();
   unsigned long long key = sh_key;
@@ -550,11 +564,11 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
       if (__float_as_int(q.x) != wid) h = fmaxf(h, q.y);
     }
     h = block_max_arg(MaxArg{h, 0}, scratch).v;
-    const bool decided = key != 0ull && !(p.flags & kExactResidual) &&
-                         key32_to_float(uint32_t(key >> 32)) > h;
+    const bool decided =
+        key != 0ull && !(p.flags & kExactResidual) && key32_to_float(uint32_t(key >> 32)) > h;
     if (!decided) {
       if (threadIdx.x == 0) {
-        ws.cand[i] = 0ull;   // the second pass starts afresh
+        ws.cand[i] = 0ull;  // the second pass starts afresh
         ws.count[i] = 0u;
         p.flist[atomicAdd(p.fcount, 1u)] = i;
         if (p.flags & kListStats) atomicAdd(&g_verify_list_stats[2], 1u);
@@ -585,8 +599,8 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
     if (logprobs) {
       const float z = to_f<T>(trow[tok]);
       p.lp[o] = z - st.lse_t;
-      p.plp[o] = rp.greedy ? 0.0f
-                           : ycen(z, st.zmax_t, rp.inv_t) - (logf(float(st.S_t)) - kLn2Pow38);
+      p.plp[o] =
+          rp.greedy ? 0.0f : ycen(z, st.zmax_t, rp.inv_t) - (logf(float(st.S_t)) - kLn2Pow38);
     }
   }
 }
@@ -597,15 +611,15 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
 #define TS_FINAL_MINB 4
 #endif
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads, TS_FINAL_MINB) verify_final_kernel(const VerifyParams p,
-                                                                const FinalWs ws) {
+__global__ void __launch_bounds__(kThreads, TS_FINAL_MINB)
+    verify_final_kernel(const VerifyParams p, const FinalWs ws) {
   const bool listed = ws.mode == 2;
   const unsigned S = unsigned(ws.splits);
   const unsigned items =
       listed ? *reinterpret_cast<const volatile unsigned*>(p.fcount) * S : gridDim.x;
   for (unsigned it = blockIdx.x; it < items; it += gridDim.x) {
     final_one<T, VEC>(p, ws, listed ? p.flist[it / S] : int(it / S), int(it % S));
-    __syncthreads();   // shared memory reuse by the next item
+    __syncthreads();  // shared memory reuse by the next item
   }
 }
 

@@ -123,7 +123,10 @@ inline int pick_splits(int64_t units, int64_t V, int64_t resident, int max_split
     if (s > 1 && chunk < min_chunk) break;
     const int64_t waves = (units * s + resident - 1) / resident;
     const double cost = double(waves) * double(chunk + kSplitOverhead);
-    if (s == 1 || cost < best_cost * 0.999) { best = s; best_cost = cost; }
+    if (s == 1 || cost < best_cost * 0.999) {
+      best = s;
+      best_cost = cost;
+    }
   }
   return best;
 }
@@ -151,7 +154,10 @@ inline int pick_pos_splits(int64_t rows, int64_t V, int elem_bytes, const int64_
     const int64_t r = std::max<int64_t>(1, res[l]);
     const int64_t waves = (rows * s + r - 1) / r;
     const double cost = double(waves) * double(chunk * elem_bytes + kPosCtaBytes);
-    if (s == 1 || cost < best_cost * 0.999) { best = s; best_cost = cost; }
+    if (s == 1 || cost < best_cost * 0.999) {
+      best = s;
+      best_cost = cost;
+    }
   }
   return best;
 }
@@ -192,8 +198,8 @@ inline int verify_final_splits(int64_t bs, int64_t V, int sms, bool vec_ok) {
 // Workspace of the radix thresholds (p.thr set, kBisectThresholds clear): sized by
 // verify_thr_ws_bytes, carved by verify_thr_ws.
 struct ThrWs {
-  sampling::Workspace ws;   // part [rows * splits], then the levels' (sampling::level_ws_carve)
-  int32_t* row_req;         // [rows]
+  sampling::Workspace ws;  // part [rows * splits], then the levels' (sampling::level_ws_carve)
+  int32_t* row_req;        // [rows]
   int32_t splits, chunk;
 };
 inline void verify_thr_split(int64_t rows, int V, int sms, int32_t& splits, int32_t& chunk) {
@@ -216,7 +222,7 @@ inline ThrWs verify_thr_ws(uint8_t* base, int64_t rows, int32_t splits, int32_t 
   base += ws_align(rows * splits * int64_t(sizeof(sampling::Partial)));
   t.row_req = reinterpret_cast<int32_t*>(base);
   base += ws_align(rows * 4);
-  sampling::level_ws_carve(base, rows, splits, t.ws);   // state, histograms, lists
+  sampling::level_ws_carve(base, rows, splits, t.ws);  // state, histograms, lists
   return t;
 }
 
@@ -232,8 +238,8 @@ inline cudaError_t launch_verify_thresholds(const VerifyParams& p, const ThrWs& 
   }
   for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
     const dim3 grid(unsigned(tw.splits), unsigned(std::min<int64_t>(65535, rows - r0)));
-    verify_thr_max_kernel<T, VEC><<<grid, kThreads, 0, stream>>>(p, r0, tw.chunk, tw.splits,
-                                                                  tw.row_req, tw.ws.part);
+    verify_thr_max_kernel<T, VEC>
+        <<<grid, kThreads, 0, stream>>>(p, r0, tw.chunk, tw.splits, tw.row_req, tw.ws.part);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
@@ -262,15 +268,17 @@ inline cudaError_t launch_verify_thresholds(const VerifyParams& p, const ThrWs& 
 }
 
 template <typename T, int VEC>
-inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool clusters,
-                                                 FinalWs ws, const ThrWs& tw,
-                                                 cudaStream_t stream) {
+inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool clusters, FinalWs ws,
+                                                 const ThrWs& tw, cudaStream_t stream) {
   auto chunk_of = [&](int c) {
     const int64_t per = (int64_t(p.V) + c - 1) / c;
     return int32_t((per + 7) / 8 * 8);
   };
   const bool two_pass = p.flist != nullptr && ws.state != nullptr && !(p.flags & kLogprobs);
-  if (!two_pass) { p.flist = nullptr; p.fcount = nullptr; }
+  if (!two_pass) {
+    p.flist = nullptr;
+    p.fcount = nullptr;
+  }
   cudaError_t e;
   if (p.thr != nullptr && p.R_t + p.R_d > 0) {
     e = launch_verify_thresholds<T, VEC>(p, tw, stream);
@@ -279,12 +287,12 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   // 1. statistics: cs_pos CTAs (a cluster) per row
   {
     const int64_t rows = p.R_t > p.bs ? p.R_t : int64_t(p.bs);
-    constexpr int PU = pos_pu<T>();   // vectors per row in flight (coin_margin counts on it)
+    constexpr int PU = pos_pu<T>();  // vectors per row in flight (coin_margin counts on it)
     auto k1 = verify_pos_kernel<T, VEC, false, PU>;
     auto kc = verify_pos_kernel<T, VEC, true, PU>;
-    const int cs_max = clusters ? max_cluster(kc) : 1;   // (sets the non-portable attribute)
+    const int cs_max = clusters ? max_cluster(kc) : 1;  // (sets the non-portable attribute)
     const int64_t occc = int64_t(resident_per_sm(kc)) * sms;
-    auto cap = [&](int64_t c) { return c > 0 ? c : occc; };   // query failed: CTAs/SM x SMs
+    auto cap = [&](int64_t c) { return c > 0 ? c : occc; };  // query failed: CTAs/SM x SMs
     const int64_t res[5] = {int64_t(resident_per_sm(k1)) * sms,
                             cs_max >= 2 ? cap(cluster_capacity<2>(kc)) : 0,
                             cs_max >= 4 ? cap(cluster_capacity<4>(kc)) : 0,
@@ -301,10 +309,10 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     // for a later wave (else every position runs at once and none can be skipped), and the
     // bs * W grid has no more than a quarter of empty rows (ragged).
     const int64_t vgrid = int64_t(p.bs) * (int64_t(p.max_n) + 1);
-    int l = 0;   // res[] index of the size: log2 (a forced size is rounded down)
+    int l = 0;  // res[] index of the size: log2 (a forced size is rounded down)
     while (l < 4 && (2 << l) <= cs_pos) ++l;
-    bool pm = p.stop != nullptr && rows * cs_pos > res[l] && vgrid >= rows &&
-              vgrid <= rows + rows / 4;
+    bool pm =
+        p.stop != nullptr && rows * cs_pos > res[l] && vgrid >= rows && vgrid <= rows + rows / 4;
     if (tuning_enabled() && getenv("TS_VERIFY_NOSKIP") != nullptr) pm = false;
     if (pm) {
       e = cudaMemsetAsync(pp.stop, 0, size_t(p.bs) * sizeof(int32_t), stream);
@@ -317,7 +325,7 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
                    : launch_maybe_cluster(k1, false, 1, grows, stream, pp);
     if (e != cudaSuccess) return e;
     p.chunk = pp.chunk;
-    p.stop = nullptr;   // the later kernels do not use it
+    p.stop = nullptr;  // the later kernels do not use it
   }
   const int64_t res_r = int64_t(resident_per_sm(verify_resolve_kernel<T, VEC>)) * sms;
   const int64_t res_f = int64_t(resident_per_sm(verify_final_kernel<T, VEC>)) * sms;
@@ -330,7 +338,8 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
     if (e != cudaSuccess) return e;
     ws.chunk = chunk_of(ws.splits);
     ws.mode = 0;
-    verify_final_kernel<T, VEC><<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
+    verify_final_kernel<T, VEC>
+        <<<unsigned(int64_t(p.bs) * ws.splits), kThreads, 0, stream>>>(p, ws);
     return cudaGetLastError();
   }
   // 2. first final pass over every request
@@ -342,7 +351,7 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
   // 3 + 4 fused (sm_90): one cluster per listed request, as large as can be scheduled
   if (TS_LISTED_FUSED && clusters && p.bs <= TS_LISTED_FUSED_MAX_BS) {
     auto kl = verify_listed_kernel<T, VEC>;
-    const int cs = max_cluster(kl);   // (sets the non-portable attribute)
+    const int cs = max_cluster(kl);  // (sets the non-portable attribute)
     const int cap = cs >= 16 ? cluster_capacity<16>(kl) : cluster_capacity<8>(kl);
     const int64_t nclusters = std::max<int64_t>(1, std::min<int64_t>(p.bs, cap / cs));
     ws.splits = cs;
@@ -369,8 +378,7 @@ inline cudaError_t launch_verify_probabilistic_v(VerifyParams p, int sms, bool c
 // tw: the radix thresholds' workspace (used when p.thr is set and kBisectThresholds is clear).
 template <typename T>
 inline cudaError_t launch_verify_probabilistic(VerifyParams p, int sms, bool clusters, FinalWs ws,
-                                               const ThrWs& tw, bool vec_ok,
-                                               cudaStream_t stream) {
+                                               const ThrWs& tw, bool vec_ok, cudaStream_t stream) {
   if (p.bs == 0) return cudaSuccess;
   p.cand = ws.cand;
   p.count = ws.count;

@@ -36,14 +36,14 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
        f = block_first_failed(p, i, f + 1, n, sh_f)) {
     const int64_t row = target_row(p, i, f);
     const PosStats ps = p.pos[row];
-    if (ps.status & (kBadT | kBadQ | kExactS)) break;   // nothing to compute (uniform)
+    if (ps.status & (kBadT | kBadQ | kExactS)) break;  // nothing to compute (uniform)
     long long St, Sq;
     position_masses<T, VEC>(p, rp, ps, i, f, row, start, end, rank == 0, St, Sq, scratch);
     if (threadIdx.x == 0) {
       sh_part[0] = St;
       sh_part[1] = Sq;
     }
-    cl.sync();   // every CTA's partial sums are in its shared memory
+    cl.sync();  // every CTA's partial sums are in its shared memory
     if (threadIdx.x == 0) {
       long long a = 0, b = 0;
       for (unsigned r = 0; r < C; ++r) {
@@ -54,7 +54,7 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
       sh_S[0] = a;
       sh_S[1] = b;
     }
-    cl.sync();   // every CTA has read every partial (sh_part reusable); sh_S visible in the CTA
+    cl.sync();  // every CTA has read every partial (sh_part reusable); sh_S visible in the CTA
     const long long Sx = sh_S[0];
     const long long Qx = ngram ? 1 : sh_S[1];
     const bool acc = (ps.status & kUnsure) && coin_exact(coin_U(p, i, f), ps.e_p, ps.e_q, Sx, Qx);
@@ -63,7 +63,7 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
       p.pos[row].S_q = Qx;
       p.pos[row].status = (ps.status & ~kUnsure) | kExactS | (acc ? kAccept : 0u);
     }
-    if (!acc) break;   // uniform: every CTA decided the same
+    if (!acc) break;  // uniform: every CTA decided the same
   }
   // CTA 0's statistics reach the other CTAs' final scan: release (fence, then the cluster
   // barrier's release), acquire (the barrier, then a fence in every thread before its loads)
@@ -86,8 +86,8 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
 #define TS_LISTED_FUSED_MAX_BS 32
 #endif
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads, 2) verify_listed_kernel(const VerifyParams p,
-                                                                    const FinalWs ws) {
+__global__ void __launch_bounds__(kThreads, 2)
+    verify_listed_kernel(const VerifyParams p, const FinalWs ws) {
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
   const unsigned C = cl.num_blocks();
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, 2) verify_listed_kernel(const Verify
     const int i = p.flist[it];
     listed_sums<T, VEC>(p, ws, i, rank);
     final_one<T, VEC>(p, ws, i, int(rank));
-    cl.sync();   // the next item reuses shared memory that other CTAs of the cluster may read
+    cl.sync();  // the next item reuses shared memory that other CTAs of the cluster may read
   }
 }
 

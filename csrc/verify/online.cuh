@@ -31,8 +31,8 @@ struct Online {
   float ref;
   float rc;   // ref * c rounded up, or NaN: use (z - ref) * c
   float rcl;  // fl(ref * log2(e)) (logprobs), same rule
-  float s;   // processed: c = inv_t * log2(e)
-  float sr;  // raw (logprobs): c = log2(e)
+  float s;    // processed: c = inv_t * log2(e)
+  float sr;   // raw (logprobs): c = log2(e)
 };
 __device__ __forceinline__ void online_init(Online& o) {
   o.mx = -INFINITY;
@@ -66,7 +66,7 @@ __device__ __forceinline__ void online_block(Online& o, const float (&v)[U][K], 
 #pragma unroll
     for (int w = 1; w < K; w *= 2)
 #pragma unroll
-      for (int k = 0; k + w < K; k += 2 * w) t[k] = fmaxf(t[k], t[k + w]);   // NaN-ignoring
+      for (int k = 0; k + w < K; k += 2 * w) t[k] = fmaxf(t[k], t[k + w]);  // NaN-ignoring
     mu[u] = t[0];
   }
 #pragma unroll
@@ -80,7 +80,7 @@ __device__ __forceinline__ void online_block(Online& o, const float (&v)[U][K], 
     for (int u = U - 1; u >= 0; --u)
 #pragma unroll
       for (int k = K - 1; k >= 0; --k)
-        if (v[u][k] == vm) id = idx + u * step + k;   // lowest id of the new max
+        if (v[u][k] == vm) id = idx + u * step + k;  // lowest id of the new max
     if (o.mx > -INFINITY) {
       o.s *= ex2_approx((o.mx - vm) * c);
       if (LP) o.sr *= ex2_approx((o.mx - vm) * kLog2e);
@@ -183,12 +183,18 @@ __device__ __forceinline__ void block_sum_f2(float& a, float& b, BlockScratch& s
   b = warp_sum_f(b);
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   __syncthreads();
-  if (l == 0) { s.f[w] = a; s.l[w] = __float_as_int(b); }
+  if (l == 0) {
+    s.f[w] = a;
+    s.l[w] = __float_as_int(b);
+  }
   __syncthreads();
   a = 0.0f;
   b = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kThreads / 32; ++k) { a += s.f[k]; b += __int_as_float(int(s.l[k])); }
+  for (int k = 0; k < kThreads / 32; ++k) {
+    a += s.f[k];
+    b += __int_as_float(int(s.l[k]));
+  }
 }
 
 // Vectors of each row in flight per thread on the pos kernel's fast path (online_chunk's U):
@@ -196,7 +202,9 @@ __device__ __forceinline__ void block_sum_f2(float& a, float& b, BlockScratch& s
 // registers, 4 CTAs/SM, pos_min_blocks; with 4 vectors they needed 120 registers, 2 CTAs/SM,
 // measured slower at most shapes). coin_margin counts the online blocks from it.
 template <typename T>
-constexpr int pos_pu() { return sizeof(T) == 4 ? 4 : 2; }
+constexpr int pos_pu() {
+  return sizeof(T) == 4 ? 4 : 2;
+}
 
 // Relative error bound of the approximate sum: |S~ - S| <= delta * S, where S is the exact
 // fixed-point sum (a row without min-p / top-k / top-p, so every element is kept) and
@@ -248,11 +256,10 @@ __device__ __forceinline__ double coin_margin(int64_t chunk, int V) {
   constexpr bool FF = sizeof(T) == 2;
   constexpr int PU = pos_pu<T>();
   const double u = 5.9604644775390625e-08;
-  const double nt = double(chunk) / kThreads + 16.0;        // elements per thread, at most
-  const double nb = nt / double(PU * VEC) + double(PU + VEC); // online blocks (rescales), at most
+  const double nt = double(chunk) / kThreads + 16.0;           // elements per thread, at most
+  const double nb = nt / double(PU * VEC) + double(PU + VEC);  // online blocks (rescales), at most
   const double d = 1.1920928955078125e-07 + 54.5 * u + 107.0 * u + (FF ? 360.0 * u : 0.0) +
-                   (nb + 3.0) * 9.5367431640625e-07 + (2.0 * nb + 24.0) * u +
-                   double(V) * 1e-11;
+                   (nb + 3.0) * 9.5367431640625e-07 + (2.0 * nb + 24.0) * u + double(V) * 1e-11;
   return 2.0 * d;
 }
 
@@ -275,8 +282,8 @@ __device__ __forceinline__ uint64_t coin_from_bits(uint32_t bits) {
   return (uint64_t(bits >> 9) << 1) | 1u;
 }
 __device__ __forceinline__ uint64_t coin_U(const VerifyParams& p, int i, int j) {
-  return coin_from_bits(philox_word(uint64_t(p.seed[i]), uint64_t(p.offset[i]), uint32_t(j),
-                                    kStreamAccept));
+  return coin_from_bits(
+      philox_word(uint64_t(p.seed[i]), uint64_t(p.offset[i]), uint32_t(j), kStreamAccept));
 }
 
 }  // namespace tokenspeed_kernel::verify

@@ -14,9 +14,10 @@
 #include <mutex>
 #include <type_traits>
 #include <utility>
+#include "common/device.cuh"
 #include "common/philox.cuh"
 #include "common/softmath.cuh"
-#include "sampling/sampling.cuh"   // the radix select of the kept-set thresholds (launch_levels)
+#include "sampling/sampling.cuh"  // the radix select of the kept-set thresholds (launch_levels)
 
 namespace tokenspeed_kernel::verify {
 
@@ -31,8 +32,15 @@ namespace tokenspeed_kernel::verify {
 // (sampling::F_NO_LIST).
 // kNoLevelExcl / kLevelExclTest (testing / A-B): sampling::F_NO_EXCL / F_EXCL_TEST.
 enum : uint32_t {
-  kPadded = 1, kNgram = 2, kLogprobs = 4, kExactCoins = 8, kExactResidual = 16,
-  kBisectThresholds = 32, kListStats = 64, kNoLevelList = 128, kNoLevelExcl = 256,
+  kPadded = 1,
+  kNgram = 2,
+  kLogprobs = 4,
+  kExactCoins = 8,
+  kExactResidual = 16,
+  kBisectThresholds = 32,
+  kListStats = 64,
+  kNoLevelList = 128,
+  kNoLevelExcl = 256,
   kLevelExclTest = 512
 };
 // [0] kUnsure coin at the deciding position, [1] bounds too wide (or a testing flag),
@@ -45,22 +53,22 @@ static __device__ unsigned int g_verify_list_stats[5];
 enum : uint32_t { kActive = 1, kAccept = 2, kBadT = 4, kBadQ = 8, kUnsure = 16, kExactS = 32 };
 
 constexpr int kThreads = 256;
-constexpr int kMaxCluster = 16;   // 8 (portable) where 16 cannot be scheduled
-constexpr float kMassCut = -26.5f;      // mass_fixed(y) == 0 for all float32 y < -26.34
-constexpr float kGumbelSpan = 19.5f;    // G in [-2.8116, 16.6356]: y < -19.45 never wins
+constexpr int kMaxCluster = 16;       // 8 (portable) where 16 cannot be scheduled
+constexpr float kMassCut = -26.5f;    // mass_fixed(y) == 0 for all float32 y < -26.34
+constexpr float kGumbelSpan = 19.5f;  // G in [-2.8116, 16.6356]: y < -19.45 never wins
 constexpr float kLn2Pow38 = 26.33959286127792f;
 
 // Per target row (position) statistics written by pass kernel, read by the final kernel.
 struct PosStats {
-  int64_t S_t, S_q;       // fixed-point mass sums of the kept sets (target, draft); exact iff
-                          // status & kExactS, else within the coin's error bound
-  int64_t e_p, e_q;       // exact masses of the draft token (target, draft)
-  int64_t thr_t, thr_q;   // top-k / top-p kept-set thresholds (key56 of z; 0 = none)
-  float zmax_t, zmax_q;   // raw row max (float32 logits; y = ycen(z, zmax, invT))
-  float lse_t;            // raw log-sum-exp of the target row (logprobs only)
-  float lp_x, plp_x;      // logprobs of the position's draft token (logprobs only)
-  int32_t arg_t, arg_q;   // lowest id of the raw max (greedy rows)
-  uint32_t status;        // kActive | kAccept | kBadT | kBadQ
+  int64_t S_t, S_q;      // fixed-point mass sums of the kept sets (target, draft); exact iff
+                         // status & kExactS, else within the coin's error bound
+  int64_t e_p, e_q;      // exact masses of the draft token (target, draft)
+  int64_t thr_t, thr_q;  // top-k / top-p kept-set thresholds (key56 of z; 0 = none)
+  float zmax_t, zmax_q;  // raw row max (float32 logits; y = ycen(z, zmax, invT))
+  float lse_t;           // raw log-sum-exp of the target row (logprobs only)
+  float lp_x, plp_x;     // logprobs of the position's draft token (logprobs only)
+  int32_t arg_t, arg_q;  // lowest id of the raw max (greedy rows)
+  uint32_t status;       // kActive | kAccept | kBadT | kBadQ
 };
 
 struct VerifyParams {
@@ -81,11 +89,11 @@ struct VerifyParams {
   const float* top_p;        // nullable (= off)
   int64_t* thr;              // [R_t + R_d] key56 thresholds, or null (no top-k / top-p)
   int64_t R_d;
-  PosStats* pos;             // [R_t]
-  void* tokens;              // [bs, max_n + 1] int32 / int64
-  void* num_accepted;        // [bs]
-  bool* valid;               // [bs]
-  float* lp;                 // [bs, max_n + 1] or null
+  PosStats* pos;       // [R_t]
+  void* tokens;        // [bs, max_n + 1] int32 / int64
+  void* num_accepted;  // [bs]
+  bool* valid;         // [bs]
+  float* lp;           // [bs, max_n + 1] or null
   float* plp;
   int32_t out64;
   int32_t chunk;             // pos kernel: vocabulary elements per CTA (multiple of 8)

@@ -21,7 +21,9 @@ namespace tokenspeed_kernel::verify {
 // (4 without clusters, 3 with; 64 / 80 registers, 74 then). An explicit minimum of 1 let ptxas
 // take 87 / 91 registers for fp32 (2 CTAs/SM).
 template <typename T, bool CLUSTER>
-constexpr int pos_min_blocks() { return sizeof(T) == 2 ? 4 : (CLUSTER ? 3 : 4); }
+constexpr int pos_min_blocks() {
+  return sizeof(T) == 2 ? 4 : (CLUSTER ? 3 : 4);
+}
 template <typename T, int VEC, bool CLUSTER, int PU>
 __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     verify_pos_kernel(const VerifyParams p) {
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     // the resolve and final kernels, logprobs) read. Which positions are skipped depends on
     // timing; the tokens do not.
     const int64_t W = int64_t(p.max_n) + 1;
-    j = int(vrow / p.bs);   // < W: the grid is bs * W rows
+    j = int(vrow / p.bs);  // < W: the grid is bs * W rows
     i = int(vrow - int64_t(j) * p.bs);
     n = int(p.cu[i + 1] - p.cu[i]);
     if (j > n) {  // padded layout: padding row; ragged: no such row (uniform over the cluster)
@@ -72,17 +74,17 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
       return;
     }
     row = target_row(p, i, j);
-    if constexpr (CLUSTER) G::sync();   // every peer has started: its shared memory exists
+    if constexpr (CLUSTER) G::sync();  // every peer has started: its shared memory exists
     if (rank == 0 && threadIdx.x == 0) {
       const int s = *reinterpret_cast<volatile int*>(&p.stop[i]);
       const int k = s > 0 && int64_t(j) > W - s;
       if (k) {
-        p.pos[row].status = 0;   // never read; not left stale either
+        p.pos[row].status = 0;  // never read; not left stale either
         if (p.flags & kListStats) atomicAdd(&g_verify_list_stats[4], 1u);
       }
       for (unsigned q = 0; q < cs; ++q) *G::map(&sh_skip, q) = k;
     }
-    G::sync();   // the decision is visible to every thread of every CTA of the cluster
+    G::sync();  // the decision is visible to every thread of every CTA of the cluster
     if (sh_skip) return;
   } else {
     row = vrow;
@@ -108,8 +110,8 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
   // online sums need a finite c = invT log2(e) and invT >= 2^-120 (coin_margin; T in
   // [~4.2e-39, ~1.3e36], else the exact path)
   const float c = rp.inv_t * kLog2e;
-  const bool fast = rp.greedy || (!rp.mp_on && thr_t == 0 && thr_q == 0 && c < INFINITY &&
-                                  rp.inv_t >= 0x1p-120f);
+  const bool fast =
+      rp.greedy || (!rp.mp_on && thr_t == 0 && thr_q == 0 && c < INFINITY && rp.inv_t >= 0x1p-120f);
   // The coin's inputs (draft token, its logits, the accept word) are loaded by the thread that
   // decides the coin: the id now, the rest right after its loop, so that these dependent loads
   // overlap the reductions instead of following them.
@@ -130,19 +132,23 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
   MaxArg g[2] = {{-INFINITY, INT32_MAX}, {-INFINITY, INT32_MAX}};
   bool gnan[2] = {false, false};
   bool bad[2];
-  long long S[2] = {0, 0};          // exact path
-  double St_a = 0.0, Sq_a = 0.0;    // fast path: approximate S (units of 1, i.e. S / 2^38)
-  float set = 0.0f;                 // raw sum-exp relative to the raw max (logprobs)
+  long long S[2] = {0, 0};        // exact path
+  double St_a = 0.0, Sq_a = 0.0;  // fast path: approximate S (units of 1, i.e. S / 2^38)
+  float set = 0.0f;               // raw sum-exp relative to the raw max (logprobs)
   if (fast) {
     Online o[2];
     online_init(o[0]);
     online_init(o[1]);
     if (has_d) {
-      if (logprobs) online_chunk<T, VEC, true, true, PU>(trow, drow, start, end, c, o[0], o[1]);
-      else online_chunk<T, VEC, false, true, PU>(trow, drow, start, end, c, o[0], o[1]);
+      if (logprobs)
+        online_chunk<T, VEC, true, true, PU>(trow, drow, start, end, c, o[0], o[1]);
+      else
+        online_chunk<T, VEC, false, true, PU>(trow, drow, start, end, c, o[0], o[1]);
     } else {
-      if (logprobs) online_chunk<T, VEC, true, false, PU>(trow, trow, start, end, c, o[0], o[1]);
-      else online_chunk<T, VEC, false, false, PU>(trow, trow, start, end, c, o[0], o[1]);
+      if (logprobs)
+        online_chunk<T, VEC, true, false, PU>(trow, trow, start, end, c, o[0], o[1]);
+      else
+        online_chunk<T, VEC, false, false, PU>(trow, trow, start, end, c, o[0], o[1]);
     }
     load_coin();
 #pragma unroll
@@ -178,15 +184,19 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
         g[r] = warp_max_arg(MaxArg{mine.mx[r], mine.arg[r]});
         double acc = q < cs ? double(online_rescale(mine.s[r], mine.mx[r], g[r].v, c)) : 0.0;
         double accr = (r == 0 && logprobs && q < cs)
-                          ? double(online_rescale(mine.sr, mine.mx[r], g[r].v, kLog2e)) : 0.0;
+                          ? double(online_rescale(mine.sr, mine.mx[r], g[r].v, kLog2e))
+                          : 0.0;
 #pragma unroll
         for (int o = 16; o; o >>= 1) {
           acc += __shfl_xor_sync(0xffffffffu, acc, o);
           accr += __shfl_xor_sync(0xffffffffu, accr, o);
         }
-        gnan[r] = acc != acc;   // NaN in the row (or +inf: then zmax is +inf, a bad row too)
-        if (r == 0) { St_a = acc; set = float(accr); }
-        else Sq_a = acc;
+        gnan[r] = acc != acc;  // NaN in the row (or +inf: then zmax is +inf, a bad row too)
+        if (r == 0) {
+          St_a = acc;
+          set = float(accr);
+        } else
+          Sq_a = acc;
       }
     }
   } else {
@@ -199,15 +209,23 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
       MaxArg acc{-INFINITY, INT32_MAX};
       bool isnan_ = false;
       for_chunk<T, VEC>(r ? drow : trow, start, end, [&](int64_t id, float z) {
-        if (z != z) isnan_ = true;
-        else if (z > acc.v) { acc.v = z; acc.id = int32_t(id); }
+        if (z != z)
+          isnan_ = true;
+        else if (z > acc.v) {
+          acc.v = z;
+          acc.id = int32_t(id);
+        }
       });
       a[r] = block_max_arg(acc, scratch);
       nan[r] = block_any(isnan_, scratch);
     }
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) { slot1.zmax[r] = a[r].v; slot1.arg[r] = a[r].id; slot1.nan[r] = nan[r]; }
+      for (int r = 0; r < 2; ++r) {
+        slot1.zmax[r] = a[r].v;
+        slot1.arg[r] = a[r].id;
+        slot1.nan[r] = nan[r];
+      }
     }
     G::sync();
     for (unsigned q = 0; q < cs; ++q) {
@@ -243,7 +261,10 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     load_coin();
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) { slot2.S[r] = S[r]; slot2.se[r] = se[r]; }
+      for (int r = 0; r < 2; ++r) {
+        slot2.S[r] = S[r];
+        slot2.se[r] = se[r];
+      }
     }
     G::sync();
     if (rank == 0 && threadIdx.x == 0) {
@@ -288,8 +309,8 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     st.lse_t = g[0].v + logf(set);
     st.lp_x = 0.0f;
     st.plp_x = 0.0f;
-    uint32_t status = kActive | (bad[0] ? kBadT : 0u) | (has_d && bad[1] ? kBadQ : 0u) |
-                      (exactS ? kExactS : 0u);
+    uint32_t status =
+        kActive | (bad[0] ? kBadT : 0u) | (has_d && bad[1] ? kBadQ : 0u) | (exactS ? kExactS : 0u);
     if (j < n && !bad[0] && !(has_d && bad[1])) {
       const int64_t x = xd;
       int64_t ep = 0, eq = (p.flags & kNgram) ? 1 : 0;
@@ -311,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
       }
       st.e_p = ep;
       st.e_q = eq;
-      const uint64_t U = coin_from_bits(coin_bits);   // coin_U(p, i, j)
+      const uint64_t U = coin_from_bits(coin_bits);  // coin_U(p, i, j)
       if (ep == 0) {
         // p(x) = 0: never accepted (exact without the sums)
       } else if (eq == 0) {
@@ -328,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
         const double sq = ng ? 1.0 / 274877906944.0 : Sq_a;
         const double L = double(U) * double(eq) * St_a;
         const double R = 16777216.0 * double(ep) * sq;
-        const double slack = 1e-12;   // double rounding of the products
+        const double slack = 1e-12;  // double rounding of the products
         if (dt < 0.5 && dq < 0.5 &&
             L / (1.0 - dt) * (1.0 + slack) < R / (1.0 + dq) * (1.0 - slack)) {
           status |= kAccept;

@@ -30,7 +30,7 @@ template <typename T, int VEC, bool TWO>
 __device__ __forceinline__ void chunk_masses(const T* a, const T* b, int64_t start, int64_t end,
                                              float inv_t, float za, float zb, long long& sa,
                                              long long& sb) {
-  constexpr int U = VEC >= 8 ? 2 : 4;   // 16 elements per row and iteration
+  constexpr int U = VEC >= 8 ? 2 : 4;  // 16 elements per row and iteration
   const int64_t step = int64_t(kThreads) * VEC;
   int64_t idx = start + int64_t(threadIdx.x) * VEC;
   for (; idx + (U - 1) * step + VEC <= end; idx += U * step) {
@@ -78,8 +78,8 @@ __device__ __forceinline__ void block_sum_i64x2(long long& a, long long& b, Bloc
 template <typename T, int VEC>
 __device__ __forceinline__ void block_masses(const VerifyParams& p, const RowParams& rp,
                                              const PosStats& ps, const T* trow, const T* drow,
-                                             bool ngram, int64_t start, int64_t end,
-                                             long long& St, long long& Sq, BlockScratch& scratch) {
+                                             bool ngram, int64_t start, int64_t end, long long& St,
+                                             long long& Sq, BlockScratch& scratch) {
   St = 0;
   Sq = 0;
   if (ngram)
@@ -117,8 +117,7 @@ __device__ __forceinline__ void position_masses(const VerifyParams& p, const Row
   St = 0;
   Sq = 0;
   if (start < end) block_masses<T, VEC>(p, rp, ps, trow, drow, ngram, start, end, St, Sq, scratch);
-  if ((p.flags & kListStats) && counted && threadIdx.x == 0)
-    atomicAdd(&g_verify_list_stats[3], 1u);
+  if ((p.flags & kListStats) && counted && threadIdx.x == 0) atomicAdd(&g_verify_list_stats[3], 1u);
 }
 
 // p.rsplits CTAs per request, each a contiguous vocabulary chunk (no clusters: the partial sums
@@ -143,7 +142,7 @@ __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, 
   const RowParams rp = row_params(p, i);
   const int64_t start = int64_t(sp) * p.rchunk;
   const int64_t end = start + p.rchunk < p.V ? start + p.rchunk : int64_t(p.V);
-  bool any = false;   // uniform over the request's CTAs (same statuses, same walk)
+  bool any = false;  // uniform over the request's CTAs (same statuses, same walk)
   for (int f = block_first_failed(p, i, 0, n, sh_f); f < n;
        f = block_first_failed(p, i, f + 1, n, sh_f)) {
     const int64_t row = target_row(p, i, f);
@@ -156,9 +155,9 @@ __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, 
       if (Sq) atomicAdd(&p.racc[2 * row + 1], (unsigned long long)Sq);
     }
     any = true;
-    if (!(ps.status & kUnsure)) break;   // a decided rejection: the walk stops here
+    if (!(ps.status & kUnsure)) break;  // a decided rejection: the walk stops here
   }
-  if (!any) return;   // bonus, bad or exact deciding position: no sums (uniform)
+  if (!any) return;  // bonus, bad or exact deciding position: no sums (uniform)
   if (threadIdx.x == 0) {
     __threadfence();
     sh_last = atomicAdd(&p.rcount[i], 1u) == unsigned(p.rsplits) - 1u;
@@ -172,7 +171,7 @@ __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, 
     const PosStats ps = p.pos[row];
     if (ps.status & (kBadT | kBadQ | kExactS)) return;
     if (threadIdx.x == 0) {
-      sh_S[0] = (long long)atomicAdd(&p.racc[2 * row], 0ull);     // atomic reads of the totals
+      sh_S[0] = (long long)atomicAdd(&p.racc[2 * row], 0ull);  // atomic reads of the totals
       sh_S[1] = (long long)atomicAdd(&p.racc[2 * row + 1], 0ull);
     }
     __syncthreads();
@@ -197,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 3) verify_resolve_kernel(const Verif
       p.flist ? *reinterpret_cast<const volatile unsigned*>(p.fcount) * S : gridDim.x;
   for (unsigned it = blockIdx.x; it < items; it += gridDim.x) {
     resolve_one<T, VEC>(p, p.flist ? p.flist[it / S] : int(it / S), int(it % S));
-    __syncthreads();   // shared memory reuse by the next item
+    __syncthreads();  // shared memory reuse by the next item
   }
 }
 

@@ -12,7 +12,7 @@ namespace tokenspeed_kernel::verify {
 struct StrictParams {
   const int64_t* row_tokens;
   const bool* row_valid;
-  const float* row_lp;   // nullable
+  const float* row_lp;  // nullable
   const float* row_plp;
   const int64_t* ids;
   const int64_t* cu;
@@ -44,22 +44,29 @@ __global__ void __launch_bounds__(128) verify_strict_kernel(const StrictParams p
       fail = !p.row_valid[r] || p.row_tokens[r] != p.ids[dslot(j)];
     }
     const unsigned bal = __ballot_sync(0xffffffffu, fail);
-    if (bal) { f = base + __ffs(bal) - 1; break; }
+    if (bal) {
+      f = base + __ffs(bal) - 1;
+      break;
+    }
   }
   const int64_t rf = trow(f);
   for (int j = lane; j < W; j += 32) {
     const int64_t o = int64_t(i) * W + j;
     const int64_t tok = j < f ? p.ids[dslot(j)] : (j == f ? p.row_tokens[rf] : -1);
-    if (p.out64) static_cast<int64_t*>(p.tokens)[o] = tok;
-    else static_cast<int32_t*>(p.tokens)[o] = int32_t(tok);
+    if (p.out64)
+      static_cast<int64_t*>(p.tokens)[o] = tok;
+    else
+      static_cast<int32_t*>(p.tokens)[o] = int32_t(tok);
     if (p.lp) {
       p.lp[o] = j <= f ? p.row_lp[trow(j)] : 0.0f;
       p.plp[o] = j <= f ? p.row_plp[trow(j)] : 0.0f;
     }
   }
   if (lane == 0) {
-    if (p.out64) static_cast<int64_t*>(p.num_accepted)[i] = f;
-    else static_cast<int32_t*>(p.num_accepted)[i] = f;
+    if (p.out64)
+      static_cast<int64_t*>(p.num_accepted)[i] = f;
+    else
+      static_cast<int32_t*>(p.num_accepted)[i] = f;
     p.valid[i] = p.row_valid[rf];
   }
 }

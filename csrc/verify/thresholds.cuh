@@ -50,12 +50,9 @@ __device__ __forceinline__ ThrParams thr_params(const VerifyParams& p, int i, co
 // (the levels skip them and write thr 0). Invalid rows (also those without a finite logit:
 // max56 of -inf, generic_init) get thr 0 (the walk stops at them anyway).
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads) verify_thr_max_kernel(const VerifyParams p,
-                                                                  const int64_t row0,
-                                                                  const int32_t chunk,
-                                                                  const int32_t splits,
-                                                                  int32_t* row_req,
-                                                                  sampling::Partial* part) {
+__global__ void __launch_bounds__(kThreads)
+    verify_thr_max_kernel(const VerifyParams p, const int64_t row0, const int32_t chunk,
+                          const int32_t splits, int32_t* row_req, sampling::Partial* part) {
   __shared__ BlockScratch scratch;
   const int64_t r = row0 + blockIdx.y;
   const int split = blockIdx.x;
@@ -66,15 +63,19 @@ __global__ void __launch_bounds__(kThreads) verify_thr_max_kernel(const VerifyPa
   const ThrParams tp = thr_params(p, i, rp, active);
   const bool on = tp.k_on || tp.p_on;
   if (split == 0 && threadIdx.x == 0) row_req[r] = on ? i : -1;
-  if (!on) return;   // uniform per row
+  if (!on) return;  // uniform per row
   const int64_t start = int64_t(split) * chunk;
   const int64_t end = start + chunk < p.V ? start + chunk : int64_t(p.V);
   MaxArg acc{-INFINITY, INT32_MAX};
   bool bad = false;
   if (start < end)
     for_chunk<T, VEC>(row, start, end, [&](int64_t id, float z) {
-      if (z != z || z == INFINITY) bad = true;
-      else if (z > acc.v) { acc.v = z; acc.id = int32_t(id); }
+      if (z != z || z == INFINITY)
+        bad = true;
+      else if (z > acc.v) {
+        acc.v = z;
+        acc.id = int32_t(id);
+      }
     });
   const MaxArg a = block_max_arg(acc, scratch);
   const bool inv = block_any(bad, scratch);
@@ -109,8 +110,12 @@ __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const Verify
   MaxArg acc{-INFINITY, INT32_MAX};
   bool isnan_ = false;
   for_chunk<T, VEC>(row, 0, p.V, [&](int64_t id, float z) {
-    if (z != z) isnan_ = true;
-    else if (z > acc.v) { acc.v = z; acc.id = int32_t(id); }
+    if (z != z)
+      isnan_ = true;
+    else if (z > acc.v) {
+      acc.v = z;
+      acc.id = int32_t(id);
+    }
   });
   const MaxArg a = block_max_arg(acc, scratch);
   const bool nan = block_any(isnan_, scratch);
@@ -119,19 +124,22 @@ __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const Verify
     if (threadIdx.x == 0) p.thr[r] = 0;
     return;
   }
-  auto key_of = [&](int64_t id, float z) -> int64_t {   // keys of the raw logits
+  auto key_of = [&](int64_t id, float z) -> int64_t {  // keys of the raw logits
     return int64_t(key56(key32(z), uint32_t(id)));
   };
   int64_t t_k = 0;
   if (k_on) {
-    int64_t lo = 0, hi = int64_t(1) << 56;   // count(key >= lo) >= k > count(key >= hi)
+    int64_t lo = 0, hi = int64_t(1) << 56;  // count(key >= lo) >= k > count(key >= hi)
     for (int it = 0; it < 56; ++it) {
       const int64_t mid = (lo + hi) >> 1;
       long long c = 0;
       float unused = 0.0f;
       for_chunk<T, VEC>(row, 0, p.V, [&](int64_t id, float z) { c += key_of(id, z) >= mid; });
       block_sum2(c, unused, scratch);
-      if (c >= k) lo = mid; else hi = mid;
+      if (c >= k)
+        lo = mid;
+      else
+        hi = mid;
     }
     t_k = lo;
   }
@@ -144,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const Verify
     });
     block_sum2(sk, unused, scratch);
     const int64_t lim = top_p_limit(tp, sk);
-    int64_t lo = -1, hi = (int64_t(1) << 56) - 1;   // G(lo) >= lim > G(hi)
+    int64_t lo = -1, hi = (int64_t(1) << 56) - 1;  // G(lo) >= lim > G(hi)
     for (int it = 0; it < 56; ++it) {
       const int64_t mid = (lo + hi) >> 1;
       long long gsum = 0;
@@ -153,7 +161,10 @@ __global__ void __launch_bounds__(kThreads) verify_threshold_kernel(const Verify
         if (kk > mid && kk >= t_k) gsum += mass_at(ycen(z, zm, rp.inv_t));
       });
       block_sum2(gsum, unused, scratch);
-      if (gsum < lim) hi = mid; else lo = mid;
+      if (gsum < lim)
+        hi = mid;
+      else
+        lo = mid;
     }
     thr = t_k > hi ? t_k : hi;
   }

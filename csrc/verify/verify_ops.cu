@@ -18,38 +18,36 @@ namespace {
 
 void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& ref) {
   TS_CHECK(t.is_cuda(), name, ": must be a CUDA tensor");
-  TS_CHECK(t.device() == ref.device(), name, ": must be on ", ref.device(), ", got ",
-              t.device());
+  TS_CHECK(t.device() == ref.device(), name, ": must be on ", ref.device(), ", got ", t.device());
 }
 void check_vec(const at::Tensor& t, const char* name, int64_t n, at::ScalarType dtype,
                const at::Tensor& ref) {
   check_cuda(t, name, ref);
-  TS_CHECK(t.dim() == 1 && t.size(0) == n, name, ": must have shape [", n, "], got ",
-              t.sizes());
+  TS_CHECK(t.dim() == 1 && t.size(0) == n, name, ": must have shape [", n, "], got ", t.sizes());
   TS_CHECK(t.scalar_type() == dtype, name, ": must be ", dtype, ", got ", t.scalar_type());
   TS_CHECK(t.is_contiguous(), name, ": must be contiguous");
 }
 void check_out_tokens(const at::Tensor& tokens, const at::Tensor& num_accepted,
                       const at::Tensor& valid, int64_t bs, int64_t W, const at::Tensor& ref) {
   check_cuda(tokens, "tokens", ref);
-  TS_CHECK(tokens.dim() == 2 && tokens.size(0) == bs && tokens.size(1) == W &&
-                  tokens.is_contiguous(),
-              "tokens: must be contiguous [", bs, ", ", W, "], got ", tokens.sizes());
+  TS_CHECK(
+      tokens.dim() == 2 && tokens.size(0) == bs && tokens.size(1) == W && tokens.is_contiguous(),
+      "tokens: must be contiguous [", bs, ", ", W, "], got ", tokens.sizes());
   TS_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt,
-              "tokens: must be int64 or int32");
+           "tokens: must be int64 or int32");
   check_vec(num_accepted, "num_accepted", bs, tokens.scalar_type(), ref);
   check_vec(valid, "valid", bs, at::kBool, ref);
 }
 void check_out_logprobs(const std::optional<at::Tensor>& lp, const std::optional<at::Tensor>& plp,
                         int64_t bs, int64_t W, const at::Tensor& ref) {
   TS_CHECK(lp.has_value() == plp.has_value(),
-              "logprobs / processed_logprobs: give both or neither");
+           "logprobs / processed_logprobs: give both or neither");
   if (!lp.has_value()) return;
   for (const at::Tensor* t : {&*lp, &*plp}) {
     check_cuda(*t, "logprobs", ref);
     TS_CHECK(t->dim() == 2 && t->size(0) == bs && t->size(1) == W && t->is_contiguous() &&
-                    t->scalar_type() == at::kFloat,
-                "logprobs: must be contiguous float32 [", bs, ", ", W, "]");
+                 t->scalar_type() == at::kFloat,
+             "logprobs: must be contiguous float32 [", bs, ", ", W, "]");
   }
 }
 
@@ -74,10 +72,10 @@ void verify_probabilistic(const at::Tensor& target_logits,
   const at::Tensor& tgt = target_logits;
   check_cuda(tgt, "target_logits", tgt);
   TS_CHECK(tgt.dim() == 2 && (tgt.stride(1) == 1 || tgt.size(1) == 1),
-              "target_logits: must be 2-D with a contiguous last dimension");
+           "target_logits: must be 2-D with a contiguous last dimension");
   const auto dtype = tgt.scalar_type();
   TS_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
-              "target_logits: dtype must be float32, bfloat16 or float16");
+           "target_logits: dtype must be float32, bfloat16 or float16");
   const int64_t V = tgt.size(1);
   TS_CHECK(V >= 1 && V <= (int64_t(1) << 24), "target_logits: vocab size must be in [1, 2^24]");
   const int64_t bs = cu_num_draft.size(0) - 1;
@@ -88,12 +86,12 @@ void verify_probabilistic(const at::Tensor& target_logits,
   const bool padded = flags & kPadded, ngram = flags & kNgram;
   check_cuda(draft_token_ids, "draft_token_ids", tgt);
   TS_CHECK(draft_token_ids.dim() == 1 && draft_token_ids.scalar_type() == at::kLong &&
-                  draft_token_ids.is_contiguous(),
-              "draft_token_ids: must be a contiguous flat int64 tensor");
+               draft_token_ids.is_contiguous(),
+           "draft_token_ids: must be a contiguous flat int64 tensor");
   if (padded) {
     TS_CHECK(tgt.size(0) == bs * W, "target_logits: padded layout needs bs * (max_n + 1) rows");
     TS_CHECK(draft_token_ids.numel() == bs * max_num_draft,
-                "draft_token_ids: padded layout needs bs * max_n ids");
+             "draft_token_ids: padded layout needs bs * max_n ids");
   }
   check_vec(seed, "seed", bs, at::kLong, tgt);
   check_vec(offset, "offset", bs, at::kLong, tgt);
@@ -102,15 +100,14 @@ void verify_probabilistic(const at::Tensor& target_logits,
   if (top_k.has_value()) check_vec(*top_k, "top_k", bs, at::kInt, tgt);
   if (top_p.has_value()) check_vec(*top_p, "top_p", bs, at::kFloat, tgt);
   TS_CHECK(ngram != draft_logits.has_value(),
-              "draft_logits: required in probabilistic mode, absent in ngram mode");
+           "draft_logits: required in probabilistic mode, absent in ngram mode");
   if (draft_logits.has_value()) {
     const at::Tensor& d = *draft_logits;
     check_cuda(d, "draft_logits", tgt);
     TS_CHECK(d.dim() == 2 && d.size(1) == V && (d.stride(1) == 1 || V == 1),
-                "draft_logits: must be 2-D [rows, V] with a contiguous last dimension");
+             "draft_logits: must be 2-D [rows, V] with a contiguous last dimension");
     TS_CHECK(d.scalar_type() == dtype, "draft_logits: dtype must match target_logits");
-    TS_CHECK(d.size(0) == draft_token_ids.numel(),
-                "draft_logits: needs one row per draft slot");
+    TS_CHECK(d.size(0) == draft_token_ids.numel(), "draft_logits: needs one row per draft slot");
   }
   check_out_tokens(tokens, num_accepted, valid, bs, W, tgt);
   check_out_logprobs(logprobs, processed_logprobs, bs, W, tgt);
@@ -134,9 +131,8 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.V = int32_t(V);
   p.bs = int32_t(bs);
   p.max_n = int32_t(max_num_draft);
-  p.flags = uint32_t(flags) &
-            (kPadded | kNgram | kExactCoins | kExactResidual | kBisectThresholds | kNoLevelList |
-             kNoLevelExcl | kLevelExclTest);
+  p.flags = uint32_t(flags) & (kPadded | kNgram | kExactCoins | kExactResidual | kBisectThresholds |
+                               kNoLevelList | kNoLevelExcl | kLevelExclTest);
   const bool list_stats = tuning_enabled() && getenv("TS_VERIFY_LISTSTATS") != nullptr;
   if (list_stats) p.flags |= kListStats;
   if (logprobs.has_value()) p.flags |= kLogprobs;
@@ -157,10 +153,11 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.lp = logprobs.has_value() ? logprobs->data_ptr<float>() : nullptr;
   p.plp = processed_logprobs.has_value() ? processed_logprobs->data_ptr<float>() : nullptr;
   p.out64 = tokens.scalar_type() == at::kLong;
-  const bool vec_ok = rows_aligned(tgt) && (!draft_logits.has_value() || rows_aligned(*draft_logits));
+  const bool vec_ok =
+      rows_aligned(tgt) && (!draft_logits.has_value() || rows_aligned(*draft_logits));
   const auto* prop = at::cuda::getDeviceProperties(tgt.get_device());
   const int sms = prop->multiProcessorCount;
-  const bool clusters = prop->major >= 9;   // thread-block clusters need sm_90+
+  const bool clusters = prop->major >= 9;  // thread-block clusters need sm_90+
   int fsplits;
   switch (dtype) {
     case at::kFloat: fsplits = verify_final_splits<float>(bs, V, sms, vec_ok); break;
@@ -173,7 +170,7 @@ void verify_probabilistic(const at::Tensor& target_logits,
   // request if there are fewer rows: the pos kernel zeroes one per row CTA)
   const int64_t rows = std::max<int64_t>(R_t, bs);
   const int64_t state_at = bs * 32, racc_at = state_at + bs * fsplits * 16;
-  const int64_t stop_at = racc_at + rows * 16;   // the pos kernel's skip words (4 B / request)
+  const int64_t stop_at = racc_at + rows * 16;  // the pos kernel's skip words (4 B / request)
   at::Tensor fws = at::empty({stop_at + bs * 4}, tgt.options().dtype(at::kByte));
   uint8_t* fb = static_cast<uint8_t*>(fws.data_ptr());
   FinalWs fw{};
@@ -208,17 +205,17 @@ void verify_probabilistic(const at::Tensor& target_logits,
       err = launch_verify_probabilistic<__half>(p, sms, clusters, fw, tw, vec_ok, stream);
       break;
   }
-  TS_CHECK(err == cudaSuccess, "verify_probabilistic: kernel launch failed: ",
-              cudaGetErrorString(err));
+  TS_CHECK(err == cudaSuccess,
+           "verify_probabilistic: kernel launch failed: ", cudaGetErrorString(err));
   if (list_stats) {
     // tuning hook only (bench/lab/tools/verify_listed.py): a host sync, then one line on stderr
     unsigned int c[5] = {0, 0, 0, 0, 0}, fc = 0;
     const unsigned int z[5] = {0, 0, 0, 0, 0};
     TS_CHECK(cudaStreamSynchronize(stream) == cudaSuccess &&
-                    cudaMemcpyFromSymbol(c, g_verify_list_stats, sizeof(c)) == cudaSuccess &&
-                    cudaMemcpy(&fc, p.fcount, sizeof(fc), cudaMemcpyDeviceToHost) == cudaSuccess &&
-                    cudaMemcpyToSymbol(g_verify_list_stats, z, sizeof(z)) == cudaSuccess,
-                "verify list statistics: a CUDA call failed");
+                 cudaMemcpyFromSymbol(c, g_verify_list_stats, sizeof(c)) == cudaSuccess &&
+                 cudaMemcpy(&fc, p.fcount, sizeof(fc), cudaMemcpyDeviceToHost) == cudaSuccess &&
+                 cudaMemcpyToSymbol(g_verify_list_stats, z, sizeof(z)) == cudaSuccess,
+             "verify list statistics: a CUDA call failed");
     fprintf(stderr,
             "verify_list_stats listed=%u unsure=%u wide=%u interval=%u positions=%u skipped=%u\n",
             p.flist != nullptr && !(p.flags & kLogprobs) ? fc : 0u, c[0], c[1], c[2], c[3], c[4]);
@@ -242,8 +239,8 @@ void verify_strict_accept(const at::Tensor& target_tokens, const at::Tensor& tar
   check_vec(target_valid, "target_valid", R, at::kBool, ref);
   check_cuda(draft_token_ids, "draft_token_ids", ref);
   TS_CHECK(draft_token_ids.dim() == 1 && draft_token_ids.scalar_type() == at::kLong &&
-                  draft_token_ids.is_contiguous(),
-              "draft_token_ids: must be a contiguous flat int64 tensor");
+               draft_token_ids.is_contiguous(),
+           "draft_token_ids: must be a contiguous flat int64 tensor");
   TS_CHECK(max_num_draft >= 0, "max_num_draft: must be >= 0");
   const int64_t W = max_num_draft + 1;
   if (flags & kPadded) {
@@ -252,8 +249,8 @@ void verify_strict_accept(const at::Tensor& target_tokens, const at::Tensor& tar
   check_out_tokens(tokens, num_accepted, valid, bs, W, ref);
   check_out_logprobs(logprobs, processed_logprobs, bs, W, ref);
   TS_CHECK(target_logprobs.has_value() == logprobs.has_value() &&
-                  target_processed_logprobs.has_value() == logprobs.has_value(),
-              "target_logprobs: give the row logprobs exactly when logprobs are wanted");
+               target_processed_logprobs.has_value() == logprobs.has_value(),
+           "target_logprobs: give the row logprobs exactly when logprobs are wanted");
   if (target_logprobs.has_value()) {
     check_vec(*target_logprobs, "target_logprobs", R, at::kFloat, ref);
     check_vec(*target_processed_logprobs, "target_processed_logprobs", R, at::kFloat, ref);
@@ -278,8 +275,8 @@ void verify_strict_accept(const at::Tensor& target_tokens, const at::Tensor& tar
   p.plp = processed_logprobs.has_value() ? processed_logprobs->data_ptr<float>() : nullptr;
   p.out64 = tokens.scalar_type() == at::kLong;
   const cudaError_t err = launch_verify_strict(p, at::cuda::getCurrentCUDAStream());
-  TS_CHECK(err == cudaSuccess, "verify_strict_accept: kernel launch failed: ",
-              cudaGetErrorString(err));
+  TS_CHECK(err == cudaSuccess,
+           "verify_strict_accept: kernel launch failed: ", cudaGetErrorString(err));
 }
 
 // Schemas: keep identical to python/tokenspeed_kernel/ops/verify.py SCHEMAS (a test compares).

@@ -27,22 +27,6 @@ _EXACT_RESIDUAL_FOR_TESTING = False
 # row, ~113 passes: the independent oracle) instead of the radix select.
 _BISECT_THRESHOLDS_FOR_TESTING = False
 
-# The schemas csrc/verify/verify_ops.cu defines (kept here too so tests can define them on a
-# machine without the compiled extension; tests/test_verify.py checks they match the C++ ones).
-SCHEMAS = {
-    "verify_probabilistic": (
-        "verify_probabilistic(Tensor target_logits, Tensor? draft_logits, Tensor draft_token_ids, "
-        "Tensor cu_num_draft, Tensor seed, Tensor offset, Tensor? temperature, Tensor? top_k, "
-        "Tensor? top_p, Tensor? min_p, int max_num_draft, int flags, Tensor(a!) tokens, "
-        "Tensor(b!) num_accepted, Tensor(c!) valid, Tensor(d!)? logprobs, "
-        "Tensor(e!)? processed_logprobs) -> ()"),
-    "verify_strict_accept": (
-        "verify_strict_accept(Tensor target_tokens, Tensor target_valid, Tensor draft_token_ids, "
-        "Tensor cu_num_draft, Tensor? target_logprobs, Tensor? target_processed_logprobs, "
-        "int max_num_draft, int flags, Tensor(a!) tokens, Tensor(b!) num_accepted, "
-        "Tensor(c!) valid, Tensor(d!)? logprobs, Tensor(e!)? processed_logprobs) -> ()"),
-}
-
 
 class VerifyOutput(NamedTuple):
     tokens: torch.Tensor        # [bs, max_n + 1]: accepted drafts, then one target token, then -1
