@@ -1,0 +1,178 @@
+"""Reference logits processing: plain PyTorch, the executable spec of what engines apply to the
+logits before sampling (penalties, logit bias, grammar masks, banned tokens, ``min_tokens``).
+
+**Status: spec only.** No op applies these yet; the fused CUDA / Triton versions (inside the
+sampler's single read of the logits) are future work, and they must give the same float32 values
+as this file, bit for bit, so that the sampled token stays the same on every backend.
+
+Per request ``q`` (rows map to requests as in sampling: ``q = row // tokens_per_request``; every
+row of a request gets the request's inputs). With ``z`` = the row's raw logits as float32, in
+this order (each step is one IEEE float32 operation per element, never fused):
+
+1. **logit bias** (sparse, CSR over requests): ``z[id] = fl32(z[id] + b)``.
+2. **repetition penalty** ``r > 0`` (HF / vLLM convention, sign-aware) on every token *seen* by
+   the request (prompt or output): ``z = fl32(z / r)`` if ``z > 0`` else ``fl32(z * r)``.
+   ``r = 1`` is off.
+3. **frequency / presence penalties** ``f``, ``p`` on the request's *output* tokens with count
+   ``c > 0``: ``z = fl32(z - fl32(f * c))``, then ``z = fl32(z - p)``. ``f = p = 0`` is off.
+4. **masks** (``-inf``): tokens whose bit is clear in the allowed-token bitmask (xgrammar
+   layout: token ``t`` is allowed iff ``(mask[q, t >> 5] >> (t & 31)) & 1``; bits past V are
+   ignored), banned tokens (CSR), and the request's stop tokens while its output holds fewer
+   than ``min_tokens`` tokens.
+
+Then the sampler runs unchanged on the processed row (temperature, top-k, top-p, min-p,
+Gumbel-max; docs/DESIGN.md). A row whose masks leave no finite logit is invalid (the sampler's
+NaN policy), never token 0 silently. Raw logprobs stay those of the unprocessed logits;
+processed logprobs are those of the processed distribution.
+
+**Token counts** (the penalties' state, kept by the caller per request slot, updated in place):
+``TokenCounts.seen`` ``[n, ceil(V / 32)] int32`` (bit per token, prompt or output: the
+repetition penalty's set and the kernels' cheap membership test) and ``TokenCounts.output``
+``[n, V] int32`` (output-token counts). ``add_prompt`` marks a new request's prompt;
+``add_tokens`` counts the tokens sampled this step (rows not valid, or with a negative token,
+are skipped). Both are fixed-shape in-place updates (graph-safe on the device).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+
+class TokenCounts(NamedTuple):
+    seen: torch.Tensor     # [n, ceil(V / 32)] int32: prompt or output tokens (bit t & 31 of word t >> 5)
+    output: torch.Tensor   # [n, V] int32: output-token counts
+
+
+class Csr(NamedTuple):
+    """Per-request lists: request q owns entries indptr[q] .. indptr[q + 1] - 1."""
+    indptr: torch.Tensor               # [n + 1] int64, non-decreasing, indptr[0] = 0
+    ids: torch.Tensor                  # [nnz] int64 token ids, unique within a request
+    values: Optional[torch.Tensor] = None   # [nnz] float32 (logit bias), else None
+
+
+class LogitsInputs(NamedTuple):
+    """What an engine applies to the logits before sampling; every field optional (None: off)."""
+    logit_bias: Optional[Csr] = None                  # ids + float32 values
+    repetition_penalty: Optional[torch.Tensor] = None  # [n] float32 > 0 (1: off)
+    frequency_penalty: Optional[torch.Tensor] = None   # [n] float32 (0: off)
+    presence_penalty: Optional[torch.Tensor] = None    # [n] float32 (0: off)
+    counts: Optional[TokenCounts] = None              # needed by the three penalties
+    allowed_mask: Optional[torch.Tensor] = None       # [n, ceil(V / 32)] int32
+    banned: Optional[Csr] = None                      # ids
+    min_tokens: Optional[torch.Tensor] = None         # [n] int64 (0: off)
+    num_output_tokens: Optional[torch.Tensor] = None  # [n] int64, with min_tokens
+    stop_ids: Optional[Csr] = None                    # ids, with min_tokens
+
+
+def mask_words(vocab: int) -> int:
+    return (vocab + 31) // 32
+
+
+def new_token_counts(n: int, vocab: int, device=None) -> TokenCounts:
+    return TokenCounts(torch.zeros(n, mask_words(vocab), dtype=torch.int32, device=device),
+                       torch.zeros(n, vocab, dtype=torch.int32, device=device))
+
+
+def _set_bits(words: torch.Tensor, req: torch.Tensor, tok: torch.Tensor) -> None:
+    """words[req, tok >> 5] |= 1 << (tok & 31), for every (req, tok) pair (duplicates fine)."""
+    if tok.numel() == 0:
+        return
+    n, W = words.shape
+    flat = words.view(-1)
+    bit = torch.zeros(n * W, 32, dtype=torch.bool, device=words.device)
+    bit[req * W + (tok >> 5), tok & 31] = True
+    shifts = torch.arange(32, device=words.device, dtype=torch.int64)
+    add = (bit.to(torch.int64) << shifts).sum(1)
+    merged = flat.to(torch.int64) & 0xFFFFFFFF | add
+    flat.copy_(torch.where(merged >= 2**31, merged - 2**32, merged).to(torch.int32))
+
+
+def bit_is_set(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[n, W] int32 bitmask -> [n, vocab] bool (token t: bit t & 31 of word t >> 5)."""
+    t = torch.arange(vocab, device=words.device)
+    return ((words.to(torch.int64)[:, t >> 5] >> (t & 31)) & 1).bool()
+
+
+def _csr_rows(csr: Csr, n: int):
+    """(request of each entry, ids) of a CSR list."""
+    indptr = csr.indptr.to(torch.int64)
+    counts = indptr[1:] - indptr[:-1]
+    req = torch.repeat_interleave(torch.arange(n, device=indptr.device), counts)
+    return req, csr.ids.to(torch.int64)
+
+
+def add_prompt(counts: TokenCounts, slots: torch.Tensor, prompts: Csr) -> None:
+    """Marks the prompt tokens of requests admitted into ``slots`` (prompts: one CSR entry list
+    per admitted request, in the order of ``slots``) as seen; output counts are untouched."""
+    req, ids = _csr_rows(prompts, slots.numel())
+    _set_bits(counts.seen, slots.to(torch.int64)[req], ids)
+
+
+def add_tokens(counts: TokenCounts, tokens: torch.Tensor,
+               valid: Optional[torch.Tensor] = None) -> None:
+    """Counts this step's sampled token of every request slot (``tokens [n]``, or ``[n, m]``
+    for several tokens per request, e.g. accepted drafts padded with -1): ``output[q, t] += 1``
+    and ``t`` marked seen. Negative tokens and rows with ``valid == False`` are skipped."""
+    t = tokens.to(torch.int64)
+    if t.dim() == 1:
+        t = t[:, None]
+    keep = t >= 0
+    if valid is not None:
+        keep &= valid.to(torch.bool).view(-1, 1)
+    req = torch.arange(t.shape[0], device=t.device)[:, None].expand_as(t)[keep]
+    tok = t[keep]
+    counts.output.index_put_((req, tok), torch.ones_like(tok, dtype=torch.int32), accumulate=True)
+    _set_bits(counts.seen, req, tok)
+
+
+def apply(logits: torch.Tensor, inputs: LogitsInputs, tokens_per_request: int = 1) -> torch.Tensor:
+    """The processed logits (float32 ``[rows, V]``; the input is not modified)."""
+    R, V = logits.shape
+    z = logits.to(torch.float32).clone()
+    n = R // tokens_per_request
+    req_of_row = torch.arange(R, device=z.device) // tokens_per_request
+
+    def per_row(t):   # [n, ...] -> [R, ...]
+        return t.to(z.device)[req_of_row]
+
+    def csr_rows(csr):   # the CSR entries repeated for every row of their request
+        req, ids = _csr_rows(csr, n)
+        rows = req[:, None] * tokens_per_request + torch.arange(tokens_per_request,
+                                                                device=req.device)
+        return rows.reshape(-1), ids.repeat_interleave(tokens_per_request), req
+
+    if inputs.logit_bias is not None:
+        rows, ids, _ = csr_rows(inputs.logit_bias)
+        b = inputs.logit_bias.values.to(torch.float32).repeat_interleave(tokens_per_request)
+        z[rows, ids] = z[rows, ids] + b
+    pen = (inputs.repetition_penalty, inputs.frequency_penalty, inputs.presence_penalty)
+    if any(x is not None for x in pen):
+        if inputs.counts is None:
+            raise ValueError("counts: the penalties need the requests' TokenCounts")
+        if inputs.repetition_penalty is not None:
+            r = per_row(inputs.repetition_penalty.to(torch.float32))[:, None]
+            seen = per_row(bit_is_set(inputs.counts.seen, V))
+            z = torch.where(seen, torch.where(z > 0, z / r, z * r), z)
+        c = per_row(inputs.counts.output).to(torch.float32)
+        hit = c > 0
+        if inputs.frequency_penalty is not None:
+            f = per_row(inputs.frequency_penalty.to(torch.float32))[:, None]
+            z = torch.where(hit, z - f * c, z)
+        if inputs.presence_penalty is not None:
+            p = per_row(inputs.presence_penalty.to(torch.float32))[:, None]
+            z = torch.where(hit, z - p, z)
+    if inputs.allowed_mask is not None:
+        z = torch.where(per_row(bit_is_set(inputs.allowed_mask, V)), z, float("-inf"))
+    if inputs.banned is not None:
+        rows, ids, _ = csr_rows(inputs.banned)
+        z[rows, ids] = float("-inf")
+    if inputs.min_tokens is not None and inputs.stop_ids is not None:
+        if inputs.num_output_tokens is None:
+            raise ValueError("num_output_tokens: required with min_tokens")
+        rows, ids, req = csr_rows(inputs.stop_ids)
+        active = (inputs.num_output_tokens.to(torch.int64) <
+                  inputs.min_tokens.to(torch.int64)).to(z.device)
+        on = active[req].repeat_interleave(tokens_per_request)
+        z[rows[on], ids[on]] = float("-inf")
+    return z
