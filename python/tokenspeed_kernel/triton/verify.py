@@ -156,7 +156,9 @@ def _row_params(req, temp_ptr, minp_ptr):
 # ---------------------------------------------------------------------------------------------
 # statistics passes
 # ---------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=['R_t', 'chunk'])
+# chunk stays specialized: always a multiple of BLOCK (>= 16), so its divisibility never changes
+# (no recompiles) and the loads at sp * chunk vectorize (16-byte loads)
+@triton.jit(do_not_specialize=['R_t'])
 def _pass1(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, key_ptr, nan_ptr, chunk,
            BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -187,7 +189,7 @@ def _pass1(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, key_ptr, n
         tl.atomic_max(nan_ptr + row, tl.max(nan, 0))
 
 
-@triton.jit(do_not_specialize=['R_t', 'chunk'])
+@triton.jit(do_not_specialize=['R_t'])
 def _pass2(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, row_req_ptr, temp_ptr, minp_ptr,
            key_ptr, nan_ptr, thr_ptr, s_ptr, se_ptr, chunk, LOGPROBS: tl.constexpr,
            FILT: tl.constexpr, BLOCK: tl.constexpr):
@@ -410,7 +412,7 @@ def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_pt
 # ---------------------------------------------------------------------------------------------
 # final token: residual resample or bonus sample, split over the vocabulary
 # ---------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=['MAX_N', 'chunk'])
+@triton.jit(do_not_specialize=['MAX_N'])
 def _final(tgt_ptr, drf_ptr, stride_t, stride_d, V, cu_ptr, seed_ptr, off_ptr, temp_ptr,
            minp_ptr, jobi_ptr, jobf_ptr, cand_ptr, MAX_N, chunk,
            PADDED: tl.constexpr, NGRAM: tl.constexpr, FILT: tl.constexpr, BLOCK: tl.constexpr):

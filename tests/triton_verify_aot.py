@@ -1,0 +1,60 @@
+"""CPU: ahead-of-time compile of the Triton verify kernels that stream the logits (_pass1,
+_pass2, _final) for sm_90, as the JIT specializes them: every argument that the JIT would mark
+16-divisible for the bench's shapes (pointers, row strides, V = 151936, chunk) and that the
+kernel does not exclude with ``do_not_specialize``. Prints each kernel's count of 16-byte loads
+(``ld.global.*.v4``); exits 5 when this triton has no ahead-of-time API. Run with
+TRITON_INTERPRET unset (tests/test_verify.py::test_triton_verify_loads_vectorize)."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+
+def main() -> int:
+    assert os.environ.get("TRITON_INTERPRET") != "1", "run with the interpreter off"
+    import triton
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        print(f"triton {triton.__version__}: no ahead-of-time compile API ({e})")
+        return 5
+    from tokenspeed_kernel.triton import verify as tv
+
+    ptr = {"tgt_ptr", "drf_ptr", "row_req_ptr", "temp_ptr", "minp_ptr", "key_ptr", "nan_ptr",
+           "thr_ptr", "s_ptr", "se_ptr", "cu_ptr", "seed_ptr", "off_ptr", "jobi_ptr", "jobf_ptr",
+           "cand_ptr"}
+    types = {"tgt_ptr": "*fp32", "drf_ptr": "*fp32", "row_req_ptr": "*i32", "temp_ptr": "*fp32",
+             "minp_ptr": "*fp32", "key_ptr": "*i64", "nan_ptr": "*i32", "thr_ptr": "*i64",
+             "s_ptr": "*i64", "se_ptr": "*fp32", "cu_ptr": "*i64", "seed_ptr": "*i64",
+             "off_ptr": "*i64", "jobi_ptr": "*i64", "jobf_ptr": "*fp32", "cand_ptr": "*i64"}
+    # values the bench passes (V = 151936 fp32 rows): multiples of 16 except the row count / bound
+    div16 = {"stride_t", "stride_d", "V", "chunk"}
+    consts = {"BLOCK": 1024, "LOGPROBS": False, "FILT": False, "PADDED": False, "NGRAM": False}
+    for kern in (tv._pass1, tv._pass2, tv._final):
+        names = [p.name for p in kern.params]
+        skip = {names[i] if isinstance(i, int) else i for i in kern.do_not_specialize or ()}
+        sig, const, attrs = {}, {}, {}
+        for i, n in enumerate(names):
+            if n in consts:
+                sig[n] = "constexpr"
+                const[n] = consts[n]
+                continue
+            sig[n] = types.get(n, "i32")
+            if (n in ptr or n in div16) and n not in skip:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        src = ASTSource(fn=kern, signature=sig, constexprs=const, attrs=attrs)
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 4, "enable_fp_fusion": False})
+        n4 = len(re.findall(r"ld\.global(?:\.[a-z0-9_:]+)*\.v4", k.asm["ptx"]))
+        print(f"{kern.fn.__name__}: v4 loads {n4} (not specialized: {sorted(skip)})",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
