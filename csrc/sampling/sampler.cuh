@@ -1599,8 +1599,8 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
 // merges the row's summaries; greedy rows take the max; temperature rows take the best h's token
 // when A = |fl32(zmax t)| <= 2^14 and h_best - h_second > (A + 256) 2^-21; otherwise (near ties,
 // huge |z t|, t = +inf, F_FORCE_EXACT) the whole CTA runs the exact pass over the row.
-// Lean on purpose: at B = 1 the call is latency-bound (each warp's serial instruction chain and
-// a cold instruction cache), so phase 1 uses small CTAs, one read and float32 scores.
+// Lean on purpose: at B = 1 the call is latency-bound (ncu: each warp's serial instruction
+// chain, not bandwidth), so phase 1 uses small CTAs, one read and float32 scores.
 constexpr int kSplitThreads = 256;
 constexpr int kSplitWarps = kSplitThreads / 32;
 constexpr float kPruneC = 0.03f, kPruneMargin = 0.02f, kPruneDelta = 1.9073486328125e-06f;  // 2^-19
