@@ -106,10 +106,13 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 # ---------------------------------------------------------------------------------------------
 def dp_fallback_worker(rank: int, world: int, device_kind: str = "cpu",
                        backends=("nccl", "reference", "auto")) -> None:
-    """dp_sample / dp_verify through the NCCL-style fallback (gloo on CPU) and the reference
-    backend: bit-identical to ops.sample / ops.verify on the full logits, uneven B and V."""
+    """dp_sample / dp_verify through every backend in ``backends`` (on CPU: the NCCL-style
+    fallback over gloo, and the reference): bit-identical to ops.sample / ops.verify on the full
+    logits, uneven B and V. ``"triton"`` runs the whole path in Triton (the swap, the gather and
+    the per-rank sampling / verify), as on a machine without the extension."""
     dev = torch.device("cpu") if device_kind == "cpu" else torch.device("cuda", rank)
     sb = "reference" if dev.type == "cpu" else "auto"
+    inner = {"triton": "triton"}   # the per-rank sample / verify backend, by comm backend
     for V, w in ((1000, None), (997, None), (1000, 512 if world == 2 else None)):
         w = w or -(-V // world)
         comm = ops.create_dp_sampling_comm(max_rows=40, vocab_size=V, dtype=torch.float32,
@@ -123,7 +126,7 @@ def dp_fallback_worker(rank: int, world: int, device_kind: str = "cpu",
                 ref = ops.sample_with_logprobs(full, seed, offset, backend=sb, **kw)
                 for be in backends:
                     out = ops.dp_sample(comm, x, seed, offset, logprobs=True, backend=be,
-                                        sample_backend=sb, **kw)
+                                        sample_backend=inner.get(be, sb), **kw)
                     assert torch.equal(out.tokens, ref.tokens), (be, V, B, mode)
                     assert torch.equal(out.valid, ref.valid), (be, V, B, mode)
                     assert close(out.logprobs, ref.logprobs), (be, V, B, mode)
@@ -147,14 +150,16 @@ def dp_fallback_worker(rank: int, world: int, device_kind: str = "cpu",
             ref = ops.verify_with_logprobs(tgt, ids, seed, offset,
                                            draft_logits=None if dl is None else dl.view(bs, nd, V),
                                            mode=mode, temperature=temp, backend=sb)
-            out = ops.dp_verify(comm, shard_of(tgt, world, rank, w), ids, seed, offset,
-                                draft_shard=None if dl is None else shard_of(dl, world, rank, w),
-                                mode=mode, temperature=temp, logprobs=True, backend="nccl",
-                                verify_backend=sb)
-            assert torch.equal(out.tokens, ref.tokens), mode
-            assert torch.equal(out.num_accepted, ref.num_accepted), mode
-            assert torch.equal(out.valid, ref.valid), mode
-            assert close(out.logprobs, ref.logprobs), mode
+            for be in [b for b in backends if b != "reference"] or ["nccl"]:
+                out = ops.dp_verify(comm, shard_of(tgt, world, rank, w), ids, seed, offset,
+                                    draft_shard=None if dl is None else shard_of(dl, world, rank,
+                                                                                 w),
+                                    mode=mode, temperature=temp, logprobs=True, backend=be,
+                                    verify_backend=inner.get(be, sb))
+                assert torch.equal(out.tokens, ref.tokens), (be, mode)
+                assert torch.equal(out.num_accepted, ref.num_accepted), (be, mode)
+                assert torch.equal(out.valid, ref.valid), (be, mode)
+                assert close(out.logprobs, ref.logprobs), (be, mode)
 
 
 def dp_mismatch_worker(rank: int, world: int, what: str) -> None:
@@ -174,10 +179,11 @@ def dp_mismatch_worker(rank: int, world: int, what: str) -> None:
         raise AssertionError(f"rank {rank}: no error for mismatched {what}")
 
 
-def dp_graph_worker(rank: int, world: int, replays: int) -> None:
+def dp_graph_worker(rank: int, world: int, replays: int, backend: str = "cuda") -> None:
     """Real ranks (NCCL group, one GPU each): dp_sample captured in a CUDA graph with the inputs
     changing on every replay (the shard flips sign, the offset advances); checked against
-    ops.sample every few hundred replays."""
+    ops.sample every few hundred replays. ``backend="triton"``: the Triton swap, gather and
+    sampler."""
     dev = torch.device("cuda", rank)
     B, V = 16, 151936
     comm = ops.create_dp_sampling_comm(max_rows=B, vocab_size=V, dtype=torch.bfloat16)
@@ -186,7 +192,9 @@ def dp_graph_worker(rank: int, world: int, replays: int) -> None:
     x = shard_of(full, world, rank, comm.shard_width)
     seed, offset, kw = sample_params(B, dev, "topk_topp")
     off0 = offset.clone()
-    run_graph_replays(lambda: ops.dp_sample(comm, x, seed, offset, validate=False, **kw),
+    inner = "triton" if backend == "triton" else "auto"
+    run_graph_replays(lambda: ops.dp_sample(comm, x, seed, offset, validate=False,
+                                            backend=backend, sample_backend=inner, **kw),
                       x, offset, full, seed, off0, kw, replays, [comm])
 
 
@@ -229,7 +237,7 @@ def run_graph_replays(call, x, offset, full, seed, off0, kw, replays, comms, str
     assert done == len(checks)
 
 
-def dp_dead_peer_worker(rank: int, world: int) -> None:
+def dp_dead_peer_worker(rank: int, world: int, backend: str = "auto") -> None:
     """Rank 1 never joins the call: rank 0's swap gives up after the timeout, comm.check() raises
     CommError, no hang."""
     dev = torch.device("cuda", rank)
@@ -237,7 +245,8 @@ def dp_dead_peer_worker(rank: int, world: int) -> None:
                                        timeout_ms=300)
     if rank == 0:
         x = torch.randn(8, comm.shard_width, device=dev)
-        ops.dp_sample(comm, x, 1, 0, temperature=1.0)
+        ops.dp_sample(comm, x, 1, 0, temperature=1.0, backend=backend,
+                      sample_backend="triton" if backend == "triton" else "auto")
         torch.cuda.synchronize()
         try:
             comm.check()

@@ -416,24 +416,26 @@ def _world_sizes():
 def test_multigpu_dp_matches_sampling_all_backends(world):
     if _ngpu() < world or not _library.extension_available():
         pytest.skip(f"needs {world} GPUs and the extension")
-    H.run_workers("dp_fallback_worker", world, "nccl", args=("cuda", ("cuda", "nccl", "reference",
-                                                                      "auto")), timeout_s=900)
+    H.run_workers("dp_fallback_worker", world, "nccl",
+                  args=("cuda", ("cuda", "triton", "nccl", "reference", "auto")), timeout_s=900)
 
 
 @pytest.mark.multigpu
 @pytest.mark.parametrize("world", [2, 4, 8])
-def test_multigpu_graph_replays_10000(world):
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_multigpu_graph_replays_10000(world, backend):
     if _ngpu() < world or not _library.extension_available():
         pytest.skip(f"needs {world} GPUs and the extension")
-    H.run_workers("dp_graph_worker", world, "nccl", args=(10_000,), timeout_s=900)
+    H.run_workers("dp_graph_worker", world, "nccl", args=(10_000, backend), timeout_s=900)
 
 
 @pytest.mark.multigpu
 @pytest.mark.parametrize("world", [2, 4, 8])
-def test_multigpu_dead_peer_commerror(world):
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_multigpu_dead_peer_commerror(world, backend):
     if _ngpu() < world or not _library.extension_available():
         pytest.skip(f"needs {world} GPUs and the extension")
-    H.run_workers("dp_dead_peer_worker", world, "nccl", timeout_s=300)
+    H.run_workers("dp_dead_peer_worker", world, "nccl", args=(backend,), timeout_s=300)
 
 
 @needs_gpu

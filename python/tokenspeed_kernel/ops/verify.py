@@ -50,12 +50,7 @@ class _Plan(NamedTuple):
     padded: bool
     max_n: int
     bs: int
-    seed: torch.Tensor
-    offset: torch.Tensor
-    temperature: Optional[torch.Tensor]
-    top_k: Optional[torch.Tensor]
-    top_p: Optional[torch.Tensor]
-    min_p: Optional[torch.Tensor]
+    params: C.SamplingParams           # per request (bs)
     mode: str
     backend: str
 
@@ -199,7 +194,7 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
     if checks and bs:
         params.check_values()
     backend = C.pick_backend(backend, dev, "verify")
-    return _Plan(tgt, drf, ids.contiguous(), cu.contiguous(), padded, int(max_n), bs, *params,
+    return _Plan(tgt, drf, ids.contiguous(), cu.contiguous(), padded, int(max_n), bs, params,
                  mode, backend)
 
 
@@ -236,9 +231,9 @@ def _reference(plan: _Plan):
         else:
             over = None
     tgt, drf, ids = _to_ragged(plan)
-    tok, acc, valid, lp, plp = ref.verify(tgt, ids, plan.cu, plan.seed, plan.offset, drf,
-                                          plan.temperature, plan.top_k, plan.top_p, plan.min_p,
-                                          plan.mode, plan.max_n)
+    q = plan.params
+    tok, acc, valid, lp, plp = ref.verify(tgt, ids, plan.cu, q.seed, q.offset, drf, q.temperature,
+                                          q.top_k, q.top_p, q.min_p, plan.mode, plan.max_n)
     if over is not None:
         first = torch.zeros_like(tok[0], dtype=torch.bool)
         first[0] = True
@@ -284,19 +279,16 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
     if _BISECT_THRESHOLDS_FOR_TESTING:
         flags |= F_BISECT_THRESHOLDS
     flags |= _sampling.level_test_flags()
+    q = plan.params
     if plan.mode == "strict":
         req, pos = _strict_rows(plan)
-
-        def g(t):
-            return None if t is None else t[req]
-        kw = dict(temperature=g(plan.temperature), top_k=g(plan.top_k), top_p=g(plan.top_p),
-                  min_p=g(plan.min_p), backend=plan.backend, validate=validate)
+        kw = {k: None if t is None else t[req] for k, t in q.filters().items()}
+        kw.update(backend=plan.backend, validate=validate)
         if want_logprobs:
-            s = _sampling.sample_with_logprobs(plan.tgt, plan.seed[req], plan.offset[req] + pos,
-                                               **kw)
+            s = _sampling.sample_with_logprobs(plan.tgt, q.seed[req], q.offset[req] + pos, **kw)
             row_lp, row_plp = s.logprobs, s.processed_logprobs
         else:
-            s = _sampling.sample(plan.tgt, plan.seed[req], plan.offset[req] + pos, **kw)
+            s = _sampling.sample(plan.tgt, q.seed[req], q.offset[req] + pos, **kw)
             row_lp = row_plp = None
         if plan.backend == "triton":
             from ..triton import verify as tri
@@ -310,14 +302,13 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
     ngram = plan.mode == "ngram"
     if plan.backend == "triton":
         from ..triton import verify as tri
-        tri.verify_probabilistic(plan.tgt, plan.drf, plan.ids, plan.cu, plan.seed, plan.offset,
-                                 plan.temperature, plan.min_p, plan.max_n, plan.padded, ngram,
-                                 tokens, acc, valid, lp, plp, top_k=plan.top_k, top_p=plan.top_p)
+        tri.verify_probabilistic(plan.tgt, plan.drf, plan.ids, plan.cu, q.seed, q.offset,
+                                 q.temperature, q.min_p, plan.max_n, plan.padded, ngram,
+                                 tokens, acc, valid, lp, plp, top_k=q.top_k, top_p=q.top_p)
     else:
         torch.ops.tokenspeed_kernel.verify_probabilistic(
-            plan.tgt, plan.drf, plan.ids, plan.cu, plan.seed, plan.offset, plan.temperature,
-            plan.top_k, plan.top_p, plan.min_p, plan.max_n, flags | (F_NGRAM if ngram else 0),
-            tokens, acc, valid, lp, plp)
+            plan.tgt, plan.drf, plan.ids, plan.cu, *q, plan.max_n,
+            flags | (F_NGRAM if ngram else 0), tokens, acc, valid, lp, plp)
     return tokens, acc, valid, lp, plp
 
 
@@ -435,8 +426,8 @@ def _register_library() -> None:
                   temperature, top_k, top_p, min_p, max_num_draft, flags, tokens, num_accepted,
                   valid, logprobs, processed_logprobs):
         plan = _Plan(target_logits, draft_logits, draft_token_ids, cu_num_draft,
-                     bool(flags & F_PADDED), int(max_num_draft), cu_num_draft.shape[0] - 1, seed,
-                     offset, temperature, top_k, top_p, min_p,
+                     bool(flags & F_PADDED), int(max_num_draft), cu_num_draft.shape[0] - 1,
+                     C.SamplingParams(seed, offset, temperature, top_k, top_p, min_p),
                      "ngram" if flags & F_NGRAM else "probabilistic", "reference")
         tok, acc, ok, lp, plp = _reference(plan)
         C.copy_outputs((tokens, num_accepted, valid, logprobs, processed_logprobs),
