@@ -60,3 +60,35 @@ def test_tp_all_gather_and_dp_sampling():
     p = run_example("tp_all_gather_and_dp_sampling.py", "--world-size", "2", "--steps", "2",
                     "--batch", "6", "--vocab", "300")
     check(p, "all-gather + sample and dp_sample gave identical tokens on every rank")
+
+
+# ---- the same scripts with --device cuda (the CUDA kernels; skipped without a GPU) ----
+def _gpus() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_decode_loop_cuda(backend):
+    pytest.importorskip("transformers")
+    if _gpus() < 1:
+        pytest.skip("needs a GPU")
+    p = run_example("decode_loop.py", "--device", "cuda", "--backend", backend)
+    check(p, "replay with the same seeds: identical tokens")
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_speculative_decoding_cuda(backend):
+    pytest.importorskip("transformers")
+    if _gpus() < 1:
+        pytest.skip("needs a GPU")
+    p = run_example("speculative_decoding.py", "--device", "cuda", "--backend", backend)
+    check(p, "probabilistic: acceptance rate ")
+    assert "strict: acceptance rate " in p.stdout
+
+
+def test_tp_all_gather_and_dp_sampling_cuda():
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    p = run_example("tp_all_gather_and_dp_sampling.py", "--device", "cuda", "--world-size", "2")
+    check(p, "all-gather + sample and dp_sample gave identical tokens on every rank")
