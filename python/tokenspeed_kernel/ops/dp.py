@@ -623,8 +623,8 @@ def _gather(comm, fields: Sequence[torch.Tensor], items: int, per_rank: int, bac
 
 def _gather_triton(comm, fields, outs, items: int, per_rank: int) -> None:
     """The Triton results gather: the CUDA gather's layout (fields' regions at 16-byte aligned
-    offsets of a results buffer) and flags. Builds the fields' address tables per call on the
-    host (not CUDA-graph capturable)."""
+    offsets of a results buffer) and flags. The fields' address table is written per call by a
+    small kernel (CUDA-graph safe)."""
     from ..triton import dp as tri
     offs = _res_layout(comm, outs, per_rank)
     C.check(len(fields) <= MAX_FIELDS, "fields", f"at most {MAX_FIELDS} fields")
