@@ -418,9 +418,9 @@ def create_virtual_dp_comms(world: int, *, max_rows: int, vocab_size: int, dtype
 def select_backend(comm: DPSamplingComm, backend: str = "auto") -> str:
     """``"copy"`` (one rank) | ``"cuda"`` | ``"triton"`` | ``"nccl"`` | ``"reference"``.
     ``auto``: cuda when the symmetric workspace is mapped and the extension loads on every rank,
-    else nccl. ``auto`` never picks triton: the Triton kernels (triton/dp.py) have been tested
-    only in the Triton interpreter with simulated ranks and have never run on a GPU; name it
-    explicitly (needs the P2P workspace and triton on every rank). Depends only on values agreed
+    else nccl. ``auto`` never picks triton (triton/dp.py; its GPU runs so far, listed in
+    docs/COMM.md, do not yet cover uneven shapes); name it explicitly (needs the P2P workspace
+    and triton on every rank). Depends only on values agreed
     at creation, so every rank picks the same."""
     if backend not in BACKENDS:
         C.check(False, "backend", f"must be one of {BACKENDS}, got {backend!r}")

@@ -40,7 +40,8 @@ tests run every simulated rank's phase 1, then every rank's phase 2, then every 
 under the interpreter (which runs one program after the other): every wait of a phase is on a
 flag that every rank published in an earlier phase, so sequential execution cannot deadlock.
 
-Never run on a GPU yet: ``ops.dp`` uses it only with an explicit ``backend="triton"``.
+``ops.dp`` uses it only with an explicit ``backend="triton"`` (docs/COMM.md says what has run on
+GPUs).
 """
 from __future__ import annotations
 
