@@ -1028,11 +1028,29 @@ def _pow2_floor(x: int) -> int:
     return 1 << (max(1, x).bit_length() - 1)
 
 
+_CONFIG_CACHE: dict = {}
+
+
 def _config(rows: int, V: int, dev: torch.device, topr_possible: bool,
             window_possible: bool) -> dict:
     """Launch configuration: tile sizes (constexpr), chunk counts and sizes (runtime).
     BLOCK_R: lanes of the TOPR extension's count / mass passes ([BLOCK_R, 16] per-lane
-    accumulators); NREF: the extension's refinement passes before it gives up."""
+    accumulators); NREF: the extension's refinement passes before it gives up. Cached per
+    (shape, device, which parameters are given) unless ``_TEST_CONFIG`` overrides it (it would
+    otherwise be recomputed on every eager call). The result is read-only."""
+    if _TEST_CONFIG:
+        return _make_config(rows, V, dev, topr_possible, window_possible)
+    key = (rows, V, dev.type, dev.index, topr_possible, window_possible, _interpreting())
+    cfg = _CONFIG_CACHE.get(key)
+    if cfg is None:
+        if len(_CONFIG_CACHE) > 4096:
+            _CONFIG_CACHE.clear()
+        cfg = _CONFIG_CACHE[key] = _make_config(rows, V, dev, topr_possible, window_possible)
+    return cfg
+
+
+def _make_config(rows: int, V: int, dev: torch.device, topr_possible: bool,
+                 window_possible: bool) -> dict:
     if _interpreting():
         block = max(16, min(4096, triton.next_power_of_2(V)))
         cfg = dict(BLOCK=block, BLOCK_T=max(16, min(256, triton.next_power_of_2(V))),
