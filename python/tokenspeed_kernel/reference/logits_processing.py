@@ -1,9 +1,10 @@
 """Reference logits processing: plain PyTorch, the executable spec of what engines apply to the
 logits before sampling (penalties, logit bias, grammar masks, banned tokens, ``min_tokens``).
 
-**Status: spec only.** No op applies these yet; the fused CUDA / Triton versions (inside the
-sampler's single read of the logits) are future work, and they must give the same float32 values
-as this file, bit for bit, so that the sampled token stays the same on every backend.
+**Status: spec.** No op applies these to the logits yet; the fused CUDA / Triton versions (inside
+the sampler's single read of the logits) are future work, and they must give the same float32
+values as this file, bit for bit, so that the sampled token stays the same on every backend.
+The token-count state and its updates (below) are ops already (``ops/logits_processing.py``).
 
 Per request ``q`` (rows map to requests as in sampling: ``q = row // tokens_per_request``; every
 row of a request gets the request's inputs). With ``z`` = the row's raw logits as float32, in
@@ -28,9 +29,10 @@ processed logprobs are those of the processed distribution.
 **Token counts** (the penalties' state, kept by the caller per request slot, updated in place):
 ``TokenCounts.seen`` ``[n, ceil(V / 32)] int32`` (bit per token, prompt or output: the
 repetition penalty's set and the kernels' cheap membership test) and ``TokenCounts.output``
-``[n, V] int32`` (output-token counts). ``add_prompt`` marks a new request's prompt;
-``add_tokens`` counts the tokens sampled this step (rows not valid, or with a negative token,
-are skipped). Both are fixed-shape in-place updates (graph-safe on the device).
+``[n, V] int32`` (output-token counts). ``admit`` clears a slot for a new request and marks its
+prompt (``add_prompt``); ``add_tokens`` counts the tokens sampled this step (rows not valid,
+and negative / out-of-range tokens, are skipped). The ops ``ops.admit_requests`` /
+``ops.add_output_tokens`` do the same in place on the device (Triton kernels, graph-safe).
 """
 from __future__ import annotations
 
@@ -109,18 +111,31 @@ def add_prompt(counts: TokenCounts, slots: torch.Tensor, prompts: Csr) -> None:
     _set_bits(counts.seen, slots.to(torch.int64)[req], ids)
 
 
+def admit(counts: TokenCounts, slots: torch.Tensor, prompts: Csr) -> None:
+    """A new request in each of ``slots``: clears the slot's seen bits and output counts, then
+    ``add_prompt``."""
+    s = slots.to(torch.int64)
+    counts.seen[s] = 0
+    counts.output[s] = 0
+    add_prompt(counts, slots, prompts)
+
+
 def add_tokens(counts: TokenCounts, tokens: torch.Tensor,
-               valid: Optional[torch.Tensor] = None) -> None:
-    """Counts this step's sampled token of every request slot (``tokens [n]``, or ``[n, m]``
-    for several tokens per request, e.g. accepted drafts padded with -1): ``output[q, t] += 1``
-    and ``t`` marked seen. Negative tokens and rows with ``valid == False`` are skipped."""
+               valid: Optional[torch.Tensor] = None,
+               slots: Optional[torch.Tensor] = None) -> None:
+    """Counts this step's sampled token of every request (``tokens [n]``, or ``[n, m]`` for
+    several tokens per request, e.g. accepted drafts padded with -1): ``output[q, t] += 1`` and
+    ``t`` marked seen, where ``q = slots[i]`` for row ``i`` (default ``q = i``). Tokens outside
+    ``[0, V)`` (negative: padding) and rows with ``valid == False`` are skipped."""
     t = tokens.to(torch.int64)
     if t.dim() == 1:
         t = t[:, None]
-    keep = t >= 0
+    keep = (t >= 0) & (t < counts.output.shape[1])
     if valid is not None:
         keep &= valid.to(torch.bool).view(-1, 1)
-    req = torch.arange(t.shape[0], device=t.device)[:, None].expand_as(t)[keep]
+    rows = (torch.arange(t.shape[0], device=t.device) if slots is None
+            else slots.to(torch.int64).to(t.device))
+    req = rows[:, None].expand_as(t)[keep]
     tok = t[keep]
     counts.output.index_put_((req, tok), torch.ones_like(tok, dtype=torch.int32), accumulate=True)
     _set_bits(counts.seen, req, tok)
