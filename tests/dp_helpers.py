@@ -479,21 +479,14 @@ def dp_sanitize_worker(rank: int, world: int) -> None:
 # CPU: ahead-of-time compile of the Triton DP kernels for sm_90 (no GPU needed)
 # ---------------------------------------------------------------------------------------------
 def triton_aot_check() -> int:
-    """Compiles both Triton kernels of triton/dp.py for sm_90 and greps their PTX. Returns 5
-    (skip) when this triton's ahead-of-time API differs, 0 on success; raises on a failed check.
-    Run with TRITON_INTERPRET unset."""
+    """Compiles both Triton kernels of triton/dp.py for sm_90 and greps their PTX. Returns
+    triton_aot.NO_API (skip) when this triton's ahead-of-time API differs, 0 on success; raises on
+    a failed check. Run with TRITON_INTERPRET unset."""
     import re
 
-    assert os.environ.get("TRITON_INTERPRET") != "1", "run with the interpreter off"
-    import triton
+    import triton_aot
 
     from tokenspeed_kernel.triton import dp as tri
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:
-        print(f"triton {triton.__version__}: no ahead-of-time compile API ({e})")
-        return 5
     flags = {"flag publish (atom.release.sys)": r"atom\.global\.sys\.release\.exch\.b64",
              "flag wait (ld.acquire.sys)": r"ld\.global\.sys\.acquire\.b64",
              "bounded wait (%globaltimer)": r"%globaltimer",
@@ -514,22 +507,16 @@ def triton_aot_check() -> int:
                                  r"atom\.global\.gpu\.acq_rel\.add"})),
              ("gather", tri._dp_gather_kernel, gather_sig, dict(common, W=4, NF=3), {},
               dict(flags, **{"L1-bypassing copy-out (ld.global.cg)": r"ld\.global\.cg"}))]
-    for name, fn, sig, const, attrs, checks in cases:
-        sig = dict(sig, **{k: "constexpr" for k in const})
-        try:
-            src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
-        except TypeError as e:
-            print(f"triton {triton.__version__}: ahead-of-time compile API differs ({e})")
-            return 5
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": tri.NUM_WARPS})
-        ptx = k.asm["ptx"]
-        for what, pat in checks.items():
-            n = len(re.findall(pat, ptx))
-            assert n > 0, f"{name}: no {what} in the PTX"
-            print(f"  {name}: {what}: {n}")
-        print(f"triton-aot ok: {name}", flush=True)
-    return 0
+
+    def check():
+        for name, fn, sig, const, attrs, checks in cases:
+            ptx = triton_aot.compile_ptx(fn, sig, const, attrs, num_warps=tri.NUM_WARPS)
+            for what, pat in checks.items():
+                n = len(re.findall(pat, ptx))
+                assert n > 0, f"{name}: no {what} in the PTX"
+                print(f"  {name}: {what}: {n}")
+            print(f"triton-aot ok: {name}", flush=True)
+    return triton_aot.run(check)
 
 
 if __name__ == "__main__":

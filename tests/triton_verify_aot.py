@@ -6,23 +6,15 @@ kernel does not exclude with ``do_not_specialize``. Prints each kernel's count o
 TRITON_INTERPRET unset (tests/test_verify.py::test_triton_verify_loads_vectorize)."""
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import triton_aot  # noqa: E402
 
 
-def main() -> int:
-    assert os.environ.get("TRITON_INTERPRET") != "1", "run with the interpreter off"
-    import triton
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:
-        print(f"triton {triton.__version__}: no ahead-of-time compile API ({e})")
-        return 5
+def check() -> None:
     from tokenspeed_kernel.triton import verify as tv
 
     ptr = {"tgt_ptr", "drf_ptr", "row_req_ptr", "temp_ptr", "minp_ptr", "key_ptr", "nan_ptr",
@@ -41,20 +33,17 @@ def main() -> int:
         sig, const, attrs = {}, {}, {}
         for i, n in enumerate(names):
             if n in consts:
-                sig[n] = "constexpr"
                 const[n] = consts[n]
                 continue
             sig[n] = types.get(n, "i32")
             if (n in ptr or n in div16) and n not in skip:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-        src = ASTSource(fn=kern, signature=sig, constexprs=const, attrs=attrs)
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": 4, "enable_fp_fusion": False})
-        n4 = len(re.findall(r"ld\.global(?:\.[a-z0-9_:]+)*\.v4", k.asm["ptx"]))
+        ptx = triton_aot.compile_ptx(kern, sig, const, attrs, num_warps=4,
+                                     enable_fp_fusion=False)
+        n4 = len(re.findall(r"ld\.global(?:\.[a-z0-9_:]+)*\.v4", ptx))
         print(f"{kern.fn.__name__}: v4 loads {n4} (not specialized: {sorted(skip)})",
               flush=True)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(triton_aot.run(check))

@@ -34,7 +34,7 @@ def _set_seen(seen_ptr, slot, t, keep, W, V):
     ok = keep & (t >= 0) & (t < V)
     tc = tl.where(ok, t, 0)
     bit = (tl.full(tc.shape, 1, tl.int64) << (tc & 31)).to(tl.int32)   # bit 31: -2**31
-    tl.atomic_or(seen_ptr + slot * W + (tc >> 5), bit, mask=ok)
+    tl.atomic_or(seen_ptr + slot * W + (tc >> 5), bit, mask=ok, sem="relaxed")
     return ok, tc
 
 
@@ -68,7 +68,8 @@ def _add_tokens(seen_ptr, out_ptr, tok_ptr, valid_ptr, slots_ptr, M, W, V,
         m = (k < M) & row_ok
         t = tl.load(tok_ptr + i.to(tl.int64) * M + k, mask=m, other=-1).to(tl.int64)
         ok, tc = _set_seen(seen_ptr, slot, t, m, W, V)
-        tl.atomic_add(out_ptr + slot * V + tc, tl.full([BLOCK_M], 1, tl.int32), mask=ok)
+        tl.atomic_add(out_ptr + slot * V + tc, tl.full([BLOCK_M], 1, tl.int32), mask=ok,
+                      sem="relaxed")
 
 
 _BLOCK = 1024
