@@ -71,7 +71,7 @@ def token_counts_check() -> None:
          {"seen_ptr": "*i32", "out_ptr": "*i32", "slots_ptr": "*i64", "W": "i32", "V": "i32"},
          {"BLOCK": 1024}, {"store": r"st\.global"}),
         ("dp set_table", tdp._set_table,
-         dict({"tab": "*i64", "n": "i32"}, **{f"v{i}": "i64" for i in range(32)}), {},
+         dict({"tab": "*i64"}, **{f"v{i}": "i64" for i in range(32)}), {},
          {"store": r"st\.global"}),
     ]
     for name, fn, sig, const, checks in cases:

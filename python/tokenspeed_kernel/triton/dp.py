@@ -227,73 +227,42 @@ def _copy_bytes(dst_addr, src_addr, nbytes, BLOCK: tl.constexpr, REMOTE: tl.cons
 _TABLE_MAX = 4 * MAX_FIELDS
 
 
-@triton.jit(do_not_specialize=["n"] + [f"v{i}" for i in range(32)])
-def _set_table(tab, n, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, v16, v17, v18, v19, v20, v21, v22, v23, v24, v25, v26, v27, v28, v29, v30, v31):
-    # tab[i] = v_i for i < n (int64 values as kernel arguments)
-    if 0 < n:
-        tl.store(tab + 0, v0)
-    if 1 < n:
-        tl.store(tab + 1, v1)
-    if 2 < n:
-        tl.store(tab + 2, v2)
-    if 3 < n:
-        tl.store(tab + 3, v3)
-    if 4 < n:
-        tl.store(tab + 4, v4)
-    if 5 < n:
-        tl.store(tab + 5, v5)
-    if 6 < n:
-        tl.store(tab + 6, v6)
-    if 7 < n:
-        tl.store(tab + 7, v7)
-    if 8 < n:
-        tl.store(tab + 8, v8)
-    if 9 < n:
-        tl.store(tab + 9, v9)
-    if 10 < n:
-        tl.store(tab + 10, v10)
-    if 11 < n:
-        tl.store(tab + 11, v11)
-    if 12 < n:
-        tl.store(tab + 12, v12)
-    if 13 < n:
-        tl.store(tab + 13, v13)
-    if 14 < n:
-        tl.store(tab + 14, v14)
-    if 15 < n:
-        tl.store(tab + 15, v15)
-    if 16 < n:
-        tl.store(tab + 16, v16)
-    if 17 < n:
-        tl.store(tab + 17, v17)
-    if 18 < n:
-        tl.store(tab + 18, v18)
-    if 19 < n:
-        tl.store(tab + 19, v19)
-    if 20 < n:
-        tl.store(tab + 20, v20)
-    if 21 < n:
-        tl.store(tab + 21, v21)
-    if 22 < n:
-        tl.store(tab + 22, v22)
-    if 23 < n:
-        tl.store(tab + 23, v23)
-    if 24 < n:
-        tl.store(tab + 24, v24)
-    if 25 < n:
-        tl.store(tab + 25, v25)
-    if 26 < n:
-        tl.store(tab + 26, v26)
-    if 27 < n:
-        tl.store(tab + 27, v27)
-    if 28 < n:
-        tl.store(tab + 28, v28)
-    if 29 < n:
-        tl.store(tab + 29, v29)
-    if 30 < n:
-        tl.store(tab + 30, v30)
-    if 31 < n:
-        tl.store(tab + 31, v31)
+@triton.jit(do_not_specialize=[f"v{i}" for i in range(_TABLE_MAX)])
+def _set_table(tab, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+               v16, v17, v18, v19, v20, v21, v22, v23, v24, v25, v26, v27, v28, v29, v30, v31):
+    """tab[i] = v_i: the gather's fields table, from kernel arguments (no host-to-device copy)."""
+    tl.store(tab + 0, v0)
+    tl.store(tab + 1, v1)
+    tl.store(tab + 2, v2)
+    tl.store(tab + 3, v3)
+    tl.store(tab + 4, v4)
+    tl.store(tab + 5, v5)
+    tl.store(tab + 6, v6)
+    tl.store(tab + 7, v7)
+    tl.store(tab + 8, v8)
+    tl.store(tab + 9, v9)
+    tl.store(tab + 10, v10)
+    tl.store(tab + 11, v11)
+    tl.store(tab + 12, v12)
+    tl.store(tab + 13, v13)
+    tl.store(tab + 14, v14)
+    tl.store(tab + 15, v15)
+    tl.store(tab + 16, v16)
+    tl.store(tab + 17, v17)
+    tl.store(tab + 18, v18)
+    tl.store(tab + 19, v19)
+    tl.store(tab + 20, v20)
+    tl.store(tab + 21, v21)
+    tl.store(tab + 22, v22)
+    tl.store(tab + 23, v23)
+    tl.store(tab + 24, v24)
+    tl.store(tab + 25, v25)
+    tl.store(tab + 26, v26)
+    tl.store(tab + 27, v27)
+    tl.store(tab + 28, v28)
+    tl.store(tab + 29, v29)
+    tl.store(tab + 30, v30)
+    tl.store(tab + 31, v31)
 
 
 @triton.jit(do_not_specialize=["items", "items_per_rank", "rank", "timeout_ns"])
@@ -410,10 +379,11 @@ def gather(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], res_off: Se
     ib = [math.prod(o.shape[1:]) * o.element_size() for o in out]
     # the fields' table [4, NF]: written on the device by a kernel whose arguments are the
     # values, so a captured call records no host-to-device copy (CUDA-graph safe)
-    tab = torch.empty((4, nf), dtype=torch.int64, device=dev)
     vals = ([s.data_ptr() for s in src] + [o.data_ptr() for o in out] + [int(v) for v in res_off]
             + ib)
-    _set_table[(1,)](tab, len(vals), *(vals + [0] * (_TABLE_MAX - len(vals))))
+    tab32 = torch.empty(_TABLE_MAX, dtype=torch.int64, device=dev)
+    _set_table[(1,)](tab32, *(vals + [0] * (_TABLE_MAX - len(vals))))
+    tab = tab32[:4 * nf].view(4, nf)
     interp = _interpreted()
     _dp_gather_kernel[(1,)](
         tab[0], tab[1], tab[2], tab[3], peer_res, peer_flags, state, res_bytes, items,
