@@ -49,6 +49,24 @@ def run(check) -> int:
     return 0
 
 
+def run_script(script: str, *args: str, oks: int = 0) -> str:
+    """For the tests: runs ``tests/<script> args`` in a subprocess with the interpreter off,
+    skips (pytest) on NO_API, asserts exit 0 and ``oks`` lines "triton-aot ok"; returns stdout."""
+    import subprocess
+
+    import pytest
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root / "python"))
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, str(root / "tests" / script), *args], env=env,
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode == NO_API:
+        pytest.skip(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.stdout.count("triton-aot ok") == oks, r.stdout
+    return r.stdout
+
+
 def count(pattern: str, ptx: str) -> int:
     return len(re.findall(pattern, ptx))
 
