@@ -1181,16 +1181,23 @@ def test_flag_bits_match_cuda_headers():
         assert m, (path, first)
         return {k: int(v) for k, v in re.findall(r"(\w+)\s*=\s*(\d+)", m.group(1))}
 
+    # the request bits: one header for both kernel families
+    common = {k: int(v) for k, v in re.findall(
+        r"constexpr int (F_\w+) = (\d+);", (root / "csrc/common/param_flags.h").read_text())}
+    assert set(common) == {"F_TEMP", "F_TOPK", "F_TOPP", "F_MINP", "F_LOGPROBS"}, common
+    for name, v in common.items():
+        assert v == getattr(S, name), name
     sampler = enum_values("csrc/sampling/sampler.cuh", "F_FORCE_GENERIC")
-    for name in ("F_TEMP", "F_TOPK", "F_TOPP", "F_MINP", "F_LOGPROBS", "F_FORCE_GENERIC",
-                 "F_FORCE_EXACT", "F_NO_RESIDENT", "F_NO_SPLIT"):
+    for name in ("F_FORCE_GENERIC", "F_FORCE_EXACT", "F_NO_RESIDENT", "F_NO_SPLIT"):
         assert sampler[name] == getattr(S, name), name
+    # each family's own bits start above the request bits (F_CS_SHIFT is a shift, not a bit)
+    assert min(v for k, v in sampler.items() if k != "F_CS_SHIFT") > max(common.values())
     from tokenspeed_kernel import testing
     assert sampler["F_CS_SHIFT"] == testing.SAMPLER_CLUSTER_SHIFT
     levels = enum_values("csrc/sampling/sampling.cuh", "F_NO_LIST")
-    for name in ("F_TEMP", "F_TOPK", "F_TOPP", "F_MINP", "F_LOGPROBS", "F_NO_LIST", "F_NO_EXCL",
-                 "F_EXCL_TEST"):
+    for name in ("F_NO_LIST", "F_NO_EXCL", "F_EXCL_TEST"):
         assert levels[name] == getattr(S, name), name
+    assert min(levels.values()) > max(common.values()), levels
     verify = enum_values("csrc/verify/params.cuh", "kPadded")
     for cname, pname in (("kPadded", "F_PADDED"), ("kNgram", "F_NGRAM"),
                          ("kLogprobs", "F_LOGPROBS"), ("kExactCoins", "F_EXACT_COINS"),

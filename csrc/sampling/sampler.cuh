@@ -51,6 +51,7 @@
 
 #include "common/philox.cuh"
 #include "common/device.cuh"
+#include "common/param_flags.h"
 #include "common/softmath.cuh"
 
 namespace tokenspeed_kernel::sampler {
@@ -78,15 +79,11 @@ constexpr float kGumbelHi = 16.64f;  // > max G = 16.6356
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kRel = 4.76837158203125e-07f;  // 2^-21: relative margin of the filters
 
-// Flags shared with ops/sampling.py
-// F_FORCE_* / F_NO_RESIDENT: testing (every path against the reference); bits F_CS_SHIFT..+2:
-// tuning, a forced cluster size 2^(v-1) (v = 0: the launcher's choice)
+// Flags shared with ops/sampling.py: the request bits F_TEMP .. F_LOGPROBS
+// (common/param_flags.h), then F_FORCE_* / F_NO_RESIDENT: testing (every path against the
+// reference); bits F_CS_SHIFT..+2: tuning, a forced cluster size 2^(v-1) (v = 0: the launcher's
+// choice)
 enum Flags : int {
-  F_TEMP = 1,
-  F_TOPK = 2,
-  F_TOPP = 4,
-  F_MINP = 8,
-  F_LOGPROBS = 16,
   F_FORCE_GENERIC = 64,
   F_FORCE_EXACT = 128,
   F_NO_RESIDENT = 256,

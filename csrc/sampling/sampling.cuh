@@ -17,6 +17,7 @@
 
 #include "common/philox.cuh"
 #include "common/device.cuh"
+#include "common/param_flags.h"
 #include "common/softmath.cuh"
 
 namespace tokenspeed_kernel::sampling {
@@ -37,12 +38,8 @@ enum RowMode : int { kGreedy = 0, kPlain = 1, kTopK = 2, kGeneric = 3 };
 // F_NO_EXCL (tests / A-B): level 0 of a top-p row histograms every key (no excluded bins).
 // F_EXCL_TEST (tests): level 0 excludes the bins below y = -2 (z = zmax - 2 T) instead of the
 // proven bound, so the boundary often falls among them and the redo path runs.
+// (the request bits F_TEMP .. F_LOGPROBS: common/param_flags.h)
 enum Flags : int {
-  F_TEMP = 1,
-  F_TOPK = 2,
-  F_TOPP = 4,
-  F_MINP = 8,
-  F_LOGPROBS = 16,
   F_GENERIC = 32,
   F_THRESHOLDS = 64,
   F_NO_LIST = 128,

@@ -255,9 +255,8 @@ inline cudaError_t launch_verify_thresholds(const VerifyParams& p, const ThrWs& 
   sp.temperature = p.temperature;
   sp.top_k = p.top_k;
   sp.top_p = p.top_p;
-  sp.flags = sampling::F_THRESHOLDS | (p.temperature ? sampling::F_TEMP : 0) |
-             (p.top_k ? sampling::F_TOPK : 0) | (p.top_p ? sampling::F_TOPP : 0) |
-             ((p.flags & kNoLevelList) ? sampling::F_NO_LIST : 0) |
+  sp.flags = sampling::F_THRESHOLDS | (p.temperature ? F_TEMP : 0) | (p.top_k ? F_TOPK : 0) |
+             (p.top_p ? F_TOPP : 0) | ((p.flags & kNoLevelList) ? sampling::F_NO_LIST : 0) |
              ((p.flags & kNoLevelExcl) ? sampling::F_NO_EXCL : 0) |
              ((p.flags & kLevelExclTest) ? sampling::F_EXCL_TEST : 0);
   sp.splits = tw.splits;
