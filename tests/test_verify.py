@@ -716,17 +716,21 @@ def test_wrong_max_num_draft_never_writes_outside_outputs(mode):
     assert outs[1].tolist() == ref.num_accepted.tolist()
     assert outs[2].tolist() == ref.valid.tolist()
     torch.testing.assert_close(outs[3], ref.logprobs, atol=2e-4, rtol=1e-4, equal_nan=True)
-    # the public op (Triton backend) gives the same, padded form too (num_draft > max_n)
-    assert_same(ref, run("triton", mode, prob, max_num_draft=max_n, validate=False))
-    bsz, V = 2, 100
+    # the public op gives the same (Triton; the CUDA kernels too where they are built), padded
+    # form too (num_draft above max_n or negative)
+    for b in _backends()[1:]:
+        assert_same(ref, run(b, mode, prob, max_num_draft=max_n, validate=False))
+    bsz, V = 3, 100
     z = torch.randn(bsz * (max_n + 1), V, device=dev)
     dpad = torch.randint(0, V, (bsz, max_n), device=dev)
     kw = dict(mode="ngram" if mode == "probabilistic" else mode, num_draft=torch.tensor(
-        [3, 1], device=dev), validate=False)
-    outs = [ops.verify_with_logprobs(z, dpad, 5, 6, backend=b, **kw) for b in _backends()[:2]]
-    assert outs[0].valid.tolist() == [False, True]
+        [3, 1, -1], device=dev), validate=False)
+    outs = [ops.verify_with_logprobs(z, dpad, 5, 6, backend=b, **kw) for b in _backends()]
+    assert outs[0].valid.tolist() == [False, True, False]
     assert outs[0].tokens[0].tolist() == [0, -1] and int(outs[0].num_accepted[0]) == 0
-    assert_same(outs[0], outs[1])
+    assert outs[0].tokens[2].tolist() == [0, -1] and int(outs[0].num_accepted[2]) == 0
+    for o in outs[1:]:
+        assert_same(outs[0], o)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -237,12 +237,14 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   __shared__ float2 sh_iv[kThreads];
   __shared__ __align__(16) uint4 sh_pipe[final_pipe_vectors<VEC>()];  // scan_rows' loads
   __shared__ long long sh_S2[2];
-  const int n = int(p.cu[i + 1] - p.cu[i]);
+  const int n_req = req_drafts(p, i);
+  const bool over = n_req < 0;  // a wrong bound: invalid request, none of its rows is read
+  const int n = over ? 0 : n_req;
   const int W = p.max_n + 1;
 
   // ---- walk: first position whose accept bit is missing ----
   if (threadIdx.x < 32) {
-    const int f = first_failed(p, i, 0, n);
+    const int f = over ? 0 : first_failed(p, i, 0, n);
     if (threadIdx.x == 0) {
       sh_f = f;
       // best score of this request's finished CTAs so far (0 = none): a valid lower bound
@@ -252,9 +254,9 @@ __device__ __forceinline__ void final_one(const VerifyParams& p, const FinalWs& 
   __syncthreads();
   const int f = sh_f;
   const int64_t tr = target_row(p, i, f);
-  const PosStats st = p.pos[tr];
+  const PosStats st = over ? PosStats{} : p.pos[tr];  // (an over request's rows may not exist)
   const bool bonus = f == n;
-  const bool bad = (st.status & kBadT) || (!bonus && (st.status & kBadQ));
+  const bool bad = over || (st.status & kBadT) || (!bonus && (st.status & kBadQ));
   const bool logprobs = p.flags & kLogprobs;
   const bool ngram = p.flags & kNgram;
   // First pass: a rejection whose sums are approximate is scored with score intervals (approx);

@@ -27,7 +27,7 @@ __device__ __forceinline__ void listed_sums(const VerifyParams& p, const FinalWs
   __shared__ long long sh_S[2];
   cg::cluster_group cl = cg::this_cluster();
   const unsigned C = cl.num_blocks();
-  const int n = int(p.cu[i + 1] - p.cu[i]);
+  const int n = req_drafts(p, i);
   const bool ngram = p.flags & kNgram;
   const RowParams rp = row_params(p, i);
   const int64_t start = int64_t(rank) * ws.chunk;

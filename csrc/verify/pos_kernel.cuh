@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     const int64_t W = int64_t(p.max_n) + 1;
     j = int(vrow / p.bs);  // < W: the grid is bs * W rows
     i = int(vrow - int64_t(j) * p.bs);
-    n = int(p.cu[i + 1] - p.cu[i]);
+    n = req_drafts(p, i);
     if (j > n) {  // padded layout: padding row; ragged: no such row (uniform over the cluster)
       if (rank == 0 && threadIdx.x == 0 && (p.flags & kPadded))
         p.pos[target_row(p, i, j)].status = 0;
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     row = vrow;
     if (row >= p.R_t) return;  // uniform over the cluster
     locate_target_row(p, row, i, j);
-    n = int(p.cu[i + 1] - p.cu[i]);
+    n = req_drafts(p, i);
     if (j > n) {  // padding row of the padded layout (uniform over the cluster)
       if (rank == 0 && threadIdx.x == 0) p.pos[row].status = 0;
       return;

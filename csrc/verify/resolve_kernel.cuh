@@ -137,7 +137,7 @@ __device__ __forceinline__ void resolve_one(const VerifyParams& p, const int i, 
   __shared__ int sh_f;
   __shared__ int sh_last;
   __shared__ long long sh_S[2];
-  const int n = int(p.cu[i + 1] - p.cu[i]);
+  const int n = req_drafts(p, i);
   const bool ngram = p.flags & kNgram;
   const RowParams rp = row_params(p, i);
   const int64_t start = int64_t(sp) * p.rchunk;

@@ -31,8 +31,32 @@ __global__ void __launch_bounds__(128) verify_strict_kernel(const StrictParams p
   const int lane = threadIdx.x & 31;
   if (i >= p.bs) return;
   const bool padded = p.flags & kPadded;
-  const int n = int(p.cu[i + 1] - p.cu[i]);
+  const int64_t n_req = p.cu[i + 1] - p.cu[i];
   const int W = p.max_n + 1;
+  if (n_req < 0 || n_req > int64_t(p.max_n)) {
+    // a wrong bound that reached the kernel unvalidated: the request is invalid (token 0 in slot
+    // 0, -1 after it, 0 accepted, NaN logprob) and none of its rows or draft slots is read
+    for (int j = lane; j < W; j += 32) {
+      const int64_t o = int64_t(i) * W + j;
+      if (p.out64)
+        static_cast<int64_t*>(p.tokens)[o] = j == 0 ? 0 : -1;
+      else
+        static_cast<int32_t*>(p.tokens)[o] = j == 0 ? 0 : -1;
+      if (p.lp) {
+        p.lp[o] = j == 0 ? NAN : 0.0f;
+        p.plp[o] = j == 0 ? NAN : 0.0f;
+      }
+    }
+    if (lane == 0) {
+      if (p.out64)
+        static_cast<int64_t*>(p.num_accepted)[i] = 0;
+      else
+        static_cast<int32_t*>(p.num_accepted)[i] = 0;
+      p.valid[i] = false;
+    }
+    return;
+  }
+  const int n = int(n_req);
   auto trow = [&](int j) -> int64_t { return padded ? int64_t(i) * W + j : p.cu[i] + i + j; };
   auto dslot = [&](int j) -> int64_t { return padded ? int64_t(i) * p.max_n + j : p.cu[i] + j; };
   int f = n;
