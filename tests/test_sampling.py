@@ -1260,3 +1260,21 @@ def test_sampling_params_object():
                             None)
     with pytest.raises(ValueError, match="top_p"):
         bad.check_values()
+
+
+def test_const_globals_compare_like_constexpr():
+    """The kernels' module constants (``prims.Const``, a ``tl.constexpr`` with a fast ``!=`` for
+    Triton's per-launch check of the globals a kernel used) give the base class's answers."""
+    import copy
+
+    import triton.language as tl
+
+    from tokenspeed_kernel.triton.prims import Const
+    vals = [0, 1, 2147483647, 0.03, 2.0 ** -19, float("-inf"), 26.33959286127792]
+    for a in vals:
+        c = Const(a)
+        assert isinstance(c, tl.constexpr) and c.value == a
+        for b in vals + [None, "x"]:
+            for other in (Const(b), tl.constexpr(b), b, copy.deepcopy(Const(b))):
+                got = c != other
+                assert isinstance(got, tl.constexpr) and bool(got) == (a != b), (a, b, other)

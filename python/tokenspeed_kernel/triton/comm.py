@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .prims import Const
+
 MAX_RANKS = 16        # csrc/comm/all_gather_hidden.cuh kAgMaxRanks (flag slots per block)
 FLAG_OFFSET = 2 * 256 * MAX_RANKS   # kAgTritonOffset: this kernel's data flags (uint64 words)
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
@@ -33,13 +35,13 @@ BLOCK = 1024          # elements per (row, tile) item
 NUM_WARPS = 4
 
 # the same values as constexpr globals for the kernel
-_SEQ = tl.constexpr(STATE_SEQ)
-_ERR = tl.constexpr(STATE_ERR)
-_ERR_BLOCK = tl.constexpr(STATE_ERR_BLOCK)
-_ERR_SRC = tl.constexpr(STATE_ERR_SRC)
-_ERR_EPOCH = tl.constexpr(STATE_ERR_EPOCH)
-_DONE = tl.constexpr(STATE_DONE)
-_TIMEOUT_DATA = tl.constexpr(ERR_TIMEOUT_DATA)
+_SEQ = Const(STATE_SEQ)
+_ERR = Const(STATE_ERR)
+_ERR_BLOCK = Const(STATE_ERR_BLOCK)
+_ERR_SRC = Const(STATE_ERR_SRC)
+_ERR_EPOCH = Const(STATE_ERR_EPOCH)
+_DONE = Const(STATE_DONE)
+_TIMEOUT_DATA = Const(ERR_TIMEOUT_DATA)
 
 
 @triton.jit

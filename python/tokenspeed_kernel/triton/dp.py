@@ -53,6 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .prims import Const
+
 MAX_RANKS = 16
 MAX_BLOCKS = 256
 MAX_FIELDS = 8
@@ -67,19 +69,19 @@ BLOCK = 1024          # elements per (row, tile) unit of the swap; bytes per gat
 NUM_WARPS = 4
 PHASE_ALL = 7
 
-_SEQ = tl.constexpr(STATE_SEQ)
-_ERR = tl.constexpr(STATE_ERR)
-_ERR_BLOCK = tl.constexpr(STATE_ERR_BLOCK)
-_ERR_SRC = tl.constexpr(STATE_ERR_SRC)
-_ERR_EPOCH = tl.constexpr(STATE_ERR_EPOCH)
-_DONE = tl.constexpr(STATE_DONE)
-_GSTATE = tl.constexpr(GATHER_STATE)
-_SWAP_FL = tl.constexpr(TRITON_SWAP_FLAGS)
-_READY_FL = tl.constexpr(TRITON_READY_FLAGS)
-_GATHER_FL = tl.constexpr(GATHER_FLAGS)
-_T_SWAP = tl.constexpr(ERR_TIMEOUT_SWAP)
-_T_READY = tl.constexpr(ERR_TIMEOUT_READY)
-_T_GATHER = tl.constexpr(ERR_TIMEOUT_GATHER)
+_SEQ = Const(STATE_SEQ)
+_ERR = Const(STATE_ERR)
+_ERR_BLOCK = Const(STATE_ERR_BLOCK)
+_ERR_SRC = Const(STATE_ERR_SRC)
+_ERR_EPOCH = Const(STATE_ERR_EPOCH)
+_DONE = Const(STATE_DONE)
+_GSTATE = Const(GATHER_STATE)
+_SWAP_FL = Const(TRITON_SWAP_FLAGS)
+_READY_FL = Const(TRITON_READY_FLAGS)
+_GATHER_FL = Const(GATHER_FLAGS)
+_T_SWAP = Const(ERR_TIMEOUT_SWAP)
+_T_READY = Const(ERR_TIMEOUT_READY)
+_T_GATHER = Const(ERR_TIMEOUT_GATHER)
 
 
 @triton.jit

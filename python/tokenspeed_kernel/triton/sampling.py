@@ -139,29 +139,30 @@ import triton
 import triton.language as tl
 
 from . import prims as P
+from .prims import Const
 
 # row modes
-GREEDY = tl.constexpr(0)
-PLAIN = tl.constexpr(1)
-WINDOW = tl.constexpr(2)
-TOPR = tl.constexpr(3)
-DIRECT = tl.constexpr(4)
+GREEDY = Const(0)
+PLAIN = Const(1)
+WINDOW = Const(2)
+TOPR = Const(3)
+DIRECT = Const(4)
 
 # PLAIN pruning / gap test (module docstring: "Bound")
-PRUNE_C = tl.constexpr(0.03)          # margin 0.02 + slack 0.01 subtracted from beta
-PRUNE_MARGIN = tl.constexpr(0.02)     # pruned tokens: h < beta - PRUNE_MARGIN
-PRUNE_DELTA = tl.constexpr(2.0 ** -19)   # > the two hardware exp2 errors in the threshold
-GAP_A_MAX = tl.constexpr(16384.0)
-GAP_A_PAD = tl.constexpr(256.0)
-GAP_SCALE = tl.constexpr(2.0 ** -21)  # 2E = (A + 256) * 2^-21
-G_MAX_PAD = tl.constexpr(16.7)        # > max G = 16.6356 (+ rounding), exact-pass tile skip
-EXT_FLOOR_Y = tl.constexpr(27.0)      # TOPR extension: initial thresholds down to y = -27
-BIG_ID = tl.constexpr(2147483647)
-NEG_INF = tl.constexpr(float("-inf"))
-LOG2E = tl.constexpr(1.4426950408889634)
+PRUNE_C = Const(0.03)          # margin 0.02 + slack 0.01 subtracted from beta
+PRUNE_MARGIN = Const(0.02)     # pruned tokens: h < beta - PRUNE_MARGIN
+PRUNE_DELTA = Const(2.0 ** -19)   # > the two hardware exp2 errors in the threshold
+GAP_A_MAX = Const(16384.0)
+GAP_A_PAD = Const(256.0)
+GAP_SCALE = Const(2.0 ** -21)  # 2E = (A + 256) * 2^-21
+G_MAX_PAD = Const(16.7)        # > max G = 16.6356 (+ rounding), exact-pass tile skip
+EXT_FLOOR_Y = Const(27.0)      # TOPR extension: initial thresholds down to y = -27
+BIG_ID = Const(2147483647)
+NEG_INF = Const(float("-inf"))
+LOG2E = Const(1.4426950408889634)
 
-NPF = tl.constexpr(5)   # float partials per (row, chunk): max z, h1, h2, raw sum, proc sum
-NPI = tl.constexpr(4)   # int partials: argmax id, h1 id, flags (1 nan, 2 overflow), count
+NPF = Const(5)   # float partials per (row, chunk): max z, h1, h2, raw sum, proc sum
+NPI = Const(4)   # int partials: argmax id, h1 id, flags (1 nan, 2 overflow), count
 NT = 16                 # thresholds per exact-pass search pass
 
 

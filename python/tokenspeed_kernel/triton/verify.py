@@ -32,11 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .prims import (centered, gumbel_from_bits, key32, key32_to_float, philox4x32_10,
+from .prims import (Const, centered, gumbel_from_bits, key32, key32_to_float, philox4x32_10,
                     soft_exp_neg, soft_ln)
 
-_LN_2POW38 = tl.constexpr(26.33959286127792)   # 38 * ln 2 (logprobs only, not bit-exact)
-GUMBEL_SPAN = tl.constexpr(19.5)   # G in [-2.8116, 16.6356]: y < -span never wins Gumbel-max
+_LN_2POW38 = Const(26.33959286127792)   # 38 * ln 2 (logprobs only, not bit-exact)
+GUMBEL_SPAN = Const(19.5)   # G in [-2.8116, 16.6356]: y < -span never wins Gumbel-max
 DEFAULT_BLOCK = 1024      # elements per program iteration (tests lower it to exercise splits)
 MAX_CPU_SPLITS = 4
 MASS_CUT = -26.5          # mass_fixed(y) == 0 for every float32 y < -26.34 (checked exhaustively)
