@@ -873,8 +873,8 @@ def test_triton_window_paths(tri):
 
 @pytest.mark.parametrize("S1", [1, 2, 4, 8])
 def test_triton_topr_chunks(tri, S1):
-    """top-k / top-p rows through the per-lane top-4 candidates: one chunk, two, and 4 / 8
-    chunks (super-lanes of 4 lanes merged before the slot), with slots smaller than the chunk's
+    """top-k / top-p rows through the per-lane top-4 (top-p without top-k: top-5) candidates:
+    one chunk, two, and 4 / 8 chunks (super-lanes of 2 / 8 lanes merged before the slot), with slots smaller than the chunk's
     exact prefix (the sorted top of the union is written instead); min-p on top; int-valued
     rows (ties across the candidate boundaries). Peaked rows are decided from the candidates."""
     gen = _gen(103 + S1)
@@ -887,7 +887,9 @@ def test_triton_topr_chunks(tri, S1):
     T = _full(R, 0.8)
     bt = {1: 64, 2: 128, 4: 256, 8: 256}[S1]   # lanes: super-lanes of 2 (S1 = 2) or 8 (S1 >= 4)
     for cfg in (dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=64, NP=1024),
-                dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=32, NP=32 * S1)):  # slot 32
+                dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=32, NP=32 * S1),  # slot 32
+                dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=64, NP=1024, DEPTH_P=4)):
+        # (top-p without top-k keeps 5 keys per lane, DEPTH_P; the last config: 4, as top-k)
         for zz, kw in ((z, dict(temperature=T, top_p=p)),
                        (z, dict(temperature=T, top_k=k, top_p=p, min_p=mp)),
                        (zi, dict(temperature=T, top_k=k, top_p=p))):

@@ -263,8 +263,9 @@ def _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, flags_extra, coun
 def _top_sorted(keys, K: tl.constexpr, USE_RANK: tl.constexpr):
     """The K largest of ``keys`` along the last axis (int64, distinct where >= 0, -1 = empty),
     descending, padded with -1. GPU: ``tl.topk`` (bitonic). Interpreter: ranks by an all-pairs
-    comparison (the bitonic network's many small reductions are slow there); same result."""
-    if USE_RANK:
+    comparison (the bitonic network's many small reductions are slow there) up to 1024 keys
+    (the comparison matrix's size limit); same result."""
+    if USE_RANK and keys.shape[0] <= 1024:
         rank = tl.sum((keys[None, :] > keys[:, None]).to(tl.int32), axis=1)
         r = tl.arange(0, K)
         hit = (rank[None, :] == r[:, None]) & (keys[None, :] >= 0)
@@ -283,15 +284,31 @@ def _sort_desc(keys, USE_RANK: tl.constexpr):
 
 
 @triton.jit
-def _top4_rows(keys, USE_RANK: tl.constexpr):
-    """Per row of keys [G, n]: its 4 largest (as ``_top_sorted``) -> [G, 4]."""
+def _topk_rows(keys, K: tl.constexpr, USE_RANK: tl.constexpr):
+    """Per row of keys [G, n]: its K largest (as ``_top_sorted``), descending -> [G, K]."""
     if USE_RANK:
         rank = tl.sum((keys[:, None, :] > keys[:, :, None]).to(tl.int32), axis=2)
-        r = tl.arange(0, 4)
+        r = tl.arange(0, K)
         hit = (rank[:, None, :] == r[None, :, None]) & (keys[:, None, :] >= 0)
         return tl.max(tl.where(hit, keys[:, None, :], -1), axis=2)
     else:
-        return tl.topk(keys, 4)
+        return tl.topk(keys, K)
+
+
+@triton.jit
+def _top4_rows(keys, USE_RANK: tl.constexpr):
+    """Per row of keys [G, n]: its 4 largest -> [G, 4]."""
+    return _topk_rows(keys, 4, USE_RANK)
+
+
+@triton.jit
+def _top5_rows(keys, USE_RANK: tl.constexpr):
+    """Per row of keys [G, n]: its 5 largest, then -1 -> [G, 8] (descending); and the max over
+    rows of the 5th largest (the super-lanes' tau)."""
+    t = _topk_rows(keys, 8, USE_RANK)
+    c = tl.arange(0, 8)[None, :]
+    tau = tl.max(tl.max(tl.where(c == 4, t, -1), axis=1), axis=0)
+    return tl.where(c < 5, t, -1), tau
 
 
 @triton.jit
@@ -402,7 +419,7 @@ def _k1_window(row_ptr, lo, hi, inv_t, L, cbase, slot, pf_ptr, pi_ptr, pidx,
 @triton.jit
 def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pidx,
              WANT_LP: tl.constexpr, BLOCK_T: tl.constexpr, KSLOT: tl.constexpr,
-             USE_RANK: tl.constexpr, NSTAGE: tl.constexpr):
+             USE_RANK: tl.constexpr, NSTAGE: tl.constexpr, DEPTH: tl.constexpr):
     zm = tl.full([BLOCK_T], NEG_INF, tl.float32)
     zi = tl.zeros([BLOCK_T], tl.int32)
     sl = tl.zeros([BLOCK_T], tl.float32)
@@ -416,6 +433,8 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
     i1 = tl.zeros([BLOCK_T], tl.int32)
     i2 = tl.zeros([BLOCK_T], tl.int32)
     i3 = tl.zeros([BLOCK_T], tl.int32)
+    v4 = tl.full([BLOCK_T], NEG_INF, tl.float32)   # DEPTH 5 only
+    i4 = tl.zeros([BLOCK_T], tl.int32)
     for start in tl.range(lo, hi, BLOCK_T, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK_T)
         z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
@@ -425,6 +444,10 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
         c1 = z > v1
         c2 = z > v2
         c3 = z > v3
+        if DEPTH == 5:
+            c4 = z > v4
+            v4 = tl.where(c3, v3, tl.where(c4, z, v4))
+            i4 = tl.where(c3, i3, tl.where(c4, offs, i4))
         v3 = tl.where(c2, v2, tl.where(c3, z, v3))
         i3 = tl.where(c2, i2, tl.where(c3, offs, i3))
         v2 = tl.where(c1, v1, tl.where(c2, z, v2))
@@ -434,10 +457,30 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
         v0 = tl.where(c0, z, v0)
         i0 = tl.where(c0, offs, i0)
     # keys [lanes, 4] (-1: no finite value); with several chunks, super-lanes of 2 (8) lanes
-    # first: fewer candidates per chunk, the same prefix length over the row
+    # first: fewer candidates per chunk, the same prefix length over the row. A super-lane
+    # keeps as many keys as a lane (DEPTH): its DEPTH-th key is >= each of its lanes'
+    # DEPTH-th key, so every token it drops is still below tau.
     keys = tl.reshape(tl.join(tl.join(_k56(v0, i0), _k56(v1, i1)),
                               tl.join(_k56(v2, i2), _k56(v3, i3))), [BLOCK_T, 4])
-    if S1 >= 4:
+    if DEPTH == 5:
+        neg = tl.full([BLOCK_T], -1, tl.int64)
+        k4 = _k56(v4, i4)
+        keys = tl.reshape(tl.join(tl.reshape(tl.join(tl.join(_k56(v0, i0), _k56(v1, i1)),
+                                                     tl.join(_k56(v2, i2), _k56(v3, i3))),
+                                             [BLOCK_T, 4]),
+                                  tl.reshape(tl.join(tl.join(k4, neg), tl.join(neg, neg)),
+                                             [BLOCK_T, 4])), [BLOCK_T, 8])
+        if S1 >= 4:
+            k8, tau5 = _top5_rows(tl.reshape(keys, [BLOCK_T // 8, 64]), USE_RANK)
+            n, tau = _topr_write(tl.reshape(k8, [BLOCK_T]), tau5, cbase, slot, KSLOT, USE_RANK)
+        elif S1 == 2:
+            k2, tau5 = _top5_rows(tl.reshape(keys, [BLOCK_T // 2, 16]), USE_RANK)
+            n, tau = _topr_write(tl.reshape(k2, [4 * BLOCK_T]), tau5, cbase, slot, KSLOT,
+                                 USE_RANK)
+        else:
+            n, tau = _topr_write(tl.reshape(keys, [8 * BLOCK_T]), tl.max(k4, axis=0), cbase,
+                                 slot, KSLOT, USE_RANK)
+    elif S1 >= 4:
         k8 = _top4_rows(tl.reshape(keys, [BLOCK_T // 8, 32]), USE_RANK)
         n, tau = _topr_emit(k8, BLOCK_T // 8, cbase, slot, KSLOT, USE_RANK)
     elif S1 == 2:
@@ -461,10 +504,18 @@ def _topr_emit(keys, G: tl.constexpr, cbase, slot, KSLOT: tl.constexpr, USE_RANK
     value), so the keys >= tau are an exact prefix of the chunk's order: write them (or, when
     more than ``slot``, the top KS of them, tau = the last one). Returns (count, tau)."""
     tau = tl.max(tl.min(keys, axis=1), axis=0)
-    flat = tl.reshape(keys, [4 * G])
+    return _topr_write(tl.reshape(keys, [4 * G]), tau, cbase, slot, KSLOT, USE_RANK)
+
+
+@triton.jit
+def _topr_write(flat, tau, cbase, slot, KSLOT: tl.constexpr, USE_RANK: tl.constexpr):
+    """Writes the keys of ``flat`` that are >= tau (an exact prefix of the chunk's order) to
+    the slot, or, when more than ``slot``, the top KS of them (tau = the last one).
+    Returns (count, tau)."""
+    NF: tl.constexpr = flat.shape[0]
     ge = (flat >= tau) & (flat >= 0)
     n = tl.sum(ge.to(tl.int32), axis=0)
-    KS: tl.constexpr = KSLOT if KSLOT < 4 * G else 4 * G
+    KS: tl.constexpr = KSLOT if KSLOT < NF else NF
     if n <= slot:
         pos = tl.cumsum(ge.to(tl.int32), axis=0) - 1
         tl.store(cbase + pos, flat, mask=ge)
@@ -485,7 +536,7 @@ def _k1_partial(logits_ptr, stride_row, n_rows, V, chunk, S1, slot_t, slot_w, NW
                 HAS_MINP: tl.constexpr, WANT_LP: tl.constexpr,
                 BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, KCAP: tl.constexpr,
                 KSLOT: tl.constexpr, USE_RANK: tl.constexpr, NSTAGE: tl.constexpr,
-                FAST: tl.constexpr):
+                FAST: tl.constexpr, DEPTH: tl.constexpr):
     row = tl.program_id(0)
     s = tl.program_id(1)
     seed, offset, inv_t, k_on, k, p_on, p, mp_on, L, mode = _row_setup(
@@ -506,7 +557,7 @@ def _k1_partial(logits_ptr, stride_row, n_rows, V, chunk, S1, slot_t, slot_w, NW
     if HAS_K or HAS_P:
         if mode == TOPR:
             _k1_topr(row_ptr, lo, hi, inv_t, cand_row + s * slot_t, slot_t, S1, pf_ptr,
-                     pi_ptr, pk_ptr, pidx, WANT_LP, BLOCK_T, KSLOT, USE_RANK, NSTAGE)
+                     pi_ptr, pk_ptr, pidx, WANT_LP, BLOCK_T, KSLOT, USE_RANK, NSTAGE, DEPTH)
     if (mode == GREEDY) | (mode == DIRECT):
         _k1_base(row_ptr, lo, hi, inv_t, pf_ptr, pi_ptr, pidx, WANT_LP, BLOCK, NSTAGE)
 
@@ -1057,12 +1108,12 @@ def _make_config(rows: int, V: int, dev: torch.device, topr_possible: bool,
         cfg = dict(BLOCK=block, BLOCK_T=max(16, min(256, triton.next_power_of_2(V))),
                    KCAP=256, KSLOT=256, NP=1024, NC=256, BLOCK_X=block, BLOCK_R=block,
                    NREF=16, S1=1, S2=1, warps=4,
-                   warps_t=4, USE_RANK=True, NSTAGE=1, FAST=False)
+                   warps_t=4, USE_RANK=True, NSTAGE=1, FAST=False, DEPTH_P=5)
     else:
         sms = _sm_count(dev)
         cfg = dict(BLOCK=1024, BLOCK_T=2048, KCAP=1024, KSLOT=256, NP=2048, NC=128,
                    BLOCK_X=1024, BLOCK_R=256, NREF=16, warps=8, warps_t=16, USE_RANK=False,
-                   NSTAGE=3, FAST=True)
+                   NSTAGE=3, FAST=True, DEPTH_P=5)
         nb = triton.cdiv(V, cfg["BLOCK"])
         if topr_possible:   # sorted candidate slots: at most 8 chunks
             cfg["S1"] = min(8, _pow2_floor(sms // max(rows, 1)), nb)
@@ -1144,6 +1195,7 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
         *params, pf, pi, pk, cand, **flags, WANT_LP=want_logprobs,
         BLOCK=cfg["BLOCK"], BLOCK_T=cfg["BLOCK_T"], KCAP=cfg["KCAP"], KSLOT=cfg["KSLOT"],
         USE_RANK=cfg["USE_RANK"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
+        DEPTH=cfg["DEPTH_P"] if (has_p and not has_k) else 4,
         num_warps=cfg["warps_t"] if topr else warps, enable_fp_fusion=False)
     if has_p:
         _k2_mass[(rows, S2)](
