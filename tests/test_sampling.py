@@ -873,8 +873,9 @@ def test_triton_window_paths(tri):
 
 @pytest.mark.parametrize("S1", [1, 2, 4, 8])
 def test_triton_topr_chunks(tri, S1):
-    """top-k / top-p rows through the per-lane top-4 (top-p without top-k: top-5) candidates:
-    one chunk, two, and 4 / 8 chunks (super-lanes of 2 / 8 lanes merged before the slot), with slots smaller than the chunk's
+    """top-k / top-p rows through the per-lane top-4 candidates (top-p without top-k, one
+    chunk: top-5): one chunk, two, and 4 / 8 chunks (super-lanes of 2 / 8 lanes merged before
+    the slot), with slots smaller than the chunk's
     exact prefix (the sorted top of the union is written instead); min-p on top; int-valued
     rows (ties across the candidate boundaries). Peaked rows are decided from the candidates."""
     gen = _gen(103 + S1)
@@ -886,10 +887,11 @@ def test_triton_topr_chunks(tri, S1):
     mp = torch.tensor([0.0, 0.1, 0.0, 0.05, 0.0, 0.0])
     T = _full(R, 0.8)
     bt = {1: 64, 2: 128, 4: 256, 8: 256}[S1]   # lanes: super-lanes of 2 (S1 = 2) or 8 (S1 >= 4)
-    for cfg in (dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=64, NP=1024),
-                dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=32, NP=32 * S1),  # slot 32
-                dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=64, NP=1024, DEPTH_P=4)):
-        # (top-p without top-k keeps 5 keys per lane, DEPTH_P; the last config: 4, as top-k)
+    cfgs = [dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=64, NP=1024),
+            dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=32, NP=32 * S1)]   # slot 32
+    if S1 == 1:   # top-p without top-k keeps 5 keys per lane there (DEPTH_P); also 4, as top-k
+        cfgs.append(dict(cfgs[0], DEPTH_P=4))
+    for cfg in cfgs:
         for zz, kw in ((z, dict(temperature=T, top_p=p)),
                        (z, dict(temperature=T, top_k=k, top_p=p, min_p=mp)),
                        (zi, dict(temperature=T, top_k=k, top_p=p))):
@@ -901,6 +903,19 @@ def test_triton_topr_chunks(tri, S1):
                 assert torch.equal(st, mode), (cfg, list(kw), st)
             else:         # ties: the exact prefix may end before the kept set
                 assert torch.equal(st & 15, mode & 15), (cfg, list(kw), st)
+
+
+def test_triton_topp_depth5_prefix(tri):
+    """top-p without top-k, one chunk per row: 5 keys per lane give a longer exact prefix than 4,
+    so a row whose nucleus runs past the 4-key prefix (and needs the extension there) is decided
+    from the candidates; same tokens either way."""
+    R, V = 8, 2000
+    z = (torch.randn(R, V, generator=torch.Generator().manual_seed(7)) * 4.0).to(DEVICE)
+    kw = dict(temperature=_full(R, 1.0), top_p=_full(R, 0.9))
+    cfg = dict(BLOCK=64, BLOCK_T=64, S1=1, KCAP=256, KSLOT=256, NP=1024)
+    st4 = _tri_run(tri, z, kw, dict(cfg, DEPTH_P=4), gen=_gen(112))
+    st5 = _tri_run(tri, z, kw, dict(cfg, DEPTH_P=5), gen=_gen(112))
+    assert (st4 == TOPR + EXT).any() and (st5 == TOPR).all(), (st4.tolist(), st5.tolist())
 
 
 def test_triton_topr_fallbacks(tri):

@@ -8,7 +8,8 @@ proven bound shows that the exact rule gives the same token; everything else is 
 the GPU and on the CPU under ``TRITON_INTERPRET=1``. Stateless, no host sync, CUDA-graph safe
 (grids depend only on shapes and on which parameters are given), no workspace zeroing, and no
 recompilation on parameter values or batch size (constexprs: which parameters are given,
-logprobs on/off, tile sizes).
+logprobs on/off, tile sizes; the one exception: top-p without top-k has a second K1 variant for
+batches with one chunk per row, below).
 
 Notation per row: z = raw logits (float32), zmax = max z, t = fl32(1/T), y = centered(z, zmax,
 t) (<= 0), G = Gumbel noise of (seed, offset, id), score s = fl32(y + G); order = key56(z, id)
@@ -71,7 +72,15 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   the union's keys >= tau are an exact prefix of the chunk's order (~2.2 L^(3/4) keys for L
   lanes on random rows). With 2 (>= 4) chunks per row, super-lanes of 2 (8) lanes first keep
   the top 4 of their lanes' keys (``tl.topk`` on [lanes / f, 4 f]): fewer keys per chunk, the
-  same prefix length per row. K1 writes the keys >= tau to the chunk's slot (2048 / S1 entries;
+  same prefix length per row. Top-p without top-k with one chunk per row (S1 = 1: batches of
+  at least ~SMs / 2 rows) keeps the 5 largest keys per lane instead (``DEPTH_P``): the prefix
+  grows from a median ~670 to ~1210 keys on ``randn * 4`` rows at V = 151936 (a CPU
+  simulation; rows whose nucleus runs past it: 0.4 % at 4 keys, none of 1536 at 5), so the
+  extension below is rarely needed (one A/B run on an H100, fp32, T = 0.8, top-p 0.9, 4 inputs:
+  B = 256 278 us with 5 keys vs 590 us with 4, where 1 of the 1024 rows took the extension);
+  with several chunks per row the super-lanes' ``tl.topk`` of 5 would cost more than it saves
+  (same run, B = 64, S1 = 2: 167 vs 99 us), so they keep 4.
+  K1 writes the keys >= tau to the chunk's slot (2048 / S1 entries;
   when more: the top 256 of the union, tau = the last one). K3 takes P = {slot keys >= max
   tau} (an exact prefix of the row's order, ~660 keys for one chunk of 151936), compacts it
   into KCAP = 1024 entries (more: its top 1024 by ``tl.topk``) and sorts them, then computes
@@ -284,31 +293,15 @@ def _sort_desc(keys, USE_RANK: tl.constexpr):
 
 
 @triton.jit
-def _topk_rows(keys, K: tl.constexpr, USE_RANK: tl.constexpr):
-    """Per row of keys [G, n]: its K largest (as ``_top_sorted``), descending -> [G, K]."""
+def _top4_rows(keys, USE_RANK: tl.constexpr):
+    """Per row of keys [G, n]: its 4 largest (as ``_top_sorted``) -> [G, 4]."""
     if USE_RANK:
         rank = tl.sum((keys[:, None, :] > keys[:, :, None]).to(tl.int32), axis=2)
-        r = tl.arange(0, K)
+        r = tl.arange(0, 4)
         hit = (rank[:, None, :] == r[None, :, None]) & (keys[:, None, :] >= 0)
         return tl.max(tl.where(hit, keys[:, None, :], -1), axis=2)
     else:
-        return tl.topk(keys, K)
-
-
-@triton.jit
-def _top4_rows(keys, USE_RANK: tl.constexpr):
-    """Per row of keys [G, n]: its 4 largest -> [G, 4]."""
-    return _topk_rows(keys, 4, USE_RANK)
-
-
-@triton.jit
-def _top5_rows(keys, USE_RANK: tl.constexpr):
-    """Per row of keys [G, n]: its 5 largest, then -1 -> [G, 8] (descending); and the max over
-    rows of the 5th largest (the super-lanes' tau)."""
-    t = _topk_rows(keys, 8, USE_RANK)
-    c = tl.arange(0, 8)[None, :]
-    tau = tl.max(tl.max(tl.where(c == 4, t, -1), axis=1), axis=0)
-    return tl.where(c < 5, t, -1), tau
+        return tl.topk(keys, 4)
 
 
 @triton.jit
@@ -424,7 +417,7 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
     zi = tl.zeros([BLOCK_T], tl.int32)
     sl = tl.zeros([BLOCK_T], tl.float32)
     s2l = tl.zeros([BLOCK_T], tl.float32)
-    # per lane: the 4 largest keys seen, v0 >= v1 >= v2 >= v3 (ids i0..i3)
+    # per lane: the 4 (DEPTH 5: 5) largest keys seen, v0 >= v1 >= v2 >= v3 (>= v4) (ids i0..i4)
     v0 = tl.full([BLOCK_T], NEG_INF, tl.float32)
     v1 = tl.full([BLOCK_T], NEG_INF, tl.float32)
     v2 = tl.full([BLOCK_T], NEG_INF, tl.float32)
@@ -457,29 +450,15 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
         v0 = tl.where(c0, z, v0)
         i0 = tl.where(c0, offs, i0)
     # keys [lanes, 4] (-1: no finite value); with several chunks, super-lanes of 2 (8) lanes
-    # first: fewer candidates per chunk, the same prefix length over the row. A super-lane
-    # keeps as many keys as a lane (DEPTH): its DEPTH-th key is >= each of its lanes'
-    # DEPTH-th key, so every token it drops is still below tau.
+    # first: fewer candidates per chunk, the same prefix length over the row
     keys = tl.reshape(tl.join(tl.join(_k56(v0, i0), _k56(v1, i1)),
                               tl.join(_k56(v2, i2), _k56(v3, i3))), [BLOCK_T, 4])
-    if DEPTH == 5:
+    if DEPTH == 5:   # (the host picks it with one chunk per row; the write is exact for any)
         neg = tl.full([BLOCK_T], -1, tl.int64)
         k4 = _k56(v4, i4)
-        keys = tl.reshape(tl.join(tl.reshape(tl.join(tl.join(_k56(v0, i0), _k56(v1, i1)),
-                                                     tl.join(_k56(v2, i2), _k56(v3, i3))),
-                                             [BLOCK_T, 4]),
-                                  tl.reshape(tl.join(tl.join(k4, neg), tl.join(neg, neg)),
-                                             [BLOCK_T, 4])), [BLOCK_T, 8])
-        if S1 >= 4:
-            k8, tau5 = _top5_rows(tl.reshape(keys, [BLOCK_T // 8, 64]), USE_RANK)
-            n, tau = _topr_write(tl.reshape(k8, [BLOCK_T]), tau5, cbase, slot, KSLOT, USE_RANK)
-        elif S1 == 2:
-            k2, tau5 = _top5_rows(tl.reshape(keys, [BLOCK_T // 2, 16]), USE_RANK)
-            n, tau = _topr_write(tl.reshape(k2, [4 * BLOCK_T]), tau5, cbase, slot, KSLOT,
-                                 USE_RANK)
-        else:
-            n, tau = _topr_write(tl.reshape(keys, [8 * BLOCK_T]), tl.max(k4, axis=0), cbase,
-                                 slot, KSLOT, USE_RANK)
+        k5 = tl.reshape(tl.join(keys, tl.reshape(tl.join(tl.join(k4, neg), tl.join(neg, neg)),
+                                                 [BLOCK_T, 4])), [8 * BLOCK_T])
+        n, tau = _topr_write(k5, tl.max(k4, axis=0), cbase, slot, KSLOT, USE_RANK)
     elif S1 >= 4:
         k8 = _top4_rows(tl.reshape(keys, [BLOCK_T // 8, 32]), USE_RANK)
         n, tau = _topr_emit(k8, BLOCK_T // 8, cbase, slot, KSLOT, USE_RANK)
@@ -1195,7 +1174,7 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
         *params, pf, pi, pk, cand, **flags, WANT_LP=want_logprobs,
         BLOCK=cfg["BLOCK"], BLOCK_T=cfg["BLOCK_T"], KCAP=cfg["KCAP"], KSLOT=cfg["KSLOT"],
         USE_RANK=cfg["USE_RANK"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
-        DEPTH=cfg["DEPTH_P"] if (has_p and not has_k) else 4,
+        DEPTH=cfg["DEPTH_P"] if (has_p and not has_k and S1 == 1) else 4,
         num_warps=cfg["warps_t"] if topr else warps, enable_fp_fusion=False)
     if has_p:
         _k2_mass[(rows, S2)](
