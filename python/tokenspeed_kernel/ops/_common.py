@@ -61,6 +61,14 @@ def check_backend(backend: str) -> None:
     check(backend in BACKENDS, "backend", f"must be one of {BACKENDS}, got {backend!r}")
 
 
+def check_triton_device(device: torch.device) -> None:
+    """The Triton backend runs on CUDA tensors, or on CPU tensors under the interpreter."""
+    if device.type != "cuda":
+        import os
+        check(os.environ.get("TRITON_INTERPRET") == "1", "backend",
+              "'triton' on CPU tensors needs TRITON_INTERPRET=1")
+
+
 def pick_backend(backend: str, device: torch.device, op: str) -> str:
     """'auto' -> cuda (extension) | triton (CUDA tensors, no extension: warns once) | reference."""
     check_backend(backend)
@@ -68,10 +76,8 @@ def pick_backend(backend: str, device: torch.device, op: str) -> str:
         if backend == "cuda":
             check(device.type == "cuda", "backend", f"'cuda' needs CUDA tensors, got {device}")
             _library.require(f"tokenspeed_kernel.ops.{op}(backend='cuda')")
-        if backend == "triton" and device.type != "cuda":
-            import os
-            check(os.environ.get("TRITON_INTERPRET") == "1", "backend",
-                  "'triton' on CPU tensors needs TRITON_INTERPRET=1")
+        if backend == "triton":
+            check_triton_device(device)
         return backend
     if device.type == "cuda":
         if _library.extension_available():

@@ -38,10 +38,8 @@ def _backend(backend: str, device: torch.device) -> str:
     C.check(backend in BACKENDS, "backend", f"must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         return "triton" if device.type == "cuda" else "reference"
-    if backend == "triton" and device.type != "cuda":
-        import os
-        C.check(os.environ.get("TRITON_INTERPRET") == "1", "backend",
-                "'triton' on CPU tensors needs TRITON_INTERPRET=1")
+    if backend == "triton":
+        C.check_triton_device(device)
     return backend
 
 
