@@ -223,9 +223,9 @@ __device__ __forceinline__ bool kept_at(const RowParams& rp, int64_t id, int32_t
 
 // Draft count of request i, or -1 when it is outside [0, max_n]: a wrong bound that reached the
 // kernels unvalidated (validate=False, CUDA-graph capture). Such a request is invalid (token 0
-// in slot 0, -1 after it, 0 accepted, valid false, NaN logprob) and no kernel reads its rows, so
-// nothing is read or written outside the tensors whatever the counts say (the Triton kernels
-// and the reference do the same).
+// in slot 0, -1 after it, 0 accepted, valid false, NaN logprob) and no verify kernel reads its
+// rows, so nothing is read or written outside the tensors whatever the counts say (the Triton
+// kernels and the reference do the same).
 __device__ __forceinline__ int req_drafts(const VerifyParams& p, int i) {
   const int64_t n = p.cu[i + 1] - p.cu[i];
   return (n < 0 || n > int64_t(p.max_n)) ? -1 : int(n);

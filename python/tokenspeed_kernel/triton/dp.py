@@ -53,6 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
+# a kernel's state block has the all-gather's layout (csrc/comm/dp_swap.cuh kDpSeq ..): its words
+from .comm import _DONE, _ERR, _ERR_BLOCK, _ERR_EPOCH, _ERR_SRC, _SEQ
 from .prims import Const
 
 MAX_RANKS = 16
@@ -63,18 +65,11 @@ TRITON_SWAP_FLAGS = 2 * SLOT_WORDS     # kDpTritonSwapFlags (uint64 words of the
 TRITON_READY_FLAGS = 3 * SLOT_WORDS    # kDpTritonReadyFlags
 GATHER_FLAGS = 4 * SLOT_WORDS          # kDpGatherFlags
 GATHER_STATE = 16
-STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
 ERR_TIMEOUT_SWAP, ERR_TIMEOUT_READY, ERR_TIMEOUT_GATHER = 1, 2, 3
 BLOCK = 1024          # elements per (row, tile) unit of the swap; bytes per gather tile
 NUM_WARPS = 4
 PHASE_ALL = 7
 
-_SEQ = Const(STATE_SEQ)
-_ERR = Const(STATE_ERR)
-_ERR_BLOCK = Const(STATE_ERR_BLOCK)
-_ERR_SRC = Const(STATE_ERR_SRC)
-_ERR_EPOCH = Const(STATE_ERR_EPOCH)
-_DONE = Const(STATE_DONE)
 _GSTATE = Const(GATHER_STATE)
 _SWAP_FL = Const(TRITON_SWAP_FLAGS)
 _READY_FL = Const(TRITON_READY_FLAGS)
