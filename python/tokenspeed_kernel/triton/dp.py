@@ -54,7 +54,8 @@ import triton
 import triton.language as tl
 
 # a kernel's state block has the all-gather's layout (csrc/comm/dp_swap.cuh kDpSeq ..): its words
-from .comm import _DONE, _ERR, _ERR_BLOCK, _ERR_EPOCH, _ERR_SRC, _SEQ
+from .comm import (_DONE, _ERR, _ERR_BLOCK, _ERR_EPOCH, _ERR_SRC, _SEQ, STATE_DONE,  # noqa: F401
+                   STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_EPOCH, STATE_ERR_SRC, STATE_SEQ)
 from .prims import Const
 
 MAX_RANKS = 16
