@@ -33,13 +33,21 @@ import triton
 import triton.language as tl
 
 from .prims import (Const, centered, gumbel_from_bits, key32, key32_to_float, philox4x32_10,
-                    soft_exp_neg, soft_ln)
+                    soft_exp_neg, soft_ln, uniform_from_bits)
 
 _LN_2POW38 = Const(26.33959286127792)   # 38 * ln 2 (logprobs only, not bit-exact)
 GUMBEL_SPAN = Const(19.5)   # G in [-2.8116, 16.6356]: y < -span never wins Gumbel-max
 DEFAULT_BLOCK = 1024      # elements per program iteration (tests lower it to exercise splits)
 MAX_CPU_SPLITS = 4
 MASS_CUT = -26.5          # mass_fixed(y) == 0 for every float32 y < -26.34 (checked exhaustively)
+_MASS_CUT_C = Const(MASS_CUT)
+# _final's block skip: a block is evaluated exactly only when an upper bound of some element's
+# score reaches the program's best so far. Bounds: G = -ln(-ln u) <= -ln(1 - u) (-ln u >= 1 - u);
+# ln(mass_fixed(y)) <= y + 38 ln 2; the residual's support w <= e^p S_q. 26.34 > 38 ln 2; the
+# margin covers the approximate logs (tl.log) and the float32 roundings of the exact scores
+# (|score| < 128, so their errors are below 1e-4).
+_SKIP_LN2POW38 = Const(26.34)
+_SKIP_MARGIN = Const(0.02)
 _LAUNCH = {"enable_fp_fusion": False}
 
 
@@ -459,46 +467,61 @@ def _final(tgt_ptr, drf_ptr, stride_t, stride_d, V, cu_ptr, seed_ptr, off_ptr, t
                 kept = _kept(greedy, ids, arg_t, mp_on, y, L, z, thr_t, FILT) & msk
                 live = kept & (y >= -GUMBEL_SPAN)
                 if tl.max(live.to(tl.int32), 0) != 0:
-                    g = gumbel_from_bits(_philox_block(seed, offp, off, 0, BLOCK))
-                    s = tl.where(live, y + g, float("-inf"))
-                    upd = s > best_s
-                    best_i = tl.where(upd, ids, best_i)
-                    best_s = tl.where(upd, s, best_s)
+                    bits = _philox_block(seed, offp, off, 0, BLOCK)
+                    # skip the exact noise when no element's bound reaches the best so far
+                    gub = -tl.log(1.0 - uniform_from_bits(bits))
+                    ub = tl.max(tl.where(live, y + gub, float("-inf")), 0) + _SKIP_MARGIN
+                    if (ub >= tl.max(best_s, 0)) | (ub != ub):
+                        g = gumbel_from_bits(bits)
+                        s = tl.where(live, y + g, float("-inf"))
+                        upd = s > best_s
+                        best_i = tl.where(upd, ids, best_i)
+                        best_s = tl.where(upd, s, best_s)
         else:
-            # residual: support N_i = e^p_i S_q - e^q_i S_p > 0, stream 2 at offset + j
+            # residual: support N_i = e^p_i S_q - e^q_i S_p > 0, stream 2 at offset + j;
+            # score bounds (see _SKIP_MARGIN): residual ln N_i + G <= y_i + G_ub + c_res,
+            # fallback ln e^p_i + G <= y_i + G_ub + c_fb
+            c_fb = _SKIP_LN2POW38 + _SKIP_MARGIN
+            c_res = c_fb + tl.log(tl.maximum(S_q, 1).to(tl.float32)) * 1.0001
             for off in range(start, start + chunk, BLOCK):
                 ids = off + tl.arange(0, BLOCK)
                 msk = ids < V
                 zt = tl.load(tbase + ids, mask=msk, other=float("-inf")).to(tl.float32)
                 yt = centered(zt, zmax_t, inv_t)
                 kp = _kept(greedy, ids, arg_t, mp_on, yt, L, zt, thr_t, FILT) & msk
-                ep = tl.where(kp, _mass(yt), 0)
-                if tl.max(ep, 0) > 0:
-                    if NGRAM:
-                        eq = (ids == xd).to(tl.int64)
-                    else:
-                        zq = tl.load(dbase + ids, mask=msk, other=float("-inf")).to(tl.float32)
-                        yq = centered(zq, zmax_q, inv_t)
-                        kq = _kept(greedy, ids, arg_q, mp_on, yq, L, zq, thr_q, FILT) & msk
-                        eq = tl.where(kq, _mass(yq), 0)
-                    ah, al = _mul_wide(ep, S_q)
-                    bh, bl = _mul_wide(eq, S_t)
-                    sup = _wide_lt(bh, bl, ah, al)
-                    nl = al - bl
-                    br = (nl < 0).to(tl.int64)
-                    nh = ah - bh - br
-                    nl = nl + (br << 62)
-                    w = _wide_to_f32(tl.where(sup, nh, 0), tl.where(sup, nl, 1))
-                    wf = _wide_to_f32(tl.zeros([BLOCK], tl.int64), tl.where(ep > 0, ep, 1))
-                    g = gumbel_from_bits(_philox_block(seed, offp, off, 2, BLOCK))
-                    s = tl.where(sup, soft_ln(w) + g, float("-inf"))
-                    upd = s > best_s
-                    best_i = tl.where(upd, ids, best_i)
-                    best_s = tl.where(upd, s, best_s)
-                    sf = tl.where(ep > 0, soft_ln(wf) + g, float("-inf"))
-                    updf = sf > fb_s
-                    fb_i = tl.where(updf, ids, fb_i)
-                    fb_s = tl.where(updf, sf, fb_s)
+                live = kp & (yt >= _MASS_CUT_C)       # a superset of ep > 0
+                if tl.max(live.to(tl.int32), 0) != 0:
+                    bits = _philox_block(seed, offp, off, 2, BLOCK)
+                    gub = -tl.log(1.0 - uniform_from_bits(bits))
+                    ub = tl.max(tl.where(live, yt + gub, float("-inf")), 0)
+                    if ((ub + c_res >= tl.max(best_s, 0)) | (ub + c_fb >= tl.max(fb_s, 0))
+                            | (ub != ub)):
+                        ep = tl.where(kp, _mass(yt), 0)
+                        if NGRAM:
+                            eq = (ids == xd).to(tl.int64)
+                        else:
+                            zq = tl.load(dbase + ids, mask=msk, other=float("-inf")).to(tl.float32)
+                            yq = centered(zq, zmax_q, inv_t)
+                            kq = _kept(greedy, ids, arg_q, mp_on, yq, L, zq, thr_q, FILT) & msk
+                            eq = tl.where(kq, _mass(yq), 0)
+                        ah, al = _mul_wide(ep, S_q)
+                        bh, bl = _mul_wide(eq, S_t)
+                        sup = _wide_lt(bh, bl, ah, al)
+                        nl = al - bl
+                        br = (nl < 0).to(tl.int64)
+                        nh = ah - bh - br
+                        nl = nl + (br << 62)
+                        w = _wide_to_f32(tl.where(sup, nh, 0), tl.where(sup, nl, 1))
+                        wf = _wide_to_f32(tl.zeros([BLOCK], tl.int64), tl.where(ep > 0, ep, 1))
+                        g = gumbel_from_bits(bits)
+                        s = tl.where(sup, soft_ln(w) + g, float("-inf"))
+                        upd = s > best_s
+                        best_i = tl.where(upd, ids, best_i)
+                        best_s = tl.where(upd, s, best_s)
+                        sf = tl.where(ep > 0, soft_ln(wf) + g, float("-inf"))
+                        updf = sf > fb_s
+                        fb_i = tl.where(updf, ids, fb_i)
+                        fb_s = tl.where(updf, sf, fb_s)
         bs_ = tl.max(best_s, 0)
         bi = tl.min(tl.where((best_s == bs_) & (best_s > float("-inf")), best_i, 2147483647), 0)
         fs = tl.max(fb_s, 0)
@@ -605,32 +628,50 @@ def _splits(rows: int, V: int, block: int, device) -> int:
     return max(1, min(_pow2(want), _pow2(triton.cdiv(V, 4 * block)), 64))
 
 
-def _row_req(R_t, R_d, cu, bs, max_n, padded, device):
-    """Request of every stats row (target rows, then draft rows); -1 for padding rows."""
-    cu = cu.to(torch.int64)
-    n = cu[1:] - cu[:-1]
-    if padded:
+@triton.jit(do_not_specialize=['R_t', 'R_d', 'bs', 'max_n', 'nlog'])
+def _row_req_kernel(cu_ptr, out_ptr, R_t, R_d, bs, max_n, nlog, PADDED: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """Request of every stats row (target rows, then draft rows); -1 for padding rows (and for
+    rows before cu[0] when cu does not start at 0, as torch.searchsorted would)."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = r < R_t + R_d
+    is_t = r < R_t
+    x = tl.where(is_t, r, r - R_t).to(tl.int64)
+    if PADDED:
         W = max_n + 1
-        r = torch.arange(R_t, device=device)
-        i = r // W
-        jt = r % W
-        rt = torch.where(jt <= n[i], i, torch.full_like(i, -1))
-        if R_d:
-            r = torch.arange(R_d, device=device)
-            i = r // max(max_n, 1)
-            jd = r % max(max_n, 1)
-            rd = torch.where(jd < n[i], i, torch.full_like(i, -1))
-        else:
-            rd = torch.zeros(0, dtype=torch.int64, device=device)
+        Wd = tl.maximum(max_n, 1)
+        i = tl.where(is_t, x // W, x // Wd)
+        i = tl.minimum(i, bs - 1)
+        j = tl.where(is_t, x % W, x % Wd)
+        n = (tl.load(cu_ptr + i + 1, mask=m, other=0) - tl.load(cu_ptr + i, mask=m, other=0))
+        req = tl.where(tl.where(is_t, j <= n, j < n), i, -1)
     else:
-        t_start = cu[:-1] + torch.arange(bs, device=device)
-        rt = torch.searchsorted(t_start, torch.arange(R_t, device=device), right=True) - 1
-        rd = torch.searchsorted(cu[:-1], torch.arange(R_d, device=device), right=True) - 1
-        if R_d:
-            # empty requests share cu values: searchsorted(right) picks the last one, whose
-            # range is the non-empty one containing the row (cu[i] <= r < cu[i+1])
-            pass
-    return torch.cat([rt, rd]).to(torch.int32)
+        # the largest i in [0, bs) with key(i) <= x: key(i) = cu[i] + i for target rows (their
+        # first row), cu[i] for draft rows; empty requests share cu values and the search picks
+        # the last one, whose range is the non-empty one containing the row
+        lo = tl.zeros([BLOCK], tl.int64)
+        hi = tl.zeros([BLOCK], tl.int64) + bs
+        for _ in range(nlog):
+            mid = (lo + hi) // 2
+            key = tl.load(cu_ptr + mid, mask=m, other=0) + tl.where(is_t, mid, 0)
+            go = key <= x
+            lo = tl.where(go, mid, lo)
+            hi = tl.where(go, hi, mid)
+        req = tl.where(tl.load(cu_ptr + 0) <= x, lo, -1)
+    tl.store(out_ptr + r, req.to(tl.int32), mask=m)
+
+
+def _row_req(R_t, R_d, cu, bs, max_n, padded, device):
+    """Request of every stats row (target rows, then draft rows); -1 for padding rows: one
+    launch (``_row_req_kernel``)."""
+    rows = R_t + R_d
+    out = torch.empty(max(rows, 1), dtype=torch.int32, device=device)
+    if rows:
+        blk = 1024 if device.type == "cuda" else 64
+        _row_req_kernel[(triton.cdiv(rows, blk),)](cu, out, R_t, R_d, bs, max_n,
+                                                  max(bs, 1).bit_length(), PADDED=padded,
+                                                  BLOCK=blk)
+    return out
 
 
 def verify_probabilistic(tgt, drf, ids, cu, seed, offset, temperature, min_p, max_n, padded,
@@ -650,18 +691,21 @@ def verify_probabilistic(tgt, drf, ids, cu, seed, offset, temperature, min_p, ma
     chunk = triton.cdiv(triton.cdiv(V, splits), block) * block
     row_req = _row_req(R_t, R_d, cu, bs, max_n, padded, dev)
     f32, i32, i64 = torch.float32, torch.int32, torch.int64
-    key = torch.zeros(max(rows, 1), dtype=i64, device=dev)
-    nan = torch.zeros(max(rows, 1), dtype=i32, device=dev)
-    S = torch.zeros(max(rows, 1), dtype=i64, device=dev)
-    se = torch.zeros(max(rows, 1), dtype=f32, device=dev)
+    # every zero-initialized scratch array in one allocation (one fill kernel): key, S, thr,
+    # cand (int64), nan (int32), se and the default min-p (float32)
+    R1 = max(rows, 1)
+    zb = torch.zeros(5 * R1 + 3 * bs, dtype=i64, device=dev)
+    key, S, thr = zb[:R1], zb[R1:2 * R1], zb[2 * R1:3 * R1]
+    nan = zb[3 * R1:4 * R1].view(i32)[:R1]
+    se = zb[4 * R1:5 * R1].view(f32)[:R1]
+    cand = zb[5 * R1:5 * R1 + 2 * bs]
     temp_ = temperature if temperature is not None else torch.ones(bs, dtype=f32, device=dev)
-    minp_ = min_p if min_p is not None else torch.zeros(bs, dtype=f32, device=dev)
+    minp_ = min_p if min_p is not None else zb[5 * R1 + 2 * bs:].view(f32)[:bs]
     lp_on = logprobs is not None
     lp_ = logprobs if lp_on else se
     plp_ = processed_logprobs if lp_on else se
     st, sd = tgt.stride(0), drf_.stride(0)
     filt = top_k is not None or top_p is not None
-    thr = torch.zeros(max(rows, 1), dtype=i64, device=dev)
     if rows:
         _pass1[(rows, splits)](tgt, drf_, st, sd, R_t, V, row_req, key, nan, chunk, BLOCK=block,
                                **_LAUNCH)
@@ -680,7 +724,6 @@ def verify_probabilistic(tgt, drf, ids, cu, seed, offset, temperature, min_p, ma
                  NGRAM=ngram, LOGPROBS=lp_on, FILT=filt, BLOCK_N=_pow2(max_n + 1), **_LAUNCH)
     fsplits = _splits(bs, V, block, dev)
     fchunk = triton.cdiv(triton.cdiv(V, fsplits), block) * block
-    cand = torch.zeros(bs * 2, dtype=i64, device=dev)
     _final[(bs, fsplits)](tgt, drf_, st, sd, V, cu, seed, offset, temp_, minp_, jobi, jobf, cand,
                           max_n, fchunk, PADDED=padded, NGRAM=ngram, FILT=filt, BLOCK=block,
                           **_LAUNCH)
