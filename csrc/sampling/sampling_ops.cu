@@ -32,8 +32,14 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
             const at::Tensor& offset, int64_t tokens_per_request, int64_t flags,
             const at::Tensor& tokens, const at::Tensor& valid,
             const std::optional<at::Tensor>& logprobs,
-            const std::optional<at::Tensor>& processed_logprobs) {
+            const std::optional<at::Tensor>& processed_logprobs,
+            const std::optional<c10::List<std::optional<at::Tensor>>>& processing) {
   using namespace tokenspeed_kernel::sampler;
+  // logits processing (the trailing list: [] or the 16 inputs of ops/sampling.py's
+  // PROC_FIELDS) is applied by the Triton and reference backends; these kernels do not take it
+  TS_CHECK(!processing.has_value() || processing->size() == 0,
+           "processing: the CUDA sampler does not apply logits processing; use "
+           "backend='triton' (backend='auto' takes Triton for calls with processing)");
   TS_CHECK(logits.is_cuda() && logits.dim() == 2, "logits: expected a 2-D CUDA tensor");
   TS_CHECK(logits.stride(1) == 1 || logits.size(1) == 1,
            "logits: last dimension must be contiguous");
@@ -116,7 +122,8 @@ void define_ops(torch::Library& m) {
   m.def(
       "sample(Tensor logits, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
       "Tensor seed, Tensor offset, int tokens_per_request, int flags, Tensor(a!) tokens, "
-      "Tensor(b!) valid, Tensor(c!)? logprobs, Tensor(d!)? processed_logprobs) -> ()");
+      "Tensor(b!) valid, Tensor(c!)? logprobs, Tensor(d!)? processed_logprobs, "
+      "Tensor?[]? processing=None) -> ()");
 }
 
 void impl_cuda(torch::Library& m) { m.impl("sample", &sample); }

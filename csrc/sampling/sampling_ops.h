@@ -9,7 +9,8 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
             const at::Tensor& offset, int64_t tokens_per_request, int64_t flags,
             const at::Tensor& tokens, const at::Tensor& valid,
             const std::optional<at::Tensor>& logprobs,
-            const std::optional<at::Tensor>& processed_logprobs);
+            const std::optional<at::Tensor>& processed_logprobs,
+            const std::optional<c10::List<std::optional<at::Tensor>>>& processing);
 // The family's schemas (torch.ops.tokenspeed_kernel.sample) and CUDA kernels.
 void define_ops(torch::Library& m);
 void impl_cuda(torch::Library& m);

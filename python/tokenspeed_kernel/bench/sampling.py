@@ -18,6 +18,18 @@ Providers (each verified on the same inputs before it is timed; a wrong one is n
   outside the timed region (lenient to FlashInfer) and verified against the reference on those
   very inputs.
 
+Mode ``proc`` (top-k 50 + top-p 0.9 with logits processing, ``make_processing``: 20 bias entries
+per request, repetition 1.1 / frequency 0.2 / presence 0.1 over token counts of ~2000 prompt and
+200 output tokens, an allowed-token bitmask allowing ~half the vocabulary, 10 banned ids,
+min_tokens active with 2 stop ids): ``ours-cuda`` / ``ours-triton`` = the same sampler call
+without processing; ``ours-cuda+proc`` / ``ours-triton+proc`` = ``ops.sample(processing=...)``
+(fused); ``torch-proc+ours-cuda`` / ``torch-proc+ours-triton`` = the engines' way: graph-safe
+torch passes computing ``reference.logits_processing.apply`` (a float32 copy of the logits,
+index_put for bias / banned / stop ids, dense seen / count gathers for the penalties, the
+bitmask unpacked), then ``ops.sample`` on the processed copy; ``torch`` = those passes + the
+torch sampler. The per-entry request index of the CSR lists (COO form) is built outside the
+timed region. Processed providers are verified against the reference on ``apply(logits)``.
+
 Verification: tokens in [0, V) and ``valid``; greedy: equal to the argmax (lowest id among
 ties); otherwise in the kept set of ``reference.sampling.kept_mask``. Ours are held to the exact
 contract (kept set, and the same token as ``reference.sampling.sample`` for the same seeds on the
@@ -62,12 +74,14 @@ MODES = {
     "top_p": dict(T=TEMP, p=TOP_P),
     "top_k_top_p": dict(T=TEMP, k=TOP_K, p=TOP_P),
     "min_p": dict(T=TEMP, mp=MIN_P),
+    "proc": dict(T=TEMP, k=TOP_K, p=TOP_P, proc=True),
 }
 MODE_ALIASES = {"temperature": "temp", "topk": "top_k", "topp": "top_p", "minp": "min_p",
                 "top_k_p": "top_k_top_p", "topk_topp": "top_k_top_p", "top-k": "top_k",
-                "top-p": "top_p", "min-p": "min_p"}
+                "top-p": "top_p", "min-p": "min_p", "processing": "proc"}
 ALL_PROVIDERS = ["ours-cuda", "ours-triton", "torch", "flashinfer"]
-OURS = ("ours-cuda", "ours-triton", "reference")
+OURS = ("ours-cuda", "ours-triton", "reference", "ours-cuda+proc", "ours-triton+proc",
+        "reference+proc", "torch-proc+ours-cuda", "torch-proc+ours-triton")
 P_SLACK, MINP_SLACK = 1e-3, 1e-3     # baselines: top_p + slack, min_p * (1 - slack)
 EXACT_ROWS = 8                       # ours: exact token check against the reference on these rows
 CSV_COLUMNS = [
@@ -93,18 +107,95 @@ class Params:
     mp: Optional[torch.Tensor]          # float32 [B]
     seed: torch.Tensor                  # int64 [B]
     offset: torch.Tensor                # int64 [B]
+    proc: Any = None                    # LogitsInputs (mode "proc")
+    coo: Any = None                     # request index of each bias / banned / stop entry
 
 
-def make_params(mode: str, B: int, device, salt: int = 0) -> Params:
+PROC_BIAS, PROC_PROMPT, PROC_OUTPUT, PROC_BANNED, PROC_STOP = 20, 2000, 200, 10, 2
+
+
+def make_processing(B: int, V: int, device, salt: int = 0):
+    """Engine-like processing inputs for B requests (module docstring, mode ``proc``) and the
+    COO request index of their CSR entries (for the torch baseline). Ids of one request are
+    distinct: ``(r + j * prime) % V``."""
+    from .. import ops
+    from ..reference import logits_processing as LP
+    g = torch.Generator(device=device)
+    g.manual_seed(4242 + salt)
+
+    def csr(k, prime, values=False):
+        r = torch.randint(0, V, (B, 1), generator=g, device=device)
+        ids = ((r + torch.arange(k, device=device) * prime) % V).reshape(-1)
+        vals = (torch.randn(B * k, generator=g, device=device) * 2 if values else None)
+        indptr = torch.arange(B + 1, device=device) * k
+        return LP.Csr(indptr, ids, vals), torch.arange(B, device=device).repeat_interleave(k)
+
+    slots = torch.arange(B, device=device).flip(0)     # request q -> slot B - 1 - q
+    counts = ops.new_token_counts(B, V, device=device)
+    prompts = torch.randint(0, V, (B * PROC_PROMPT,), generator=g, device=device)
+    ops.admit_requests(counts, slots, prompts,
+                       torch.arange(B + 1, device=device) * PROC_PROMPT, validate=False)
+    ops.add_output_tokens(counts, torch.randint(0, V, (B, PROC_OUTPUT), generator=g,
+                                                device=device), slots=slots, validate=False)
+    W = (V + 31) // 32
+    allowed = torch.randint(-2**31, 2**31, (B, W), generator=g, device=device,
+                            dtype=torch.int64).to(torch.int32)
+    bias, bias_q = csr(PROC_BIAS, 7919, values=True)
+    banned, banned_q = csr(PROC_BANNED, 104729)
+    stop, stop_q = csr(PROC_STOP, 1299709)
+    f32 = dict(dtype=torch.float32, device=device)
+    inp = LP.LogitsInputs(
+        logit_bias=bias, repetition_penalty=torch.full((B,), 1.1, **f32),
+        frequency_penalty=torch.full((B,), 0.2, **f32),
+        presence_penalty=torch.full((B,), 0.1, **f32), counts=counts, count_slots=slots,
+        allowed_mask=allowed, banned=banned,
+        min_tokens=torch.full((B,), 4, dtype=torch.int64, device=device),
+        num_output_tokens=torch.full((B,), 2, dtype=torch.int64, device=device),
+        stop_ids=stop)
+    return inp, (bias_q, banned_q, stop_q)
+
+
+def make_params(mode: str, B: int, device, salt: int = 0, V: Optional[int] = None) -> Params:
     m = MODES[mode]
     f32 = dict(dtype=torch.float32, device=device)
     seed = torch.arange(B, dtype=torch.int64, device=device) * 7919 + 12345 + 1000003 * salt
     offset = torch.full((B,), 17 + salt, dtype=torch.int64, device=device)
     k = torch.full((B,), m["k"], dtype=torch.int32, device=device) if "k" in m else None
+    proc = coo = None
+    if m.get("proc"):
+        proc, coo = make_processing(B, V, device, salt)
     return Params(T=torch.full((B,), m["T"], **f32), k=k,
                   p=torch.full((B,), m["p"], **f32) if "p" in m else None,
                   mp=torch.full((B,), m["mp"], **f32) if "mp" in m else None,
-                  seed=seed, offset=offset)
+                  seed=seed, offset=offset, proc=proc, coo=coo)
+
+
+def torch_processing(x: torch.Tensor, P: Params) -> torch.Tensor:
+    """The engines' way: ``reference.logits_processing.apply`` as graph-safe torch passes (a
+    float32 copy of the logits, then one pass per step; bit-identical to the reference)."""
+    inp = P.proc
+    bias_q, banned_q, stop_q = P.coo
+    z = x.float()
+    if z.data_ptr() == x.data_ptr():
+        z = z.clone()
+    V = z.shape[1]
+    z.index_put_((bias_q, inp.logit_bias.ids), inp.logit_bias.values, accumulate=True)
+    t = torch.arange(V, device=z.device)
+    slots = inp.count_slots
+    seen = ((inp.counts.seen[slots][:, t >> 5] >> (t & 31)) & 1).bool()
+    r = inp.repetition_penalty[:, None]
+    z = torch.where(seen, torch.where(z > 0, z / r, z * r), z)
+    c = inp.counts.output[slots].float()
+    hit = c > 0
+    z = torch.where(hit, z - inp.frequency_penalty[:, None] * c, z)
+    z = torch.where(hit, z - inp.presence_penalty[:, None], z)
+    allowed = ((inp.allowed_mask[:, t >> 5] >> (t & 31)) & 1).bool()
+    z = z.masked_fill_(~allowed, float("-inf"))
+    z.index_put_((banned_q, inp.banned.ids), torch.tensor(float("-inf"), device=z.device))
+    active = (inp.num_output_tokens < inp.min_tokens)[stop_q]
+    sid = inp.stop_ids.ids
+    z.index_put_((stop_q, sid), torch.where(active, float("-inf"), z[stop_q, sid]))
+    return z
 
 
 def make_logits(B: int, V: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tensor:
@@ -241,14 +332,18 @@ class Provider:
     strict: bool
     prescaled: bool = False
     note: str = ""
+    processed: bool = False     # draws from the processed logits (mode "proc")
 
 
-def _ours_call(backend: str):
+def _ours_call(backend: str, proc: bool = False, torch_proc: bool = False):
     from .. import ops
 
     def call(x, P):
+        if torch_proc:
+            x = torch_processing(x, P)
         return ops.sample(x, P.seed, P.offset, temperature=P.T, top_k=P.k, top_p=P.p,
-                          min_p=P.mp, backend=backend, validate=False)
+                          min_p=P.mp, backend=backend, validate=False,
+                          processing=P.proc if proc else None)
     return call
 
 
@@ -278,6 +373,8 @@ def _torch_call(mode: str):
     def call(x, P):
         if mode == "greedy":
             return torch.argmax(x, dim=-1)
+        if P.proc is not None:
+            x = torch_processing(x, P)
         z = x.float() / P.T.unsqueeze(1)
         if P.k is not None or P.p is not None:
             z = _torch_top_k_top_p(z, P.k, P.p)
@@ -379,11 +476,28 @@ def _first(e: BaseException) -> str:
     return s.splitlines()[0][:200] if s else ""
 
 
+def _proc_providers(n: str) -> List[Provider]:
+    """Mode "proc": the fused call and the torch passes + our sampler (module docstring)."""
+    from ..ops import sampling as S
+    be = {"ours-cuda": "cuda", "ours-triton": "triton", "reference": "reference"}[n]
+    out = []
+    if be != "cuda" or S.cuda_takes_processing():   # (the CUDA kernels do not take it)
+        out.append(Provider(n + "+proc", f'ops.sample(backend="{be}", processing=...)',
+                            _ours_call(be, proc=True), True, processed=True))
+    if n != "reference":
+        out.append(Provider(f"torch-proc+{n}", f'torch processing + ops.sample(backend="{be}")',
+                            _ours_call(be, torch_proc=True), True, processed=True))
+    return out
+
+
 def providers_for(mode: str, names: List[str], avail: Availability) -> List[Provider]:
     out = []
+    proc = MODES[mode].get("proc", False)
     for n in names:
         if not avail.ok(n):
             continue
+        if proc and n in ("ours-cuda", "ours-triton", "reference"):
+            out += _proc_providers(n)
         if n == "ours-cuda":
             out.append(Provider(n, 'ops.sample(backend="cuda")', _ours_call("cuda"), True))
         elif n == "ours-triton":
@@ -396,8 +510,10 @@ def providers_for(mode: str, names: List[str], avail: Availability) -> List[Prov
                 "softmax + multinomial" if mode == "temp" else
                 "min-p on softmax + softmax + multinomial" if mode == "min_p" else
                 "sort top-k/top-p + softmax + multinomial")
-            out.append(Provider(n, impl, _torch_call(mode), False))
-        elif n == "flashinfer":
+            if proc:
+                impl = "torch processing + " + impl
+            out.append(Provider(n, impl, _torch_call(mode), False, processed=proc))
+        elif n == "flashinfer" and not proc:
             p = _fi_providers(mode, avail.fs)
             if p is not None:
                 out.append(p)
@@ -512,8 +628,8 @@ def run_sampling(args) -> int:
             pools: Dict[bool, List[torch.Tensor]] = {False: [base]}
             for mode in modes:
                 done += 1
-                P = make_params(mode, B, device, salt=gi)
-                refs: Dict[bool, RefSets] = {}
+                P = make_params(mode, B, device, salt=gi, V=V)
+                refs: Dict[tuple, RefSets] = {}
                 ours_tok: Dict[str, torch.Tensor] = {}
                 mode_rows = []
                 for prov in providers_for(mode, prov_names, avail):
@@ -532,18 +648,21 @@ def run_sampling(args) -> int:
                         _recover()
                         mode_rows.append(row)
                         continue
-                    if prov.prescaled not in refs:
-                        refs[prov.prescaled] = RefSets(x0, P, mode, prescaled=prov.prescaled)
+                    rk = (prov.prescaled, prov.processed)
+                    if rk not in refs:
+                        refs[rk] = RefSets(_processed(x0, P) if prov.processed else x0, P, mode,
+                                           prescaled=prov.prescaled)
                     other = None
-                    if prov.name == "ours-triton" and "ours-cuda" in ours_tok:
-                        other = ours_tok["ours-cuda"]
-                    why = verify(out, refs[prov.prescaled], prov.strict, other_ours=other)
+                    twin = prov.name.replace("ours-triton", "ours-cuda")
+                    if twin != prov.name and twin in ours_tok:
+                        other = ours_tok[twin]
+                    why = verify(out, refs[rk], prov.strict, other_ours=other)
                     if why is None and other is not None and not torch.equal(
                             unpack(out)[0], other):
                         # triton matched the reference where they differ: cuda is the wrong one
                         why_c = "tokens differ from ours-triton, which matches reference.sample"
                         for r in mode_rows:
-                            if r["provider"] == "ours-cuda":
+                            if r["provider"] == twin:
                                 _fail(r, why_c)
                                 failed_ours.append(r)
                     if why is not None:
@@ -616,6 +735,12 @@ def run_sampling(args) -> int:
     return 0
 
 
+def _processed(x: torch.Tensor, P: Params) -> torch.Tensor:
+    """The reference's processed logits (what processed providers are verified against)."""
+    from ..reference import logits_processing as LP
+    return LP.apply(x, P.proc)
+
+
 def default_notes() -> List[str]:
     """The bullets every sampling table carries (inputs, how the baselines are called)."""
     return [f"Inputs: randn(B, V) * 4 (float32, seeded) cast to the dtype; T = {TEMP}, "
@@ -624,7 +749,13 @@ def default_notes() -> List[str]:
             "(they have no temperature argument); its `*_from_probs` rows include "
             "`flashinfer.sampling.softmax(logits, temperature=T)`.",
             "torch = vLLM's plain-torch path (sort-based top-k/top-p, softmax, "
-            "torch.multinomial); greedy = argmax."]
+            "torch.multinomial); greedy = argmax.",
+            f"Mode proc: top-k {TOP_K} + top-p {TOP_P} with processing ({PROC_BIAS} bias "
+            f"entries, repetition 1.1 / frequency 0.2 / presence 0.1 over {PROC_PROMPT} prompt + "
+            f"{PROC_OUTPUT} output tokens, ~half the vocabulary allowed, {PROC_BANNED} banned, "
+            f"{PROC_STOP} stop ids under min_tokens); ours-* without +proc = the same call "
+            "without processing; torch-proc+* = torch passes (a processed float32 copy) + "
+            "ops.sample."]
 
 
 def _fail(row: Dict, why: str) -> None:
@@ -737,18 +868,21 @@ def run_smoke(args) -> int:
                 if time.monotonic() > deadline:
                     skipped += 1
                     continue
-                P = make_params(mode, B, cpu)
+                P = make_params(mode, B, cpu, V=SMOKE_V)
                 refs = RefSets(base, P, mode)
+                refs_p = RefSets(_processed(base, P), P, mode) if P.proc is not None else None
                 provs = providers_for(mode, names, avail)
                 if cuda_dev is not None:
                     provs.insert(1, Provider("ours-cuda", 'ops.sample(backend="cuda")',
                                              _ours_call("cuda"), True))
+                    if P.proc is not None:
+                        provs[2:2] = _proc_providers("ours-cuda")
                 toks = {}
                 line = []
                 for prov in provs:
                     row = dict(env, provider=prov.name, impl=prov.impl, mode=mode, B=B,
                                V=SMOKE_V, dtype=dt, note=prov.note)
-                    on_gpu = prov.name == "ours-cuda"
+                    on_gpu = "ours-cuda" in prov.name
                     x = base.to(cuda_dev) if on_gpu else base
                     Pd = _params_to(P, cuda_dev) if on_gpu else P
                     t0 = time.perf_counter()
@@ -765,8 +899,9 @@ def run_smoke(args) -> int:
                             avail.reason.setdefault("ours-triton", row["status"])
                         continue
                     ms = (time.perf_counter() - t0) * 1000.0
-                    other = toks.get("reference") if prov.name != "reference" else None
-                    why = verify(out, refs, prov.strict,
+                    ref_name = "reference+proc" if prov.processed else "reference"
+                    other = toks.get(ref_name) if prov.name != ref_name else None
+                    why = verify(out, refs_p if prov.processed else refs, prov.strict,
                                  other_ours=other if prov.strict else None,
                                  exact_rows=B)
                     if why is None and prov.strict and other is not None and not torch.equal(
@@ -783,9 +918,10 @@ def run_smoke(args) -> int:
                             toks[prov.name] = unpack(out)[0]
                     rows.append(row)
                     line.append(f"{prov.name} {row['status'][:50]}")
-                if "ours-cuda" in toks and "ours-triton" in toks and not torch.equal(
-                        toks["ours-cuda"], toks["ours-triton"]):
-                    failed.append({"provider": "ours-cuda vs ours-triton"})
+                for sfx in ("", "+proc"):
+                    c, t = toks.get("ours-cuda" + sfx), toks.get("ours-triton" + sfx)
+                    if c is not None and t is not None and not torch.equal(c, t):
+                        failed.append({"provider": f"ours-cuda{sfx} vs ours-triton{sfx}"})
                 log(f"[smoke {time.monotonic() - t_start:4.0f}s] {dt} V={SMOKE_V} B={B} "
                     f"{mode}: " + " | ".join(line))
     print("\nsmoke (CPU): verification of every provider on tiny shapes; "
@@ -810,5 +946,10 @@ def run_smoke(args) -> int:
 
 
 def _params_to(P: Params, dev) -> Params:
-    f = lambda t: None if t is None else t.to(dev)  # noqa: E731
-    return Params(f(P.T), f(P.k), f(P.p), f(P.mp), f(P.seed), f(P.offset))
+    def f(t):
+        if t is None:
+            return None
+        if isinstance(t, torch.Tensor):
+            return t.to(dev)
+        return type(t)(*(f(x) for x in t))    # LogitsInputs / Csr / TokenCounts / tuples
+    return Params(f(P.T), f(P.k), f(P.p), f(P.mp), f(P.seed), f(P.offset), f(P.proc), f(P.coo))

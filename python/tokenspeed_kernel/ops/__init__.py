@@ -1,5 +1,5 @@
 """Public API: validate -> allocate -> pick backend -> call."""
-from .sampling import SampleLogprobsOutput, SampleOutput, sample, sample_with_logprobs  # noqa: F401
+from .sampling import Csr, LogitsInputs, SampleLogprobsOutput, SampleOutput, sample, sample_with_logprobs  # noqa: F401,E501
 from .verify import VerifyLogprobsOutput, VerifyOutput, verify, verify_with_logprobs  # noqa: F401
 from .comm import AllGatherComm, CommError, all_gather_hidden, all_gather_hidden_out, all_gather_hidden_view, create_all_gather_comm  # noqa: F401,E501
 from .dp import DPOutput, DPSamplingComm, DPVerifyOutput, create_dp_sampling_comm, dp_sample, dp_verify, sample_from_shards, swap_vocab_to_batch  # noqa: F401,E501

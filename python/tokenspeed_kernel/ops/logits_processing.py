@@ -5,8 +5,10 @@ An engine keeps one ``TokenCounts`` for its request slots and updates it in plac
 step (``add_output_tokens``: the sampled or accepted tokens are counted). The layout and the
 exact semantics are ``reference/logits_processing.py``'s (the spec of the penalties and masks).
 
-Status: these state ops exist; the sampler does not take penalties, bias or masks yet (the fused
-inputs are future work), so today the counts feed an engine's own penalty code.
+The sampler reads this state: ``ops.sample(..., processing=LogitsInputs(counts=counts,
+count_slots=..., repetition_penalty=..., ...))`` applies the penalties (with logit bias and
+the grammar / banned / min_tokens masks) inside its reads of the logits (Triton and reference
+backends; ``auto`` takes Triton for such calls: ``ops/sampling.py``). After each step, count the step's tokens with ``add_output_tokens``.
 
 Backends: ``"triton"`` (the device path: fixed-shape in-place kernels, no host sync with
 ``validate=False``, CUDA-graph safe) and ``"reference"`` (plain PyTorch; boolean indexing, so

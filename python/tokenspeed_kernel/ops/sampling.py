@@ -10,6 +10,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _common as C
+from ..reference.logits_processing import Csr, LogitsInputs, TokenCounts  # noqa: F401 (public)
 
 # flag bits shared with csrc/sampling/sampler.cuh (the sampler kernel)
 F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
@@ -33,6 +34,30 @@ _NO_LEVEL_EXCL_FOR_TESTING = False
 _LEVEL_EXCL_TEST_FOR_TESTING = False
 
 
+# The raw op's trailing ``processing`` argument: [] (none) or these 16 entries, normalized
+# (dtypes below, contiguous, on the logits' device; None = that input off). The CUDA adapter
+# (csrc/sampling/sampling_ops.cu) and the Triton backend read them by position.
+PROC_FIELDS = (
+    "bias_indptr",         # 0  int64 [n + 1]
+    "bias_ids",            # 1  int64 [nnz_b]
+    "bias_values",         # 2  float32 [nnz_b]
+    "repetition_penalty",  # 3  float32 [n]
+    "frequency_penalty",   # 4  float32 [n]
+    "presence_penalty",    # 5  float32 [n]
+    "seen",                # 6  int32 [N, ceil(V / 32)]
+    "output_counts",       # 7  int32 [N, V]
+    "count_slots",         # 8  int64 [n] (given whenever a penalty is)
+    "allowed_mask",        # 9  int32 [n, ceil(V / 32)]
+    "banned_indptr",       # 10 int64 [n + 1]
+    "banned_ids",          # 11 int64 [nnz_x]
+    "min_tokens",          # 12 int64 [n]
+    "num_output_tokens",   # 13 int64 [n] (iff min_tokens)
+    "stop_indptr",         # 14 int64 [n + 1] (iff min_tokens)
+    "stop_ids",            # 15 int64 [nnz_s]
+)
+_PROC_INDEX = {name: i for i, name in enumerate(PROC_FIELDS)}
+
+
 class SampleOutput(NamedTuple):
     tokens: torch.Tensor   # [rows] int64 or int32
     valid: torch.Tensor    # [rows] bool: False for rows with NaN / +inf / no finite logit
@@ -47,9 +72,217 @@ class SampleLogprobsOutput(NamedTuple):
     top_logprobs: torch.Tensor        # [rows, top_n] f32: their raw logprobs
 
 
+def _proc_int_tensor(t, name: str, shape: tuple, dev) -> torch.Tensor:
+    """An integer tensor of ``shape`` on ``dev`` -> int64, contiguous (ArgumentTypeError /
+    ValueError naming ``name``)."""
+    C.check_type(isinstance(t, torch.Tensor), name,
+                 f"must be an integer tensor, got {type(t).__name__}")
+    C.check(not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool,
+            name, f"must be an integer tensor, got {t.dtype}")
+    C.check(tuple(t.shape) == shape, name, f"must have shape {list(shape)}, got "
+            f"{list(t.shape)}")
+    C.check(t.device == dev, name, f"must be on {dev} (the logits' device), got {t.device}")
+    return t.to(torch.int64).contiguous()
+
+
+def _proc_csr(csr, name: str, n: int, dev, with_values: bool):
+    """A ``Csr`` argument -> (indptr int64 [n + 1], ids int64 [nnz], values float32 | None)."""
+    C.check_type(isinstance(csr, tuple) and len(csr) == 3, name,
+                 f"must be a Csr(indptr, ids, values), got {type(csr).__name__}")
+    C.check_type(isinstance(csr[1], torch.Tensor), f"{name}.ids",
+                 f"must be an integer tensor, got {type(csr[1]).__name__}")
+    C.check(csr[1].dim() == 1, f"{name}.ids", f"must be 1-D, got shape {list(csr[1].shape)}")
+    nnz = csr[1].shape[0]
+    indptr = _proc_int_tensor(csr[0], f"{name}.indptr", (n + 1,), dev)
+    ids = _proc_int_tensor(csr[1], f"{name}.ids", (nnz,), dev)
+    values = None
+    if with_values:
+        v = csr[2]
+        C.check_type(isinstance(v, torch.Tensor), f"{name}.values",
+                     f"must be a floating tensor [{nnz}], got {type(v).__name__}")
+        C.check(v.dtype.is_floating_point, f"{name}.values",
+                f"must be a floating tensor, got {v.dtype}")
+        C.check(tuple(v.shape) == (nnz,), f"{name}.values",
+                f"must have shape [{nnz}] (one value per id), got {list(v.shape)}")
+        C.check(v.device == dev, f"{name}.values", f"must be on {dev}, got {v.device}")
+        values = v.to(torch.float32).contiguous()
+    return indptr, ids, values
+
+
+def _csr_value_checks(name: str, indptr, ids, n: int, V: int) -> list:
+    """Device-side value checks of a CSR list: [(argument, message, bad)] (``_raise_bad``)."""
+    nnz = ids.shape[0]
+    checks = [(f"{name}.indptr", f"must start at 0, be non-decreasing and end at len(ids) = "
+               f"{nnz}", (indptr[0] != 0) | (indptr.diff() < 0).any() | (indptr[-1] != nnz))]
+    if nnz:
+        checks.append((f"{name}.ids", f"must be in [0, {V})", ((ids < 0) | (ids >= V)).any()))
+        # request of each entry (no host sync); duplicates within one request -> equal keys
+        req = torch.searchsorted(indptr, torch.arange(nnz, device=ids.device), right=True) - 1
+        key = req * V + ids
+        checks.append((f"{name}.ids", "must be unique within each request",
+                       (key.sort().values.diff() == 0).any()))
+    return checks
+
+
+def _raise_bad(checks) -> None:
+    """One host sync for every value check: [(argument, message, device bool 'bad')]."""
+    if checks:
+        bad = torch.stack([c[2] for c in checks]).tolist()
+        for (name, msg, _), b in zip(checks, bad):
+            C.check(not b, name, msg)
+
+
+def prepare_processing(processing, n: int, V: int, dev: torch.device, validate: bool) -> list:
+    """``processing`` (a ``LogitsInputs`` or None) -> the raw op's list: ``[]`` (nothing to
+    apply) or the 16 entries of ``PROC_FIELDS``, normalized (dtypes, contiguous; None = off).
+    Shapes, dtypes, devices and the inputs' dependencies are always checked; values (one host
+    sync) with ``validate`` outside tracing / graph capture. Errors name
+    ``processing.<field>``."""
+    if processing is None:
+        return []
+    C.check_type(isinstance(processing, LogitsInputs), "processing",
+                 f"must be a LogitsInputs or None, got {type(processing).__name__}")
+    if all(v is None for v in processing):
+        return []
+    out = [None] * len(PROC_FIELDS)
+    checks = []
+    value_checks = validate and not C.is_tracing() and n > 0
+    W = (V + 31) // 32
+    pi = processing
+    if pi.logit_bias is not None:
+        ip, ids, vals = _proc_csr(pi.logit_bias, "processing.logit_bias", n, dev, True)
+        out[0], out[1], out[2] = ip, ids, vals
+        if value_checks:
+            checks += _csr_value_checks("processing.logit_bias", ip, ids, n, V)
+            if vals.numel():
+                checks.append(("processing.logit_bias.values", "must be finite",
+                               ~torch.isfinite(vals).all()))
+    pens = (("repetition_penalty", 3), ("frequency_penalty", 4), ("presence_penalty", 5))
+    any_pen = False
+    for name, i in pens:
+        v = getattr(pi, name)
+        if v is None:
+            continue
+        any_pen = True
+        t = C.as_param(v, f"processing.{name}", n, torch.float32, dev)
+        out[i] = t
+        if value_checks:
+            bad = ~torch.isfinite(t).all()
+            msg = "must be finite"
+            if name == "repetition_penalty":
+                bad = bad | (t <= 0).any()
+                msg = "must be finite and > 0 (1 = off)"
+            checks.append((f"processing.{name}", msg, bad))
+    if any_pen:
+        C.check(pi.counts is not None, "processing.counts",
+                "the repetition / frequency / presence penalties need the requests' "
+                "TokenCounts (ops.new_token_counts)")
+    if pi.counts is not None and any_pen:
+        counts = pi.counts
+        C.check_type(isinstance(counts, tuple) and len(counts) == 2
+                     and all(isinstance(t, torch.Tensor) for t in counts), "processing.counts",
+                     f"must be a TokenCounts (from ops.new_token_counts), got "
+                     f"{type(counts).__name__}")
+        seen, output = counts
+        C.check(output.dim() == 2 and output.shape[1] == V and output.dtype == torch.int32
+                and output.is_contiguous(), "processing.counts",
+                f"output must be a contiguous [N, V = {V}] int32 tensor, got "
+                f"{list(output.shape)} {output.dtype}")
+        N = output.shape[0]
+        C.check(tuple(seen.shape) == (N, W) and seen.dtype == torch.int32
+                and seen.is_contiguous(), "processing.counts",
+                f"seen must be a contiguous [{N}, {W}] int32 tensor (V = {V}), got "
+                f"{list(seen.shape)} {seen.dtype}")
+        C.check(seen.device == dev and output.device == dev, "processing.counts",
+                f"must be on {dev} (the logits' device), got {seen.device} / {output.device}")
+        out[6], out[7] = seen, output
+        if pi.count_slots is not None:
+            slots = _proc_int_tensor(pi.count_slots, "processing.count_slots", (n,), dev)
+            if value_checks:
+                checks.append(("processing.count_slots", f"must be in [0, {N}) (rows of counts)",
+                               ((slots < 0) | (slots >= N)).any()))
+        else:
+            C.check(n <= N, "processing.counts", f"holds {N} slots but there are {n} requests: "
+                    f"pass count_slots")
+            slots = torch.arange(n, dtype=torch.int64, device=dev)
+        out[8] = slots
+    elif pi.count_slots is not None:
+        _proc_int_tensor(pi.count_slots, "processing.count_slots", (n,), dev)
+    if pi.allowed_mask is not None:
+        m = pi.allowed_mask
+        C.check_type(isinstance(m, torch.Tensor), "processing.allowed_mask",
+                     f"must be an int32 tensor [{n}, {W}], got {type(m).__name__}")
+        C.check(not m.dtype.is_floating_point and not m.dtype.is_complex
+                and m.dtype != torch.bool, "processing.allowed_mask",
+                f"must be an int32 bitmask (xgrammar layout), got {m.dtype}")
+        C.check(tuple(m.shape) == (n, W), "processing.allowed_mask",
+                f"must have shape [{n}, {W}] (ceil(V / 32) words per request), got "
+                f"{list(m.shape)}")
+        C.check(m.device == dev, "processing.allowed_mask", f"must be on {dev}, got {m.device}")
+        out[9] = m.to(torch.int32).contiguous()   # other integer dtypes: the low 32 bits
+    if pi.banned is not None:
+        ip, ids, _ = _proc_csr(pi.banned, "processing.banned", n, dev, False)
+        out[10], out[11] = ip, ids
+        if value_checks:
+            checks += _csr_value_checks("processing.banned", ip, ids, n, V)
+    if pi.min_tokens is not None:
+        C.check(pi.num_output_tokens is not None, "processing.num_output_tokens",
+                "is required with min_tokens")
+        C.check(pi.stop_ids is not None, "processing.stop_ids", "is required with min_tokens")
+        out[12] = C.as_param(pi.min_tokens, "processing.min_tokens", n, torch.int64, dev)
+        out[13] = C.as_param(pi.num_output_tokens, "processing.num_output_tokens", n,
+                             torch.int64, dev)
+        ip, ids, _ = _proc_csr(pi.stop_ids, "processing.stop_ids", n, dev, False)
+        out[14], out[15] = ip, ids
+        if value_checks:
+            checks += _csr_value_checks("processing.stop_ids", ip, ids, n, V)
+    if value_checks:
+        _raise_bad(checks)
+    if all(v is None for v in out):
+        return []
+    return out
+
+
+def processing_inputs(proc: list) -> Optional[LogitsInputs]:
+    """The raw op's list (``prepare_processing``) -> a ``LogitsInputs`` for the reference."""
+    if not proc:
+        return None
+    g = dict(zip(PROC_FIELDS, proc))
+    counts = None if g["seen"] is None else TokenCounts(g["seen"], g["output_counts"])
+    return LogitsInputs(
+        logit_bias=(None if g["bias_indptr"] is None
+                    else Csr(g["bias_indptr"], g["bias_ids"], g["bias_values"])),
+        repetition_penalty=g["repetition_penalty"], frequency_penalty=g["frequency_penalty"],
+        presence_penalty=g["presence_penalty"], counts=counts,
+        allowed_mask=g["allowed_mask"],
+        banned=None if g["banned_indptr"] is None else Csr(g["banned_indptr"], g["banned_ids"]),
+        min_tokens=g["min_tokens"], num_output_tokens=g["num_output_tokens"],
+        stop_ids=None if g["stop_indptr"] is None else Csr(g["stop_indptr"], g["stop_ids"]),
+        count_slots=g["count_slots"])
+
+
+def reference_sample(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request,
+                     proc: list):
+    """The reference of the whole call: ``reference.sampling.sample(apply(logits, inputs))``
+    for tokens, valid and processed logprobs; raw logprobs from the unprocessed logits."""
+    from ..reference import sampling as ref
+    inputs = processing_inputs(proc)
+    if inputs is None:
+        return ref.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
+                          tokens_per_request)
+    from ..reference import logits_processing as lp_ref
+    z = lp_ref.apply(logits, inputs, tokens_per_request)
+    tok, valid, _, plp = ref.sample(z, seed, offset, temperature, top_k, top_p, min_p,
+                                    tokens_per_request)
+    raw = torch.log_softmax(logits.to(torch.float32), dim=1).gather(1, tok[:, None])[:, 0]
+    raw = torch.where(valid, raw, torch.full_like(raw, float("nan")))
+    return tok, valid, raw, plp
+
+
 def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request,
-             out_dtype, backend, validate, top_k_max):
-    """Checks the arguments; returns (SamplingParams, tokens_per_request, backend, flags)."""
+             out_dtype, backend, validate, top_k_max, processing=None):
+    """Checks the arguments; returns (SamplingParams, tokens_per_request, backend, flags,
+    processing list)."""
     C.check_logits(logits)
     # (messages are formatted only when a check fails)
     if not (type(tokens_per_request) is int and tokens_per_request >= 1):   # bools refused
@@ -62,12 +295,31 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
         C.check(False, "out_dtype", f"must be torch.int64 or torch.int32, got {out_dtype}")
     n = rows // tokens_per_request
     params = C.sampling_params(n, logits.device, seed, offset, temperature, top_k, top_p, min_p)
+    requested = backend
     backend = C.pick_backend(backend, logits.device, "sample")
     if validate and not C.is_tracing() and n > 0:
         params.check_values()
     if top_k_max is not None:
         C.check_int(top_k_max, "top_k_max", lo=1)
-    return params, tokens_per_request, backend, param_flags(params)
+    proc = prepare_processing(processing, n, vocab, logits.device, validate)
+    if proc and backend == "cuda" and not cuda_takes_processing():
+        # documented (docs/DESIGN.md): the CUDA kernels do not apply processing; "auto" takes
+        # the Triton kernels for such calls, an explicit "cuda" is refused
+        C.check(requested == "auto", "processing", "backend='cuda' does not apply logits "
+                "processing: use backend='triton' (backend='auto' takes Triton for calls with "
+                "processing inputs)")
+        backend = C.pick_backend("triton", logits.device, "sample")
+    return params, tokens_per_request, backend, param_flags(params), proc
+
+
+# Whether the CUDA sampler kernels apply the ``processing`` inputs. They do not: the raw op
+# takes the argument (its schema is final) and refuses a non-empty list.
+CUDA_PROCESSING = False
+
+
+def cuda_takes_processing() -> bool:
+    """Whether ``backend="cuda"`` applies ``processing`` (the kernels and the loaded op)."""
+    return CUDA_PROCESSING and _op_has_processing()
 
 
 def param_flags(params: C.SamplingParams) -> int:
@@ -86,36 +338,57 @@ def level_test_flags() -> int:
             | (F_EXCL_TEST if _LEVEL_EXCL_TEST_FOR_TESTING else 0))
 
 
+_OP_HAS_PROCESSING: Optional[bool] = None
+
+
+def _op_has_processing() -> bool:
+    """Whether the loaded extension's ``sample`` schema has the trailing ``processing``
+    argument (an extension built from older sources does not)."""
+    global _OP_HAS_PROCESSING
+    if _OP_HAS_PROCESSING is None:
+        schema = torch.ops.tokenspeed_kernel.sample.default._schema
+        _OP_HAS_PROCESSING = any(a.name == "processing" for a in schema.arguments)
+    return _OP_HAS_PROCESSING
+
+
 def run_prepared(logits, params: C.SamplingParams, tokens_per_request, out_dtype, backend,
-                 flags, want_logprobs):
-    """Samples with already checked arguments (``_prepare``); (tokens, valid, lp, plp)."""
+                 flags, want_logprobs, proc: Optional[list] = None):
+    """Samples with already checked arguments (``_prepare``); (tokens, valid, lp, plp).
+    ``proc``: the normalized processing list (``prepare_processing``; [] or None: none)."""
     rows = logits.shape[0]
     dev = logits.device
     seed, offset, temperature, top_k, top_p, min_p = params
+    proc = proc or []
     if backend == "reference":
-        from ..reference import sampling as ref
-        tok, valid, lp, plp = ref.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
-                                         tokens_per_request)
+        tok, valid, lp, plp = reference_sample(logits, seed, offset, temperature, top_k, top_p,
+                                               min_p, tokens_per_request, proc)
         return tok.to(out_dtype), valid, lp, plp
     if backend == "triton":
         from ..triton import sampling as tri
         tok, valid, lp, plp = tri.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
-                                         tokens_per_request, want_logprobs)
+                                         tokens_per_request, want_logprobs, proc)
         return tok.to(out_dtype), valid, lp, plp
     tokens = torch.empty(rows, dtype=out_dtype, device=dev)
     valid = torch.empty(rows, dtype=torch.bool, device=dev)
     lp = torch.empty(rows, dtype=torch.float32, device=dev) if want_logprobs else None
     plp = torch.empty(rows, dtype=torch.float32, device=dev) if want_logprobs else None
-    torch.ops.tokenspeed_kernel.sample(
-        logits, temperature, top_k, top_p, min_p, seed, offset, tokens_per_request,
-        flags | (F_LOGPROBS if want_logprobs else 0), tokens, valid, lp, plp)
+    args = (logits, temperature, top_k, top_p, min_p, seed, offset, tokens_per_request,
+            flags | (F_LOGPROBS if want_logprobs else 0), tokens, valid, lp, plp)
+    if _op_has_processing():
+        torch.ops.tokenspeed_kernel.sample(*args, proc)
+    else:
+        C.check(not proc, "processing", "the loaded CUDA extension predates logits processing "
+                "(its sample op has no processing argument): rebuild it, or use "
+                "backend='triton'")
+        torch.ops.tokenspeed_kernel.sample(*args)
     return tokens, valid, lp, plp
 
 
 def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, top_p=None,
            min_p=None, tokens_per_request: int = 1, out_dtype: torch.dtype = torch.int64,
            backend: str = "auto", validate: bool = True,
-           top_k_max: Optional[int] = None) -> SampleOutput:
+           top_k_max: Optional[int] = None,
+           processing: Optional[LogitsInputs] = None) -> SampleOutput:
     """Sample one token per row of ``logits`` exactly, by Gumbel-max over the kept set.
 
     Parameters
@@ -138,11 +411,24 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
         torch.compile).
     top_k_max : accepted for compatibility (a positive int); no backend needs it: the CUDA
         kernel picks each row's path on the device (one launch, any k).
+    processing : ``LogitsInputs`` or None. What engines apply before sampling, per request
+        (every field optional): logit bias (``Csr`` of ids + float32 values), repetition /
+        frequency / presence penalties (``[n]``, with ``counts``: a ``TokenCounts`` kept by
+        ``ops.admit_requests`` / ``ops.add_output_tokens``; request q reads row
+        ``count_slots[q]``, default q), an allowed-token bitmask (``[n, ceil(V / 32)]`` int32,
+        xgrammar layout), banned ids (``Csr``) and ``min_tokens`` (with ``num_output_tokens``
+        and ``stop_ids``: stop ids are masked while the output is shorter). Applied in that
+        order, bit-exactly as ``reference.logits_processing.apply``, inside the Triton kernels'
+        reads of the logits (nothing is materialized; the CUDA kernels do not take it:
+        ``backend="auto"`` uses Triton for such calls, ``"cuda"`` raises); then the filters
+        above run on the processed row. The NaN policy applies to the processed row (a NaN logit at a masked position is
+        harmless; a row the masks empty is invalid). Read only, never modified.
 
     Returns
     -------
     SampleOutput(tokens [rows], valid [rows] bool). Invalid rows (a NaN / +inf logit, or
-    no finite logit) get token 0 and ``valid = False``; other rows are unaffected.
+    no finite logit, after processing) get token 0 and ``valid = False``; other rows are
+    unaffected.
 
     Randomness: Philox4x32-10, key = seed, counter = (id >> 2, offset, stream 0); stateless, so
     the call is CUDA-graph safe (seed/offset are device tensors) and the token is the same on every
@@ -156,12 +442,17 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
     ...              temperature=torch.tensor([0.8]), top_k=torch.tensor([50]),
     ...              top_p=torch.tensor([0.9]))
     >>> out.tokens
+    >>> counts = new_token_counts(max_requests=1, vocab_size=logits.shape[1], device="cuda")
+    >>> proc = LogitsInputs(repetition_penalty=torch.tensor([1.1], device="cuda"),
+    ...                     counts=counts, banned=Csr(torch.tensor([0, 1], device="cuda"),
+    ...                                               torch.tensor([13], device="cuda")))
+    >>> out = sample(logits, seed, offset, temperature=0.8, processing=proc)
     """
-    params, tokens_per_request, backend, flags = _prepare(
+    params, tokens_per_request, backend, flags, proc = _prepare(
         logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
-        backend, validate, top_k_max)
+        backend, validate, top_k_max, processing)
     tok, valid, _, _ = run_prepared(logits, params, tokens_per_request, out_dtype, backend, flags,
-                                    False)
+                                    False, proc)
     return SampleOutput(tok, valid)
 
 
@@ -169,10 +460,13 @@ def sample_with_logprobs(logits: torch.Tensor, seed, offset, *, temperature=None
                          top_p=None, min_p=None, tokens_per_request: int = 1, top_n: int = 0,
                          out_dtype: torch.dtype = torch.int64, backend: str = "auto",
                          validate: bool = True,
-                         top_k_max: Optional[int] = None) -> SampleLogprobsOutput:
+                         top_k_max: Optional[int] = None,
+                         processing: Optional[LogitsInputs] = None) -> SampleLogprobsOutput:
     """``sample`` plus logprobs of the sampled token (raw and processed) and the top-n raw ones.
 
-    Same arguments and tokens as ``sample`` (same seeds give the same tokens). ``top_n >= 0``:
+    Same arguments and tokens as ``sample`` (same seeds give the same tokens). With
+    ``processing``, ``logprobs`` / ``top_logprobs`` stay those of the unprocessed (raw) row and
+    ``processed_logprobs`` are under the processed distribution. ``top_n >= 0``:
     the ``top_n`` first raw logits per row in the total order (value descending, id ascending)
     and their log_softmax values (computed in PyTorch over key56: extra passes over the row,
     only when ``top_n > 0``).
@@ -180,11 +474,11 @@ def sample_with_logprobs(logits: torch.Tensor, seed, offset, *, temperature=None
     """
     C.check_logits(logits)
     top_n = C.check_int(top_n, "top_n", 0, logits.shape[-1])
-    params, tokens_per_request, backend, flags = _prepare(
+    params, tokens_per_request, backend, flags, proc = _prepare(
         logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request, out_dtype,
-        backend, validate, top_k_max)
+        backend, validate, top_k_max, processing)
     tok, valid, lp, plp = run_prepared(logits, params, tokens_per_request, out_dtype, backend,
-                                       flags, True)
+                                       flags, True, proc)
     rows = logits.shape[0]
     if top_n > 0:
         # the total order (value descending, id ascending) through the unique 56-bit key
@@ -206,13 +500,12 @@ def _register_library() -> None:
 
     @L.register_fake("tokenspeed_kernel::sample")
     def _fake(logits, temperature, top_k, top_p, min_p, seed, offset, tokens_per_request, flags,
-              tokens, valid, logprobs, processed_logprobs):
+              tokens, valid, logprobs, processed_logprobs, processing=None):
         return None
 
     @L.impl("tokenspeed_kernel::sample", "CPU")
     def _cpu(logits, temperature, top_k, top_p, min_p, seed, offset, tokens_per_request, flags,
-             tokens, valid, logprobs, processed_logprobs):
-        from ..reference import sampling as ref
-        tok, ok, lp, plp = ref.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
-                                      tokens_per_request)
+             tokens, valid, logprobs, processed_logprobs, processing=None):
+        tok, ok, lp, plp = reference_sample(logits, seed, offset, temperature, top_k, top_p,
+                                            min_p, tokens_per_request, list(processing or []))
         C.copy_outputs((tokens, valid, logprobs, processed_logprobs), (tok, ok, lp, plp))

@@ -1,14 +1,18 @@
 """Reference logits processing: plain PyTorch, the executable spec of what engines apply to the
 logits before sampling (penalties, logit bias, grammar masks, banned tokens, ``min_tokens``).
 
-**Status: spec.** No op applies these to the logits yet; the fused CUDA / Triton versions (inside
-the sampler's single read of the logits) are future work, and they must give the same float32
-values as this file, bit for bit, so that the sampled token stays the same on every backend.
-The token-count state and its updates (below) are ops already (``ops/logits_processing.py``).
+**Status: applied by ``ops.sample`` / ``ops.sample_with_logprobs``** (``processing=LogitsInputs(...)``)
+the reference backend runs ``apply`` below and then the reference sampler; the Triton sampler
+applies the same steps inside its reads of the logits (no processed copy of the logits is
+materialized) and gives the same float32 values as this file, bit for bit, so the sampled token
+is the same on both (the CUDA kernels do not take processing: ``backend="auto"`` uses Triton for
+such calls). The token-count state and its updates
+(below) are ops too (``ops/logits_processing.py``).
 
 Per request ``q`` (rows map to requests as in sampling: ``q = row // tokens_per_request``; every
-row of a request gets the request's inputs). With ``z`` = the row's raw logits as float32, in
-this order (each step is one IEEE float32 operation per element, never fused):
+row of a request gets the request's inputs; its penalty state is row ``s = count_slots[q]`` of
+the ``TokenCounts``, default ``s = q``). With ``z`` = the row's raw logits as float32, in this
+order (each step is one IEEE float32 operation per element, never fused):
 
 1. **logit bias** (sparse, CSR over requests): ``z[id] = fl32(z[id] + b)``.
 2. **repetition penalty** ``r > 0`` (HF / vLLM convention, sign-aware) on every token *seen* by
@@ -65,6 +69,8 @@ class LogitsInputs(NamedTuple):
     min_tokens: Optional[torch.Tensor] = None         # [n] int64 (0: off)
     num_output_tokens: Optional[torch.Tensor] = None  # [n] int64, with min_tokens
     stop_ids: Optional[Csr] = None                    # ids, with min_tokens
+    count_slots: Optional[torch.Tensor] = None        # [n] int64: request q's row of counts
+                                                      # (None: row q)
 
 
 def mask_words(vocab: int) -> int:
@@ -165,11 +171,15 @@ def apply(logits: torch.Tensor, inputs: LogitsInputs, tokens_per_request: int = 
     if any(x is not None for x in pen):
         if inputs.counts is None:
             raise ValueError("counts: the penalties need the requests' TokenCounts")
+        seen_w, out_c = inputs.counts.seen, inputs.counts.output
+        if inputs.count_slots is not None:   # request q's state is row count_slots[q]
+            slots = inputs.count_slots.to(torch.int64).to(seen_w.device)
+            seen_w, out_c = seen_w[slots], out_c[slots]
         if inputs.repetition_penalty is not None:
             r = per_row(inputs.repetition_penalty.to(torch.float32))[:, None]
-            seen = per_row(bit_is_set(inputs.counts.seen, V))
+            seen = per_row(bit_is_set(seen_w, V))
             z = torch.where(seen, torch.where(z > 0, z / r, z * r), z)
-        c = per_row(inputs.counts.output).to(torch.float32)
+        c = per_row(out_c).to(torch.float32)
         hit = c > 0
         if inputs.frequency_penalty is not None:
             f = per_row(inputs.frequency_penalty.to(torch.float32))[:, None]

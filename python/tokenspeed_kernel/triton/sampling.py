@@ -132,6 +132,19 @@ Logprobs: raw = z_tok - zmax - ln(sum exp(z - zmax)) from K1's per-lane online s
 = y_tok - ln(sum over the kept set of exp(y)) from K1's sums (PLAIN), the kept candidates (K3)
 or the exact pass; greedy rows 0; invalid rows NaN (float sums: ~1e-6 relative, not bitwise).
 
+Logits processing (``processing=``; spec ``reference/logits_processing.py``): z above is then the
+processed logit, computed wherever a kernel reads the logits (``_zload``: K1's four modes, K2,
+the exact pass's searches and Gumbel pass, the extension's count / mass and collection passes,
+K3's read of the token's logit), never materialized. ``_prep_masks`` (one launch, one program per
+request) first builds the request's keep words (allowed mask AND NOT banned AND NOT active stop
+ids; an allowed mask alone is read directly) and has-bias words; a read then loads the words per
+element, scans the request's bias entries only in tiles with a has-bias bit, reads the seen bit
+(repetition) and the output count only where it is set (frequency / presence), and applies the
+steps as single IEEE float32 operations (``div_rn``; no FMA). K1 also keeps the raw logits'
+running max / exp-sum per lane (raw logprobs stay over the unprocessed row). The constexpr
+``PROC`` (bits P_BIAS, P_PEN: all three penalties, absent ones neutral, P_KEEP) gates all of it:
+``PROC = 0`` compiles the kernels exactly as without processing.
+
 Under ``TRITON_INTERPRET=1`` (cost per operation) tiles are as large as the row (up to 4096 /
 256 elements), every row is one chunk, and sorts are rank-based (the bitonic networks' many
 small reductions are slow there); ``_TEST_CONFIG`` overrides tile sizes, caps and chunk counts
@@ -169,6 +182,15 @@ EXT_FLOOR_Y = Const(27.0)      # TOPR extension: initial thresholds down to y = 
 BIG_ID = Const(2147483647)
 NEG_INF = Const(float("-inf"))
 LOG2E = Const(1.4426950408889634)
+
+# logits processing (``processing=``): the constexpr PROC is an OR of these (0: none, and the
+# kernels compile exactly as without processing)
+P_BIAS = Const(1)    # logit bias (has-bias bitmask words + the request's CSR entries)
+P_REP = Const(2)     # repetition penalty (seen bitmask)
+P_FREQ = Const(4)    # frequency penalty (output counts, read where the seen bit is set)
+P_PRES = Const(8)    # presence penalty (idem)
+P_KEEP = Const(16)   # keep bitmask: allowed AND NOT banned AND NOT active stop ids
+P_PEN = Const(14)    # any penalty: the request's count slot is read
 
 NPF = Const(5)   # float partials per (row, chunk): max z, h1, h2, raw sum, proc sum
 NPI = Const(4)   # int partials: argmax id, h1 id, flags (1 nan, 2 overflow), count
@@ -315,31 +337,205 @@ def _ex2(x, FAST: tl.constexpr):
         return tl.exp2(x)
 
 # ---------------------------------------------------------------------------------------------
+# logits processing, applied where the kernels read the logits (module docstring)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
+              pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, PROC: tl.constexpr):
+    """Per-row processing context (request q = row // tpr): its bias entries [b0, b1), its
+    penalties, and the rows of its bitmask words / counts (penalty state: slot count_slots[q])."""
+    q = (row // tpr).to(tl.int64)
+    W = (V + 31) // 32
+    b0 = tl.full([], 0, tl.int64)
+    b1 = tl.full([], 0, tl.int64)
+    r = tl.full([], 1.0, tl.float32)
+    f = tl.full([], 0.0, tl.float32)
+    pp = tl.full([], 0.0, tl.float32)
+    hb_row = hasb_ptr
+    seen_row = seen_ptr
+    cnt_row = cnt_ptr
+    keep_row = keep_ptr
+    if P_BIAS & PROC:
+        b0 = tl.load(bias_ip_ptr + q).to(tl.int64)
+        b1 = tl.load(bias_ip_ptr + q + 1).to(tl.int64)
+        hb_row = hasb_ptr + q * W
+    if P_PEN & PROC:
+        slot = tl.load(slots_ptr + q).to(tl.int64)
+        seen_row = seen_ptr + slot * W
+        cnt_row = cnt_ptr + slot * V
+        if P_REP & PROC:
+            r = tl.load(rep_ptr + q).to(tl.float32)
+        if P_FREQ & PROC:
+            f = tl.load(freq_ptr + q).to(tl.float32)
+        if P_PRES & PROC:
+            pp = tl.load(pres_ptr + q).to(tl.float32)
+    if P_KEEP & PROC:
+        keep_row = keep_ptr + q * W
+    return (b0, b1, r, f, pp, bias_ids_ptr, bias_val_ptr, hb_row, seen_row, cnt_row, keep_row)
+
+
+@triton.jit
+def _bit(words_row, offs, m):
+    """Bit ``offs & 31`` of word ``offs >> 5`` (xgrammar layout), False where not ``m``."""
+    w = tl.load(words_row + (offs >> 5), mask=m, other=0)
+    return m & (((w >> (offs & 31)) & 1) != 0)
+
+
+@triton.jit
+def _process(z, offs, m, pc, PROC: tl.constexpr):
+    """The processed logits of the raw float32 ``z`` at ids ``offs`` (lanes with ``m`` False
+    are don't-care): bias, repetition, frequency, presence, masks, one IEEE float32 operation
+    per step (no FMA: the kernels run with ``enable_fp_fusion=False``; IEEE division), exactly
+    ``reference.logits_processing.apply``. Reads the bitmask words per element (1/32 of the
+    logits' bytes) and the counts / bias entries only where a bit says they matter."""
+    b0, b1, r, f, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row = pc
+    if P_BIAS & PROC:
+        hb = _bit(hb_row, offs, m)
+        if tl.max(hb.to(tl.int32), axis=0) > 0:
+            bv = tl.zeros(z.shape, tl.float32)
+            for e in range(b0, b1):
+                bv = tl.where(offs == tl.load(bids + e), tl.load(bvals + e), bv)
+            z = tl.where(hb, z + bv, z)
+    if P_PEN & PROC:
+        sn = _bit(seen_row, offs, m)
+        if P_REP & PROC:
+            z = tl.where(sn, tl.where(z > 0.0, tl.math.div_rn(z, r), z * r), z)
+        if (P_FREQ | P_PRES) & PROC:
+            # output tokens are always seen (the token-count ops keep it so): gather the
+            # counts only there
+            c = tl.load(cnt_row + offs, mask=sn, other=0)
+            hit = c > 0
+            if P_FREQ & PROC:
+                z = tl.where(hit, z - f * c.to(tl.float32), z)
+            if P_PRES & PROC:
+                z = tl.where(hit, z - pp, z)
+    if P_KEEP & PROC:
+        z = tl.where(_bit(keep_row, offs, m), z, NEG_INF)
+    return z
+
+
+@triton.jit
+def _zload(row_ptr, offs, m, pc, PROC: tl.constexpr):
+    """The (processed, when PROC) float32 logits of a tile; -inf where not ``m``."""
+    z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+    if PROC != 0:
+        z = _process(z, offs, m, pc, PROC)
+    return z
+
+
+@triton.jit
+def _zload_raw(row_ptr, offs, m, pc, rm, rs, WANT_LP: tl.constexpr, PROC: tl.constexpr):
+    """K1's read: (processed z, and with processing + logprobs the raw logits' per-lane
+    running max / exp-sum, NaN-sticky, for the raw logprobs)."""
+    z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+    if PROC != 0:
+        if WANT_LP:
+            rm, _ri, rs, _s2 = _lanes_update(z, offs, rm, offs, rs, rs, 1.0, True, False)
+        z = _process(z, offs, m, pc, PROC)
+    return z, rm, rs
+
+
+@triton.jit
+def _raw_store(rm, rs, pr_ptr, pidx, WANT_LP: tl.constexpr, PROC: tl.constexpr):
+    """Chunk summary of the raw logits (processing + logprobs only): max (NaN if any), exp-sum."""
+    if PROC != 0:
+        if WANT_LP:
+            nan = tl.max((rm != rm).to(tl.int32), axis=0)
+            M = tl.max(rm, axis=0)
+            S = tl.sum(tl.where(rm > NEG_INF, rs * tl.exp(rm - M), 0.0), axis=0)
+            tl.store(pr_ptr + pidx * 2, tl.where(nan != 0, float("nan"), M))
+            tl.store(pr_ptr + pidx * 2 + 1, S)
+
+
+@triton.jit
+def _prep_masks(keep_ptr, hasb_ptr, allowed_ptr, ban_ip_ptr, ban_ids_ptr, min_ptr, nout_ptr,
+                stop_ip_ptr, stop_ids_ptr, bias_ip_ptr, bias_ids_ptr, V,
+                BUILD_KEEP: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_BAN: tl.constexpr,
+                HAS_STOP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program q: request q's keep words (allowed mask or all ones, then the banned ids and,
+    while num_output_tokens < min_tokens, the stop ids cleared) and has-bias words (the bias
+    entries' bits). Scratch of the call, one row per request."""
+    q = tl.program_id(0).to(tl.int64)
+    W = (V + 31) // 32
+    keep_row = keep_ptr + q * W
+    hb_row = hasb_ptr + q * W
+    for w0 in range(0, W, BLOCK):
+        ww = w0 + tl.arange(0, BLOCK)
+        wm = ww < W
+        if BUILD_KEEP:
+            if HAS_ALLOWED:
+                a = tl.load(allowed_ptr + q * W + ww, mask=wm, other=0)
+            else:
+                a = tl.full([BLOCK], -1, tl.int32)
+            tl.store(keep_row + ww, a, mask=wm)
+        if HAS_BIAS:
+            tl.store(hb_row + ww, tl.zeros([BLOCK], tl.int32), mask=wm)
+    tl.debug_barrier()   # the words above are written before the bit updates below
+    if BUILD_KEEP:
+        if HAS_BAN:
+            _clear_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, BLOCK)
+        if HAS_STOP:
+            if tl.load(nout_ptr + q) < tl.load(min_ptr + q):
+                _clear_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, BLOCK)
+    if HAS_BIAS:
+        e0 = tl.load(bias_ip_ptr + q)
+        e1 = tl.load(bias_ip_ptr + q + 1)
+        for b in range(e0, e1, BLOCK):
+            e = b + tl.arange(0, BLOCK)
+            em = e < e1
+            t = tl.load(bias_ids_ptr + e, mask=em, other=0).to(tl.int64)
+            ok = em & (t >= 0) & (t < V)
+            t = tl.where(ok, t, 0)
+            bit = (tl.full([BLOCK], 1, tl.int64) << (t & 31)).to(tl.int32)
+            tl.atomic_or(hb_row + (t >> 5), bit, mask=ok, sem="relaxed")
+
+
+@triton.jit
+def _clear_bits(row, ip_ptr, ids_ptr, q, V, BLOCK: tl.constexpr):
+    """Clears the bits of request q's CSR ids in its word row (atomic: ids may share a word)."""
+    e0 = tl.load(ip_ptr + q)
+    e1 = tl.load(ip_ptr + q + 1)
+    for b in range(e0, e1, BLOCK):
+        e = b + tl.arange(0, BLOCK)
+        em = e < e1
+        t = tl.load(ids_ptr + e, mask=em, other=0).to(tl.int64)
+        ok = em & (t >= 0) & (t < V)
+        t = tl.where(ok, t, 0)
+        bit = (tl.full([BLOCK], 1, tl.int64) << (t & 31)).to(tl.int32)
+        tl.atomic_and(row + (t >> 5), ~bit, mask=ok, sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------------
 # K1: one pass over a chunk of a row
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _k1_base(row_ptr, lo, hi, inv_t, pf_ptr, pi_ptr, pidx, WANT_LP: tl.constexpr,
-             BLOCK: tl.constexpr, NSTAGE: tl.constexpr):
+def _k1_base(row_ptr, lo, hi, inv_t, pf_ptr, pi_ptr, pidx, pc, pr_ptr, WANT_LP: tl.constexpr,
+             BLOCK: tl.constexpr, NSTAGE: tl.constexpr, PROC: tl.constexpr):
     zm = tl.full([BLOCK], NEG_INF, tl.float32)
     zi = tl.zeros([BLOCK], tl.int32)
     sl = tl.zeros([BLOCK], tl.float32)
     s2l = tl.zeros([BLOCK], tl.float32)
+    rm = tl.full([BLOCK], NEG_INF, tl.float32)   # raw max / exp-sum (processing + logprobs)
+    rs = tl.zeros([BLOCK], tl.float32)
     for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
-        z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
+        z, rm, rs = _zload_raw(row_ptr, offs, offs < hi, pc, rm, rs, WANT_LP, PROC)
         zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
                                               False)
+    _raw_store(rm, rs, pr_ptr, pidx, WANT_LP, PROC)
     _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, 0, 0, WANT_LP)
 
 
 @triton.jit
-def _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx,
+def _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx, pc, pr_ptr,
               WANT_LP: tl.constexpr, BLOCK: tl.constexpr, NSTAGE: tl.constexpr,
-              FAST: tl.constexpr):
+              FAST: tl.constexpr, PROC: tl.constexpr):
     zm = tl.full([BLOCK], NEG_INF, tl.float32)
     zi = tl.zeros([BLOCK], tl.int32)
     sl = tl.zeros([BLOCK], tl.float32)
     s2l = tl.zeros([BLOCK], tl.float32)
+    rm = tl.full([BLOCK], NEG_INF, tl.float32)   # raw max / exp-sum (processing + logprobs)
+    rs = tl.zeros([BLOCK], tl.float32)
     h1 = tl.full([BLOCK], NEG_INF, tl.float32)
     h2 = tl.full([BLOCK], NEG_INF, tl.float32)
     i1 = tl.zeros([BLOCK], tl.int32)
@@ -349,7 +545,7 @@ def _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx,
     for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
         m = offs < hi
-        z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+        z, rm, rs = _zload_raw(row_ptr, offs, m, pc, rm, rs, WANT_LP, PROC)
         zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
                                               True)
         bits = _philox_tile(start, seed, offset, BLOCK)
@@ -374,16 +570,20 @@ def _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx,
     tl.store(pf_ptr + pidx * NPF + 1, hb)
     tl.store(pf_ptr + pidx * NPF + 2, hs)
     tl.store(pi_ptr + pidx * NPI + 1, ib)
+    _raw_store(rm, rs, pr_ptr, pidx, WANT_LP, PROC)
     _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, 0, 0, WANT_LP)
 
 
 @triton.jit
-def _k1_window(row_ptr, lo, hi, inv_t, L, cbase, slot, pf_ptr, pi_ptr, pidx,
-               WANT_LP: tl.constexpr, BLOCK: tl.constexpr, NSTAGE: tl.constexpr):
+def _k1_window(row_ptr, lo, hi, inv_t, L, cbase, slot, pf_ptr, pi_ptr, pidx, pc, pr_ptr,
+               WANT_LP: tl.constexpr, BLOCK: tl.constexpr, NSTAGE: tl.constexpr,
+               PROC: tl.constexpr):
     zm = tl.full([BLOCK], NEG_INF, tl.float32)
     zi = tl.zeros([BLOCK], tl.int32)
     sl = tl.zeros([BLOCK], tl.float32)
     s2l = tl.zeros([BLOCK], tl.float32)
+    rm = tl.full([BLOCK], NEG_INF, tl.float32)   # raw max / exp-sum (processing + logprobs)
+    rs = tl.zeros([BLOCK], tl.float32)
     # kept => z >= zmax - W (module docstring); W inflated by 2^-16 for the roundings
     W = (-L / inv_t) * (1.0 + 2.0 ** -16)
     mrun = tl.full([], NEG_INF, tl.float32)
@@ -392,7 +592,7 @@ def _k1_window(row_ptr, lo, hi, inv_t, L, cbase, slot, pf_ptr, pi_ptr, pidx,
     for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
         m = offs < hi
-        z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+        z, rm, rs = _zload_raw(row_ptr, offs, m, pc, rm, rs, WANT_LP, PROC)
         zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
                                               False)
         mrun = tl.maximum(mrun, tl.max(z, axis=0))
@@ -406,17 +606,21 @@ def _k1_window(row_ptr, lo, hi, inv_t, L, cbase, slot, pf_ptr, pi_ptr, pidx,
                 c += n
             else:
                 ovf = ovf | 2
+    _raw_store(rm, rs, pr_ptr, pidx, WANT_LP, PROC)
     _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, ovf, c, WANT_LP)
 
 
 @triton.jit
-def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pidx,
+def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pidx, pc, pr_ptr,
              WANT_LP: tl.constexpr, BLOCK_T: tl.constexpr, KSLOT: tl.constexpr,
-             USE_RANK: tl.constexpr, NSTAGE: tl.constexpr, DEPTH: tl.constexpr):
+             USE_RANK: tl.constexpr, NSTAGE: tl.constexpr, DEPTH: tl.constexpr,
+             PROC: tl.constexpr):
     zm = tl.full([BLOCK_T], NEG_INF, tl.float32)
     zi = tl.zeros([BLOCK_T], tl.int32)
     sl = tl.zeros([BLOCK_T], tl.float32)
     s2l = tl.zeros([BLOCK_T], tl.float32)
+    rm = tl.full([BLOCK_T], NEG_INF, tl.float32)   # raw max / exp-sum (processing + logprobs)
+    rs = tl.zeros([BLOCK_T], tl.float32)
     # per lane: the 4 (DEPTH 5: 5) largest keys seen, v0 >= v1 >= v2 >= v3 (>= v4) (ids i0..i4)
     v0 = tl.full([BLOCK_T], NEG_INF, tl.float32)
     v1 = tl.full([BLOCK_T], NEG_INF, tl.float32)
@@ -430,7 +634,7 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
     i4 = tl.zeros([BLOCK_T], tl.int32)
     for start in tl.range(lo, hi, BLOCK_T, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK_T)
-        z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
+        z, rm, rs = _zload_raw(row_ptr, offs, offs < hi, pc, rm, rs, WANT_LP, PROC)
         zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
                                               False)
         c0 = z > v0
@@ -468,6 +672,7 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
     else:
         n, tau = _topr_emit(keys, BLOCK_T, cbase, slot, KSLOT, USE_RANK)
     tl.store(pk_ptr + pidx, tau)
+    _raw_store(rm, rs, pr_ptr, pidx, WANT_LP, PROC)
     _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, 0, n, WANT_LP)
 
 
@@ -511,11 +716,13 @@ def _topr_write(flat, tau, cbase, slot, KSLOT: tl.constexpr, USE_RANK: tl.conste
 def _k1_partial(logits_ptr, stride_row, n_rows, V, chunk, S1, slot_t, slot_w, NW, tpr,
                 seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
                 pf_ptr, pi_ptr, pk_ptr, cand_ptr,
+                bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr, pres_ptr, seen_ptr, cnt_ptr,
+                slots_ptr, keep_ptr, hasb_ptr, pr_ptr,
                 HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
                 HAS_MINP: tl.constexpr, WANT_LP: tl.constexpr,
                 BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, KCAP: tl.constexpr,
                 KSLOT: tl.constexpr, USE_RANK: tl.constexpr, NSTAGE: tl.constexpr,
-                FAST: tl.constexpr, DEPTH: tl.constexpr):
+                FAST: tl.constexpr, DEPTH: tl.constexpr, PROC: tl.constexpr):
     row = tl.program_id(0)
     s = tl.program_id(1)
     seed, offset, inv_t, k_on, k, p_on, p, mp_on, L, mode = _row_setup(
@@ -526,19 +733,23 @@ def _k1_partial(logits_ptr, stride_row, n_rows, V, chunk, S1, slot_t, slot_w, NW
     hi = tl.minimum(lo + chunk, V)
     pidx = row.to(tl.int64) * S1 + s
     cand_row = cand_ptr + row.to(tl.int64) * NW
+    pc = _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
+                   pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, PROC)
     if mode == PLAIN:
-        _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx, WANT_LP, BLOCK,
-                  NSTAGE, FAST)
+        _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx, pc, pr_ptr,
+                  WANT_LP, BLOCK, NSTAGE, FAST, PROC)
     if HAS_MINP:
         if mode == WINDOW:
             _k1_window(row_ptr, lo, hi, inv_t, L, cand_row + s * slot_w, slot_w, pf_ptr,
-                       pi_ptr, pidx, WANT_LP, BLOCK, NSTAGE)
+                       pi_ptr, pidx, pc, pr_ptr, WANT_LP, BLOCK, NSTAGE, PROC)
     if HAS_K or HAS_P:
         if mode == TOPR:
             _k1_topr(row_ptr, lo, hi, inv_t, cand_row + s * slot_t, slot_t, S1, pf_ptr,
-                     pi_ptr, pk_ptr, pidx, WANT_LP, BLOCK_T, KSLOT, USE_RANK, NSTAGE, DEPTH)
+                     pi_ptr, pk_ptr, pidx, pc, pr_ptr, WANT_LP, BLOCK_T, KSLOT, USE_RANK,
+                     NSTAGE, DEPTH, PROC)
     if (mode == GREEDY) | (mode == DIRECT):
-        _k1_base(row_ptr, lo, hi, inv_t, pf_ptr, pi_ptr, pidx, WANT_LP, BLOCK, NSTAGE)
+        _k1_base(row_ptr, lo, hi, inv_t, pf_ptr, pi_ptr, pidx, pc, pr_ptr, WANT_LP, BLOCK,
+                 NSTAGE, PROC)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -564,9 +775,11 @@ def _row_max(pf_ptr, pi_ptr, row, S1, SMAX: tl.constexpr):
 def _k2_mass(logits_ptr, stride_row, n_rows, V, chunk2, S1, S2, tpr,
              seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
              pf_ptr, pi_ptr, mass_ptr,
+             bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr, pres_ptr, seen_ptr, cnt_ptr,
+             slots_ptr, keep_ptr, hasb_ptr, pr_ptr,
              HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
              HAS_MINP: tl.constexpr, BLOCK: tl.constexpr, KCAP: tl.constexpr,
-             SMAX: tl.constexpr, NSTAGE: tl.constexpr):
+             SMAX: tl.constexpr, NSTAGE: tl.constexpr, PROC: tl.constexpr):
     row = tl.program_id(0)
     s = tl.program_id(1)
     seed, offset, inv_t, k_on, k, p_on, p, mp_on, L, mode = _row_setup(
@@ -576,12 +789,14 @@ def _k2_mass(logits_ptr, stride_row, n_rows, V, chunk2, S1, S2, tpr,
     tot = tl.full([], 0, tl.int64)
     if (mode == TOPR) & p_on & (k_on == 0) & valid:
         row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+        pc = _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
+                       pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, PROC)
         lo = s * chunk2
         hi = tl.minimum(lo + chunk2, V)
         acc = tl.zeros([BLOCK], tl.int64)
         for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
             offs = start + tl.arange(0, BLOCK)
-            z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
+            z = _zload(row_ptr, offs, offs < hi, pc, PROC)
             acc += P.mass_fixed(P.centered(z, zmax, inv_t))
         tot = tl.sum(acc, axis=0)
     tl.store(mass_ptr + row.to(tl.int64) * S2 + s, tot)
@@ -610,15 +825,16 @@ def _better(b1, t1, b2, t2):
 
 
 @triton.jit
-def _ge_stats(row_ptr, V, zmax, inv_t, floor_key, t, MASS: tl.constexpr,
-              BLOCK: tl.constexpr, NTHR: tl.constexpr, NSTAGE: tl.constexpr):
+def _ge_stats(row_ptr, V, zmax, inv_t, floor_key, t, pc, MASS: tl.constexpr,
+              BLOCK: tl.constexpr, NTHR: tl.constexpr, NSTAGE: tl.constexpr,
+              PROC: tl.constexpr):
     """For each threshold t[j]: the number (MASS=False) or the fixed-point mass (MASS=True) of
     the row's tokens with compact key >= max(t[j], floor_key). [NTHR] int64."""
     acc = tl.zeros([NTHR], dtype=tl.int64)
     for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
         m = offs < V
-        z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+        z = _zload(row_ptr, offs, m, pc, PROC)
         key = P.key32(z) * V + (V - 1 - offs)
         key = tl.where(m & (key >= floor_key), key, -1)
         hit = key[:, None] >= t[None, :]
@@ -631,15 +847,16 @@ def _ge_stats(row_ptr, V, zmax, inv_t, floor_key, t, MASS: tl.constexpr,
 
 
 @triton.jit
-def _search(row_ptr, V, zmax, inv_t, floor_key, lo, hi, target, MASS: tl.constexpr,
-            BLOCK: tl.constexpr, NTHR: tl.constexpr, NSTAGE: tl.constexpr):
+def _search(row_ptr, V, zmax, inv_t, floor_key, lo, hi, target, pc, MASS: tl.constexpr,
+            BLOCK: tl.constexpr, NTHR: tl.constexpr, NSTAGE: tl.constexpr, PROC: tl.constexpr):
     """The largest t in [lo, hi) with F(t) >= target, F = ``_ge_stats`` (nonincreasing);
     requires F(lo) >= target > F(hi). (NTHR+1)-ary search: one pass over the row per step."""
     j1 = tl.arange(0, NTHR).to(tl.int64) + 1
     while hi - lo > 1:
         step = (hi - lo + NTHR) // (NTHR + 1)
         t = tl.minimum(lo + j1 * step, hi)
-        f = _ge_stats(row_ptr, V, zmax, inv_t, floor_key, t, MASS, BLOCK, NTHR, NSTAGE)
+        f = _ge_stats(row_ptr, V, zmax, inv_t, floor_key, t, pc, MASS, BLOCK, NTHR, NSTAGE,
+                      PROC)
         ok = f >= target
         new_lo = tl.maximum(lo, tl.max(tl.where(ok, t, lo), axis=0))
         new_hi = tl.minimum(hi, tl.min(tl.where(ok, hi, t), axis=0))
@@ -673,9 +890,10 @@ def _gumbel_tile(start, offs, y, kept, seed, offset, bar, tok, best, BLOCK: tl.c
 
 
 @triton.jit
-def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, offset,
+def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, offset, pc,
                HAS_K: tl.constexpr, HAS_P: tl.constexpr, BLOCK: tl.constexpr,
-               NTHR: tl.constexpr, NSTAGE: tl.constexpr, FAST: tl.constexpr):
+               NTHR: tl.constexpr, NSTAGE: tl.constexpr, FAST: tl.constexpr,
+               PROC: tl.constexpr):
     """The contract computed directly: thresholds on the compact key key32(z) * V + (V-1-id)
     (order-preserving and unique like key56) by counting / fixed-point mass searches, then
     exact scores over the kept keys. Returns (token, sum of exp(y) over the kept set)."""
@@ -683,16 +901,16 @@ def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, 
     thr = tl.full([], 0, tl.int64)
     if HAS_K:
         if k_on:
-            thr = _search(row_ptr, V, zmax, inv_t, thr, thr, maxkey + 1, k, False, BLOCK, NTHR,
-                          NSTAGE)
+            thr = _search(row_ptr, V, zmax, inv_t, thr, thr, maxkey + 1, k, pc, False, BLOCK,
+                          NTHR, NSTAGE, PROC)
     if HAS_P:
         if p_on:
             s_k = tl.max(_ge_stats(row_ptr, V, zmax, inv_t, thr,
-                                   thr + tl.zeros([NTHR], tl.int64), True, BLOCK, NTHR,
-                                   NSTAGE), axis=0)
+                                   thr + tl.zeros([NTHR], tl.int64), pc, True, BLOCK, NTHR,
+                                   NSTAGE, PROC), axis=0)
             lim = P.top_p_limit(p, s_k)
-            thr = _search(row_ptr, V, zmax, inv_t, thr, thr, maxkey + 1, lim, True, BLOCK,
-                          NTHR, NSTAGE)
+            thr = _search(row_ptr, V, zmax, inv_t, thr, thr, maxkey + 1, lim, pc, True, BLOCK,
+                          NTHR, NSTAGE, PROC)
     lmin = tl.where(mp_on, L, NEG_INF)
     best = tl.full([], NEG_INF, tl.float32)
     tok = tl.full([], 0, tl.int32)
@@ -700,7 +918,7 @@ def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, 
     for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
         m = offs < V
-        z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
+        z = _zload(row_ptr, offs, m, pc, PROC)
         key = P.key32(z) * V + (V - 1 - offs)
         y = P.centered(z, zmax, inv_t)
         kept = m & (key >= thr) & (y >= lmin)
@@ -711,8 +929,8 @@ def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, 
 
 
 @triton.jit
-def _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, BLOCK: tl.constexpr, NTHR: tl.constexpr,
-               NSTAGE: tl.constexpr):
+def _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, pc, BLOCK: tl.constexpr,
+               NTHR: tl.constexpr, NSTAGE: tl.constexpr, PROC: tl.constexpr):
     """For each threshold t[j] (a key56 value, >= 0): the number and the fixed-point mass of the
     row's finite tokens with key56 in [t[j], lastP). Integer sums (exact, order-independent),
     accumulated per lane ([BLOCK, NTHR]) and reduced once. Returns two [NTHR] int64."""
@@ -720,7 +938,7 @@ def _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, BLOCK: tl.constexpr, NTHR: tl.
     mass = tl.zeros([BLOCK, NTHR], dtype=tl.int64)
     for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
-        z = tl.load(row_ptr + offs, mask=offs < V, other=NEG_INF).to(tl.float32)
+        z = _zload(row_ptr, offs, offs < V, pc, PROC)
         key = P.key56(z, offs)
         key = tl.where((z > NEG_INF) & (key < lastP), key, -1)
         hit = key[:, None] >= t[None, :]
@@ -747,8 +965,8 @@ def _ext_bracket(t, cnt, mass, ok, lo, c_lo, m_lo, hi, c_hi, m_hi):
 
 @triton.jit
 def _ext_collect(row_ptr, V, zmax, inv_t, lastP, t_lo, t_hi, lmin, seed, offset, bar, scr_ptr,
-                 CCAP: tl.constexpr, BLOCK: tl.constexpr, NSTAGE: tl.constexpr,
-                 FAST: tl.constexpr, WANT_LP: tl.constexpr):
+                 pc, CCAP: tl.constexpr, BLOCK: tl.constexpr, NSTAGE: tl.constexpr,
+                 FAST: tl.constexpr, WANT_LP: tl.constexpr, PROC: tl.constexpr):
     """One pass over the row: the finite tokens with key56 in [t_hi, lastP) and y >= lmin (all
     kept) -> exact Gumbel-max (token, score; tiles that cannot reach max(bar, best) skip Philox
     / G as in ``_exact_row``) and sum of exp(y); those with key56 in [t_lo, t_hi) -> their key56
@@ -760,7 +978,7 @@ def _ext_collect(row_ptr, V, zmax, inv_t, lastP, t_lo, t_hi, lmin, seed, offset,
     n = tl.full([], 0, tl.int32)
     for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
-        z = tl.load(row_ptr + offs, mask=offs < V, other=NEG_INF).to(tl.float32)
+        z = _zload(row_ptr, offs, offs < V, pc, PROC)
         key = P.key56(z, offs)
         fin = (z > NEG_INF) & (key < lastP)
         col = fin & (key >= t_lo) & (key < t_hi)
@@ -780,10 +998,11 @@ def _ext_collect(row_ptr, V, zmax, inv_t, lastP, t_lo, t_hi, lmin, seed, offset,
 
 @triton.jit
 def _topr_extend(row_ptr, V, zmax, inv_t, k_on, k, p_on, p, lim, lmin, seed, offset,
-                 top, nP, y, ids, e, bar, scr_ptr,
+                 top, nP, y, ids, e, bar, scr_ptr, pc,
                  KCAP: tl.constexpr, NTHR: tl.constexpr, BLOCK_R: tl.constexpr,
                  BLOCK_X: tl.constexpr, NREF: tl.constexpr, NSTAGE: tl.constexpr,
-                 FAST: tl.constexpr, USE_RANK: tl.constexpr, WANT_LP: tl.constexpr):
+                 FAST: tl.constexpr, USE_RANK: tl.constexpr, WANT_LP: tl.constexpr,
+                 PROC: tl.constexpr):
     """TOPR rows whose kept prefix runs past the end of P (module docstring, "Extension").
     top: P sorted (nP keys; every row key >= its last key lastP is in P), y / ids / e: their
     processed logits, ids and masses (e: all of P, since k > nP or top-k is off), lim: the
@@ -809,7 +1028,7 @@ def _topr_extend(row_ptr, V, zmax, inv_t, k_on, k, p_on, p, lim, lmin, seed, off
     zt = zmax - (dz_top + (dz_f - dz_top) * g)
     t = tl.minimum(P.key32(zt) << 24, lastP)
     t = tl.where(j == NTHR - 1, 0, t)
-    cnt, mass = _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, BLOCK_R, NTHR, NSTAGE)
+    cnt, mass = _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, pc, BLOCK_R, NTHR, NSTAGE, PROC)
     ok = tl.where(k_on, cnt >= k_need, mass >= m_need)
     zero = tl.full([], 0, tl.int64)
     lo, c_lo, m_lo, hi, c_hi, m_hi = _ext_bracket(t, cnt, mass, ok, zero - 1, zero, zero, lastP,
@@ -826,7 +1045,8 @@ def _topr_extend(row_ptr, V, zmax, inv_t, k_on, k, p_on, p, lim, lmin, seed, off
     while (need > KCAP) & (it < NREF):
         step = (hi - lo + NTHR) // (NTHR + 1)
         t = tl.minimum(lo + j1 * step, hi)
-        cnt, mass = _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, BLOCK_R, NTHR, NSTAGE)
+        cnt, mass = _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, pc, BLOCK_R, NTHR, NSTAGE,
+                               PROC)
         ok = tl.where(k_on, cnt >= k_need, mass >= m_need)
         lo, c_lo, m_lo, hi, c_hi, m_hi = _ext_bracket(t, cnt, mass, ok, lo, c_lo, m_lo, hi,
                                                       c_hi, m_hi)
@@ -843,8 +1063,8 @@ def _topr_extend(row_ptr, V, zmax, inv_t, k_on, k, p_on, p, lim, lmin, seed, off
         m_u = tl.where(kp, 0, m_hi)
         tl.debug_barrier()   # every thread is done reading the slots / P before they are reused
         st, sb, ssum, nc = _ext_collect(row_ptr, V, zmax, inv_t, lastP, lo, u, lmin, seed,
-                                        offset, tl.where(kp, float("inf"), bar), scr_ptr,
-                                        KCAP, BLOCK_X, NSTAGE, FAST, WANT_LP)
+                                        offset, tl.where(kp, float("inf"), bar), scr_ptr, pc,
+                                        KCAP, BLOCK_X, NSTAGE, FAST, WANT_LP, PROC)
         tl.debug_barrier()
         kc = _sort_desc(tl.load(scr_ptr + r, mask=r < nc, other=-1), USE_RANK)
         vc = r < nc
@@ -872,19 +1092,23 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
                  seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
                  pf_ptr, pi_ptr, pk_ptr, cand_ptr, mass_ptr,
                  tok_ptr, valid_ptr, lp_ptr, plp_ptr, stats_ptr,
+                 bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr, pres_ptr, seen_ptr, cnt_ptr,
+                 slots_ptr, keep_ptr, hasb_ptr, pr_ptr,
                  HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
                  HAS_MINP: tl.constexpr, WANT_LP: tl.constexpr,
                  KCAP: tl.constexpr, NP: tl.constexpr, NC: tl.constexpr,
                  SMAX: tl.constexpr, NSTAGE: tl.constexpr, FAST: tl.constexpr,
                  S2MAX: tl.constexpr, BLOCK_X: tl.constexpr, NTHR: tl.constexpr,
                  BLOCK_R: tl.constexpr, NREF: tl.constexpr, USE_RANK: tl.constexpr,
-                 STATS: tl.constexpr):
+                 STATS: tl.constexpr, PROC: tl.constexpr):
     row = tl.program_id(0)
     seed, offset, inv_t, k_on, k, p_on, p, mp_on, L, mode = _row_setup(
         row, V, tpr, seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
         HAS_T, HAS_K, HAS_P, HAS_MINP, KCAP)
     zmax, amax, valid, Ms, fl, sidx, sm, pidx = _row_max(pf_ptr, pi_ptr, row, S1, SMAX)
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    pc = _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
+                   pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, PROC)
     tok = amax
     ksum = tl.full([], 1.0, tl.float32)
     fallback = tl.full([], 0, tl.int32)
@@ -998,8 +1222,8 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
                 xok, xt, xsum = _topr_extend(
                     row_ptr, V, zmax, inv_t, k_on, k, p_on, p, lim,
                     tl.where(mp_on, L, NEG_INF), seed, offset, top, nP, y, ids, e, wbest,
-                    cand_row, KCAP, NTHR, BLOCK_R, BLOCK_X, NREF, NSTAGE, FAST, USE_RANK,
-                    WANT_LP)
+                    cand_row, pc, KCAP, NTHR, BLOCK_R, BLOCK_X, NREF, NSTAGE, FAST, USE_RANK,
+                    WANT_LP, PROC)
                 tok = tl.where(xok, xt, tok)
                 ksum = tl.where(xok, xsum, ksum)
                 fallback = tl.where(xok, 0, 1)
@@ -1007,7 +1231,7 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
         fallback = fallback | 1
     if fallback != 0:
         xt, xsum = _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed,
-                              offset, HAS_K, HAS_P, BLOCK_X, NTHR, NSTAGE, FAST)
+                              offset, pc, HAS_K, HAS_P, BLOCK_X, NTHR, NSTAGE, FAST, PROC)
         tok = xt
         ksum = xsum
     if STATS:   # testing: which path decided the row
@@ -1016,10 +1240,25 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
     tl.store(tok_ptr + row, tok.to(tl.int64))
     tl.store(valid_ptr + row, valid.to(tl.uint8))
     if WANT_LP:
-        Ss = tl.load(pf_ptr + pidx * NPF + 3, mask=sm, other=0.0)
-        raw_sum = tl.sum(tl.where(Ms > NEG_INF, Ss * tl.exp(Ms - zmax), 0.0), axis=0)
-        z_tok = tl.load(row_ptr + tok).to(tl.float32)
-        lp = z_tok - zmax - tl.log(tl.where(valid, raw_sum, 1.0))
+        if PROC != 0:
+            # raw logprob over the unprocessed row (K1's raw summaries); processed: the
+            # token's processed logit
+            Mr = tl.load(pr_ptr + pidx * 2, mask=sm, other=NEG_INF)
+            Sr = tl.load(pr_ptr + pidx * 2 + 1, mask=sm, other=0.0)
+            rnan = tl.max((Mr != Mr).to(tl.int32), axis=0)
+            rmax = tl.max(Mr, axis=0)
+            raw_sum = tl.sum(tl.where(Mr > NEG_INF, Sr * tl.exp(Mr - rmax), 0.0), axis=0)
+            rmax = tl.where(rnan != 0, float("nan"), rmax)
+            o1 = tok + tl.arange(0, 1)
+            zr1 = tl.load(row_ptr + o1).to(tl.float32)
+            z_raw = tl.sum(zr1, axis=0)
+            z_tok = tl.sum(_process(zr1, o1, o1 < V, pc, PROC), axis=0)
+            lp = z_raw - rmax - tl.log(tl.where(valid, raw_sum, 1.0))
+        else:
+            Ss = tl.load(pf_ptr + pidx * NPF + 3, mask=sm, other=0.0)
+            raw_sum = tl.sum(tl.where(Ms > NEG_INF, Ss * tl.exp(Ms - zmax), 0.0), axis=0)
+            z_tok = tl.load(row_ptr + tok).to(tl.float32)
+            lp = z_tok - zmax - tl.log(tl.where(valid, raw_sum, 1.0))
         plp = P.centered(z_tok, zmax, inv_t) - tl.log(tl.where(valid & go, ksum, 1.0))
         plp = tl.where(mode == GREEDY, 0.0, plp)
         tl.store(lp_ptr + row, tl.where(valid, lp, float("nan")))
@@ -1126,12 +1365,61 @@ def _make_config(rows: int, V: int, dev: torch.device, topr_possible: bool,
     return cfg
 
 
+_PREP_BLOCK = 256
+
+
+def _processing_args(proc: Optional[list], n: int, V: int, dummy: torch.Tensor):
+    """The processing list of ``ops`` (``ops.sampling.PROC_FIELDS``: [] or 16 entries) ->
+    (PROC constexpr, the kernels' 11 processing pointers). Builds the keep / has-bias words
+    (``_prep_masks``: one launch, [n, ceil(V / 32)] int32 scratch each) when banned ids,
+    min_tokens stop ids or a bias are given; an allowed mask alone is read directly."""
+    if not proc:
+        return 0, (dummy,) * 11
+    (bias_ip, bias_ids, bias_val, rep, freq, pres, seen, outc, slots, allowed, ban_ip, ban_ids,
+     min_t, n_out, stop_ip, stop_ids) = proc
+    dev = dummy.device
+    W = (V + 31) // 32
+    PROC = P_BIAS.value if bias_ip is not None else 0
+    if seen is not None:
+        # one kernel variant for every penalty combination: an absent penalty is its neutral
+        # value (z / 1 = z * 1 = z, z - 0 * c = z - 0 = z exactly, NaN / -0.0 included)
+        PROC |= P_PEN.value
+        rep = rep if rep is not None else torch.ones(n, dtype=torch.float32, device=dev)
+        freq = freq if freq is not None else torch.zeros(n, dtype=torch.float32, device=dev)
+        pres = pres if pres is not None else torch.zeros(n, dtype=torch.float32, device=dev)
+    has_ban, has_stop = ban_ip is not None, min_t is not None
+    build_keep = has_ban or has_stop
+    if allowed is not None or build_keep:
+        PROC |= P_KEEP.value
+    keep = allowed if (allowed is not None and not build_keep) else dummy
+    hasb = dummy
+    if build_keep or bias_ip is not None:
+        if build_keep:
+            keep = torch.empty(n, W, dtype=torch.int32, device=dev)
+        if bias_ip is not None:
+            hasb = torch.empty(n, W, dtype=torch.int32, device=dev)
+
+        def d(t):
+            return t if t is not None else dummy
+        _prep_masks[(n,)](keep, hasb, d(allowed), d(ban_ip), d(ban_ids), d(min_t), d(n_out),
+                          d(stop_ip), d(stop_ids), d(bias_ip), d(bias_ids), V,
+                          BUILD_KEEP=build_keep, HAS_ALLOWED=allowed is not None,
+                          HAS_BAN=has_ban, HAS_STOP=has_stop, HAS_BIAS=bias_ip is not None,
+                          BLOCK=_PREP_BLOCK)
+    ptrs = tuple(t if t is not None else dummy
+                 for t in (bias_ip, bias_ids, bias_val, rep, freq, pres, seen, outc, slots))
+    return PROC, ptrs + (keep, hasb)
+
+
 def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
            temperature: Optional[torch.Tensor] = None, top_k: Optional[torch.Tensor] = None,
            top_p: Optional[torch.Tensor] = None, min_p: Optional[torch.Tensor] = None,
-           tokens_per_request: int = 1, want_logprobs: bool = False):
+           tokens_per_request: int = 1, want_logprobs: bool = False,
+           processing: Optional[list] = None):
     """Triton backend of ``ops.sample``. Arguments as ``reference.sampling.sample`` (already
-    validated by ``ops``: per-request tensors on the logits' device, or None).
+    validated by ``ops``: per-request tensors on the logits' device, or None); ``processing``:
+    the normalized list of ``ops.sampling.PROC_FIELDS`` ([] / None: none), applied inside every
+    read of the logits (constexpr ``PROC``: calls without it compile the kernels unchanged).
 
     Returns (tokens int64 [rows], valid bool [rows], logprob f32 [rows] | None,
     processed_logprob f32 [rows] | None). Stateless and CUDA-graph safe (no host sync).
@@ -1159,6 +1447,10 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
         global _LAST_STATS
         stats = _LAST_STATS = torch.full((rows,), -1, dtype=torch.int32, device=dev)
     dummy = seed
+    PROC, proc_ptrs = _processing_args(processing, rows // tokens_per_request, V, pf)
+    # raw logits' (max, exp-sum) per chunk: processing + logprobs only
+    pr = (torch.empty(rows * S1 * 2, dtype=torch.float32, device=dev)
+          if (PROC and want_logprobs) else pf)
     params = (seed, offset,
               temperature if temperature is not None else dummy,
               top_k if top_k is not None else dummy,
@@ -1171,24 +1463,24 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
     warps = cfg["warps"]
     _k1_partial[(rows, S1)](
         logits, stride, rows, V, cfg["chunk"], S1, cfg["slot_t"], cfg["slot_w"], cfg["NW"], tpr,
-        *params, pf, pi, pk, cand, **flags, WANT_LP=want_logprobs,
+        *params, pf, pi, pk, cand, *proc_ptrs, pr, **flags, WANT_LP=want_logprobs,
         BLOCK=cfg["BLOCK"], BLOCK_T=cfg["BLOCK_T"], KCAP=cfg["KCAP"], KSLOT=cfg["KSLOT"],
         USE_RANK=cfg["USE_RANK"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
-        DEPTH=cfg["DEPTH_P"] if (has_p and not has_k and S1 == 1) else 4,
+        DEPTH=cfg["DEPTH_P"] if (has_p and not has_k and S1 == 1) else 4, PROC=PROC,
         num_warps=cfg["warps_t"] if topr else warps, enable_fp_fusion=False)
     if has_p:
         _k2_mass[(rows, S2)](
             logits, stride, rows, V, cfg["chunk2"], S1, S2, tpr, *params, pf, pi, mass,
-            **flags, BLOCK=cfg["BLOCK"], KCAP=cfg["KCAP"], SMAX=cfg["SMAX"],
-            NSTAGE=cfg["NSTAGE"], num_warps=warps, enable_fp_fusion=False)
+            *proc_ptrs, pr, **flags, BLOCK=cfg["BLOCK"], KCAP=cfg["KCAP"], SMAX=cfg["SMAX"],
+            NSTAGE=cfg["NSTAGE"], PROC=PROC, num_warps=warps, enable_fp_fusion=False)
     _k3_finalize[(rows,)](
         logits, stride, rows, V, S1, cfg["slot_t"], cfg["slot_w"], cfg["NW"], S2, tpr, *params,
         pf, pi, pk, cand, mass, tokens, valid,
-        lp if lp is not None else pf, plp if plp is not None else pf, stats,
+        lp if lp is not None else pf, plp if plp is not None else pf, stats, *proc_ptrs, pr,
         **flags, WANT_LP=want_logprobs, KCAP=cfg["KCAP"], NP=NP, NC=cfg["NC"],
         SMAX=cfg["SMAX"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
         S2MAX=cfg["S2MAX"], BLOCK_X=cfg["BLOCK_X"], NTHR=NT, BLOCK_R=cfg["BLOCK_R"],
         NREF=cfg["NREF"], USE_RANK=cfg["USE_RANK"],
-        STATS=stats is not pi,
+        STATS=stats is not pi, PROC=PROC,
         num_warps=warps, enable_fp_fusion=False)
     return tokens, valid.view(torch.bool), lp, plp
