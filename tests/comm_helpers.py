@@ -580,6 +580,166 @@ def gpu_timeout_worker(rank: int, world: int) -> None:
         comm.close()
 
 
+# Per-call mismatches (issue 33): (name, backend variant, LL packing knob, creation overrides,
+# per-rank call arguments as a function of (rank, world) -> (rows, widths or None, variant)).
+def _mm_widths(rank: int, world: int, w: int) -> list:
+    """Rank r's widths list: its own width w, its next rank's w + 16 x (elements), others w."""
+    ws = [w] * world
+    ws[(rank + 1) % world] = w * 2
+    return ws
+
+
+MISMATCH_CALLS = [
+    # (name, {creation overrides}, fn(rank, world) -> (rows, widths, backend variant, ll knob))
+    ("flag T", {}, lambda r, W: (4 + r, None, "cuda:flag", None)),
+    ("flag widths", {}, lambda r, W: (4, _mm_widths(r, W, 256), "cuda:flag", None)),
+    ("flag+pdl T", {}, lambda r, W: (4 + r, None, "cuda:flag+pdl", None)),
+    ("pipelined T", dict(max_blocks=1), lambda r, W: (8 + r, None, "cuda:flag", None)),
+    ("pipelined widths", dict(max_blocks=1),
+     lambda r, W: (8, _mm_widths(r, W, 4096), "cuda:flag", None)),
+    ("ll4 T", {}, lambda r, W: (4 + r, None, "cuda:ll", "w4")),
+    ("ll4 widths", {}, lambda r, W: (4, _mm_widths(r, W, 256), "cuda:ll", "w4")),
+    ("ll6 T", {}, lambda r, W: (4 + r, None, "cuda:ll", "w6")),
+    ("ll6 widths", {}, lambda r, W: (4, _mm_widths(r, W, 256), "cuda:ll", "w6")),
+    ("ll T (4- vs 6-byte packets)", {}, lambda r, W: (1 + 299 * r, None, "cuda:ll", None)),
+    ("triton T", {}, lambda r, W: (4 + r, None, "triton", None)),
+    ("triton widths", {}, lambda r, W: (4, _mm_widths(r, W, 256), "triton", None)),
+    ("view T", dict(enable_view=True), lambda r, W: (4 + r, None, "view", None)),
+    ("view widths", dict(enable_view=True),
+     lambda r, W: (4, _mm_widths(r, W, 256), "view", None)),
+    ("protocol ll vs flag", {}, lambda r, W: (4, None, "cuda:ll" if r == 0 else "cuda:flag",
+                                              None)),
+    ("backend cuda vs triton", {}, lambda r, W: (4, None, "cuda:flag" if r == 0 else "triton",
+                                                 None)),
+    ("view vs copy-out", dict(enable_view=True),
+     lambda r, W: (4, None, "view" if r == 0 else "cuda:flag", None)),
+]
+
+
+def gpu_mismatch_worker(rank: int, world: int, names=None) -> None:
+    """Ranks that call with different T / widths / protocol / backend (MISMATCH_CALLS), after a
+    matching warm-up call: every rank gets CommError naming the mismatch (not a timeout: the
+    header words are compared within microseconds), within the bounded wait; nothing aborts;
+    the output's (or the view's) columns of the peers keep the sentinel this rank pre-filled;
+    the next call on the poisoned communicator returns at once; a new communicator works."""
+    from tokenspeed_kernel import ops, testing
+    from tokenspeed_kernel.ops import comm as oc
+    from tokenspeed_kernel.reference import comm as ref
+
+    dev = torch.device("cuda", rank)
+    dtype = torch.bfloat16
+    it = int_view_dtype(dtype)
+    SENT = 0x5A5A
+    # compile / load every kernel first with the default (long) timeout: a Triton JIT compile
+    # that ends seconds apart on the two ranks must not time out the short-timeout calls below
+    warm = oc.create_all_gather_comm(max_tokens=16, max_total_width=4096 * world, dtype=dtype,
+                                     enable_view=comm_view_ok(), ll_max_bytes=1 << 40)
+    variants = ["triton"] + (["cuda:flag", "cuda:flag+pdl", "cuda:ll", "view"]
+                             if comm_view_ok() else [])
+    for var in variants:
+        for knob in ((None, "w4", "w6") if var == "cuda:ll" else (None,)):
+            xw = make_slice(SEED, rank, 2, 256, dtype, dev)
+            with testing.knobs(comm_ll_variant=knob):
+                if var == "view":
+                    ops.all_gather_hidden_view(warm, xw)
+                else:
+                    ops.all_gather_hidden(warm, xw, **bp(var))
+    torch.cuda.synchronize()
+    warm.check()
+    dist.barrier()
+    warm.close()
+    for name, create_kw, call in MISMATCH_CALLS:
+        if names and name not in names:
+            continue
+        rows, widths, variant, knob = call(rank, world)
+        if ("cuda" in variant or variant == "view") and not comm_view_ok():
+            continue
+        ws = widths or [256 if "pipelined" not in name else 4096] * world
+        kw = dict(max_tokens=512, max_total_width=4 * 4096 * world, dtype=dtype,
+                  timeout_ms=2000, ll_max_bytes=1 << 40)
+        kw.update(create_kw)
+        comm = oc.create_all_gather_comm(**kw)
+        assert comm.p2p
+
+        def run(c, x, out, ws_, var):
+            if var == "view":
+                return ops.all_gather_hidden_view(c, x, widths=ws_)
+            ops.all_gather_hidden_out(c, x, out, widths=ws_, **bp(var))
+            return out
+
+        # matching warm-up calls of every variant involved, in the same order on every rank
+        # (compiles / loads the kernels before the mismatched call)
+        for var in sorted({call(r, world)[2] for r in range(world)}):
+            wsm = [ws[rank]] * world
+            xm = make_slice(SEED, rank, 2, ws[rank], dtype, dev)
+            om = torch.empty((2, sum(wsm)), dtype=dtype, device=dev)
+            with testing.knobs(comm_ll_variant=knob):
+                y = run(comm, xm, om, wsm, var)
+            torch.cuda.synchronize()
+            want = ref.all_gather_hidden([make_slice(SEED, s, 2, ws[rank], dtype, dev)
+                                          for s in range(world)])
+            assert_bits_equal(y, want, f"{name}: warm-up")
+        comm.check()
+        dist.barrier()
+        # the mismatched call
+        offs = [0]
+        for w in ws:
+            offs.append(offs[-1] + w)
+        x = make_slice(SEED + 1, rank, rows, ws[rank], dtype, dev)
+        out = torch.full((rows, offs[-1]), SENT, dtype=torch.int16, device=dev).view(dtype)
+        if variant == "view":
+            start = oc.FLAG_BYTES + 2 * comm.buf_bytes
+            comm.symm[start:start + 2 * rows * offs[-1]].view(torch.int16).fill_(SENT)
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.monotonic()
+        with testing.knobs(comm_ll_variant=knob):
+            got = run(comm, x, out, widths, variant)
+        torch.cuda.synchronize()
+        dt = time.monotonic() - t0
+        err = comm.error()
+        assert err is not None, f"{name}: rank {rank}: no error"
+        try:
+            comm.check()
+            raise AssertionError(f"{name}: check() did not raise")
+        except oc.CommError:
+            pass
+        assert "different arguments" in err, f"{name}: rank {rank}: {err}"
+        assert dt < 10.0, f"{name}: rank {rank} took {dt:.1f} s"
+        g = got.contiguous().view(it) if variant != "view" else got.clone().view(it)
+        for s in range(world):
+            if s == rank:
+                continue
+            col = g[:, offs[s]:offs[s + 1]]
+            assert bool((col == SENT).all()), \
+                f"{name}: rank {rank}: columns of rank {s} were written after a mismatch"
+        print(f"[mismatch/{name}] rank {rank}: CommError after {dt * 1e3:.1f} ms: {err}",
+              flush=True)
+        # poisoned: the next call returns at once
+        t1 = time.monotonic()
+        with testing.knobs(comm_ll_variant=knob):
+            run(comm, x, out, widths, variant)
+        torch.cuda.synchronize()
+        assert time.monotonic() - t1 < 1.0, f"{name}: a poisoned call waited"
+        dist.barrier()
+        comm.close()
+        # a new communicator works (every rank calls rank 0's variant: in the protocol / backend
+        # cases the ranks' own variants differ)
+        comm = oc.create_all_gather_comm(**kw)
+        wsm = [ws[rank]] * world
+        xm = make_slice(SEED + 2, rank, 3, ws[rank], dtype, dev)
+        om = torch.empty((3, sum(wsm)), dtype=dtype, device=dev)
+        with testing.knobs(comm_ll_variant=call(0, world)[3]):
+            y = run(comm, xm, om, wsm, call(0, world)[2])
+        torch.cuda.synchronize()
+        comm.check()
+        assert_bits_equal(y, ref.all_gather_hidden(
+            [make_slice(SEED + 2, s, 3, ws[rank], dtype, dev) for s in range(world)]),
+            f"{name}: a new communicator after the mismatch")
+        dist.barrier()
+        comm.close()
+
+
 def gpu_opcheck_worker(rank: int, world: int) -> None:
     """torch.library.opcheck of the CUDA op on a one-rank group (the op is then a local copy)."""
     from tokenspeed_kernel import _library
@@ -682,13 +842,17 @@ def triton_simulation() -> None:
     for W, rows, widths, dtype, G in cases:
         symm, state, pdata, pflags, offs_vec, buf_bytes, H = setup(W, rows, widths, dtype)
         esz = torch.empty((), dtype=dtype).element_size()
+        offs = [0]
+        for w in widths:
+            offs.append(offs[-1] + w)
+        sig = oc.all_gather_signature(oc.SIG_ALL_GATHER_TRITON, 0, esz, rows, G, offs)
         for k in range(4):
             xs = [make_slice(k, s, rows, widths[s], dtype, "cpu") for s in range(W)]
             outs = [torch.empty((rows, H), dtype=dtype) for _ in range(W)]
             for phase in (1, 2):
                 for r in range(W):
                     tc.all_gather_hidden(xs[r], outs[r], pdata, pflags, state[r], offs_vec, r,
-                                         buf_bytes, G, 0, phase=phase, max_spins=8)
+                                         buf_bytes, G, 0, phase=phase, max_spins=8, sig=sig)
             want = torch.cat(xs, 1)
             for r in range(W):
                 assert_bits_equal(outs[r], want, f"sim W={W} {widths} call {k} rank {r}")
@@ -699,11 +863,17 @@ def triton_simulation() -> None:
                 data = symm[r][oc.FLAG_BYTES:].view(torch.uint8)
                 buf = data[((k + 1) & 1) * buf_bytes:][: rows * H * esz].view(dtype).view(rows, H)
                 assert_bits_equal(buf, want, "parity buffer")
-                flags = symm[r][: oc.FLAG_BYTES].view(torch.int64).view(3, oc.MAX_BLOCKS,
+                flags = symm[r][: oc.FLAG_BYTES].view(torch.int64).view(5, oc.MAX_BLOCKS,
                                                                            oc.MAX_RANKS)
                 assert bool((flags[2, :G, :W] == k + 1).all())   # the Triton region
                 assert bool((flags[2, G:] == 0).all()) and bool((flags[2, :, W:] == 0).all())
                 assert bool((flags[:2] == 0).all())              # CUDA data / ready untouched
+                # the call's header [(k + 1) & 1][b][s] from every rank (int64 bits)
+                hdr = flags[3 + ((k + 1) & 1)]
+                hw = oc.header_word(k + 1, sig)
+                hw -= (1 << 64) if hw >= (1 << 63) else 0
+                assert bool((hdr[:G, :W] == hw).all()), "headers"
+                assert bool((hdr[G:] == 0).all()) and bool((hdr[:, W:] == 0).all())
         print(f"triton-sim ok: W={W} T={rows} widths={widths} {dtype} G={G}", flush=True)
 
     # timeout: rank 1 never pushes; rank 0 gives up, records the error, and is poisoned
@@ -723,6 +893,64 @@ def triton_simulation() -> None:
                          phase=3, max_spins=4)
     assert torch.equal(flags1, before), "a poisoned communicator still signalled"
     print("triton-sim ok: timeout path", flush=True)
+    triton_simulation_mismatch()
+
+
+def triton_simulation_mismatch() -> None:
+    """Simulated ranks that call with different arguments (T; widths; the number of programs):
+    every rank records ERR_MISMATCH (not a timeout) naming the other rank and both signatures,
+    copies nothing out (the output keeps its sentinel), and is poisoned."""
+    from tokenspeed_kernel.ops import comm as oc
+    from tokenspeed_kernel.triton import comm as tc
+
+    dtype, esz, vec = torch.bfloat16, 2, 8
+    cap_rows, cap_h = 4, 64
+    cases = [("T", [2, 3], [[16, 16], [16, 16]], [2, 2]),
+             ("widths", [2, 2], [[16, 32], [32, 16]], [1, 1]),
+             ("grid", [2, 2], [[16, 16], [16, 16]], [2, 1])]
+    for name, rows_r, widths_r, g_r in cases:
+        buf_bytes = cap_rows * cap_h * esz
+        symm = [torch.zeros(oc.FLAG_BYTES + 2 * buf_bytes, dtype=torch.uint8) for _ in range(2)]
+        state = [torch.zeros(oc.STATE_WORDS, dtype=torch.int64) for _ in range(2)]
+        pdata = torch.tensor([s.data_ptr() + oc.FLAG_BYTES for s in symm], dtype=torch.int64)
+        pflags = torch.tensor([s.data_ptr() for s in symm], dtype=torch.int64)
+        args, outs, sigs = [], [], []
+        for r in range(2):
+            ws, rows, G = widths_r[r], rows_r[r], g_r[r]
+            offs = [0, ws[0], ws[0] + ws[1]]
+            sig = oc.all_gather_signature(oc.SIG_ALL_GATHER_TRITON, 0, esz, rows, G, offs)
+            sigs.append(sig)
+            x = make_slice(9, r, rows, ws[r], dtype, "cpu")
+            out = torch.full((rows, offs[-1]), 7.0, dtype=dtype)   # sentinel
+            offs_vec = torch.tensor([o // vec for o in offs], dtype=torch.int32)
+            args.append((x, out, offs_vec, G, sig))
+            outs.append(out)
+        assert sigs[0] != sigs[1], name
+        for phase in (1, 2):
+            for r in range(2):
+                x, out, offs_vec, G, sig = args[r]
+                tc.all_gather_hidden(x, out, pdata, pflags, state[r], offs_vec, r, buf_bytes, G,
+                                     0, phase=phase, max_spins=8, sig=sig)
+        for r in range(2):
+            st = state[r].tolist()
+            assert st[oc.STATE_ERR] == oc.ERR_MISMATCH, (name, r, st)
+            assert st[oc.STATE_ERR_SRC] == 1 - r and st[oc.STATE_ERR_EPOCH] == 1, (name, r, st)
+            assert st[oc.STATE_ERR_SIG] == sigs[r] and st[oc.STATE_ERR_PEER_SIG] == sigs[1 - r]
+            assert st[oc.STATE_ERR_ROWS] == rows_r[r]
+            assert st[oc.STATE_ERR_WIDTH] * vec == widths_r[r][r]
+            assert st[oc.STATE_ERR_TOTAL] * vec == sum(widths_r[r])
+            assert st[oc.STATE_ERR_VARIANT] == oc.SIG_ALL_GATHER_TRITON << 16
+            assert bool((outs[r] == 7.0).all()), f"{name}: rank {r} copied out after a mismatch"
+            msg = oc.format_comm_error(st, r, 2000, esz)
+            assert "different arguments" in msg and f"rank {1 - r} joined call 1" in msg, msg
+            assert f"T={rows_r[r]}" in msg and "backend 'triton'" in msg, msg
+            # poisoned: the next call signals nothing
+            before = symm[1 - r][: oc.FLAG_BYTES].clone()
+            x, out, offs_vec, G, sig = args[r]
+            tc.all_gather_hidden(x, out, pdata, pflags, state[r], offs_vec, r, buf_bytes, G, 0,
+                                 phase=3, max_spins=4, sig=sig)
+            assert torch.equal(symm[1 - r][: oc.FLAG_BYTES], before), name
+        print(f"triton-sim ok: mismatch ({name})", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -747,12 +975,13 @@ def triton_aot_check() -> int:
         sig = {"x_ptr": f"*{dtype}", "ldx": "i32", "out_ptr": f"*{dtype}", "ldo": "i32",
                "peer_data_ptr": "*i64", "peer_flags_ptr": "*i64", "state_ptr": "*i64",
                "offs_ptr": "*i32", "rows": "i32", "row_vec": "i32", "buf_vec": "i64",
-               "rank": "i32", "timeout_ns": "i64", "W": "constexpr", "VEC": "constexpr",
-               "BLOCK": "constexpr", "MAXR": "constexpr", "FLAG_OFF": "constexpr",
+               "rank": "i32", "timeout_ns": "i64", "sig": "i32", "W": "constexpr",
+               "VEC": "constexpr", "BLOCK": "constexpr", "MAXR": "constexpr",
+               "FLAG_OFF": "constexpr", "HDR_OFF": "constexpr", "HDR_PAR": "constexpr",
                "PHASE": "constexpr", "USE_TIMER": "constexpr", "MAX_SPINS": "constexpr"}
         const = {"W": world, "VEC": 8 if dtype == "bf16" else 4, "BLOCK": tc.BLOCK,
-                 "MAXR": tc.MAX_RANKS, "FLAG_OFF": tc.FLAG_OFFSET, "PHASE": 3,
-                 "USE_TIMER": True, "MAX_SPINS": 1}
+                 "MAXR": tc.MAX_RANKS, "FLAG_OFF": tc.FLAG_OFFSET, "HDR_OFF": tc.HEADER_OFFSET,
+                 "HDR_PAR": tc.HEADER_PARITY, "PHASE": 3, "USE_TIMER": True, "MAX_SPINS": 1}
         attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 7, 9)}
         try:
             src = ASTSource(fn=tc._all_gather_hidden_kernel, signature=sig, constexprs=const,
@@ -768,6 +997,8 @@ def triton_aot_check() -> int:
             "flag publish (atom.release.sys)": r"atom\.global\.sys\.release\.exch\.b64",
             "flag wait (ld.acquire.sys)": r"ld\.global\.sys\.acquire\.b64",
             "bounded wait (%globaltimer)": r"%globaltimer",
+            "header publish (atom.relaxed.sys)": r"atom\.global\.sys(\.relaxed)?\.exch\.b64",
+            "header poll (ld.volatile)": r"ld\.volatile\.global\.b64",
         }
         for what, pat in checks.items():
             n = len(re.findall(pat, ptx))

@@ -256,6 +256,127 @@ def dp_dead_peer_worker(rank: int, world: int, backend: str = "auto") -> None:
             raise AssertionError("no CommError")
 
 
+def _gather_into(comm, fields, outs, items: int, per_rank: int, backend: str) -> None:
+    """The results gather of ``backend`` ("cuda" / "triton") into the caller's ``outs``."""
+    D = ops.dp
+    if backend == "triton":
+        D._gather_triton(comm, fields, outs, items, per_rank)
+        return
+    offs = D._res_layout(comm, outs, per_rank)
+    torch.ops.tokenspeed_kernel.dp_gather(
+        [f.contiguous() for f in fields], outs, comm.state, comm.symm, comm.peer_res,
+        comm.peer_flags, offs, comm.rank, comm.res_bytes, items, per_rank, 0,
+        comm.timeout_ms * 1_000_000)
+
+
+# (name, what the rank calls): "swap" cases pass (B, slot); "sample" cases dp_sample kwargs and
+# B; "gather" cases the fields' dtypes (the low-level gather into pre-filled outputs)
+DP_MISMATCH_CASES = [
+    ("swap B", "swap", lambda r: dict(B=5 + r, slot=0)),
+    ("swap slot", "swap", lambda r: dict(B=6, slot=r % 2)),
+    ("dp_sample B", "sample", lambda r: dict(B=6 + r, kw={})),
+    ("dp_sample logprobs on one rank", "sample", lambda r: dict(B=6, kw=dict(logprobs=r == 0))),
+    ("dp_sample out_dtype", "sample",
+     lambda r: dict(B=6, kw=dict(out_dtype=torch.int64 if r == 0 else torch.int32))),
+    ("gather fields", "gather",
+     lambda r: dict(B=6, dts=[torch.int64, torch.bool] + ([torch.float32] if r == 0 else []))),
+    ("gather items", "gather", lambda r: dict(B=6 + r, dts=[torch.int64, torch.bool])),
+]
+
+
+def dp_call_mismatch_worker(rank: int, world: int, backend: str = "cuda") -> None:
+    """Ranks that call the swap / dp_sample / the results gather with different arguments
+    (DP_MISMATCH_CASES), after a matching warm-up: CommError naming the mismatch on every rank
+    within the bounded wait, no abort; the swap pushes nothing (every swap buffer keeps the
+    sentinel this rank wrote, its own rows included), the gather copies out no peer section; the
+    poisoned communicator returns at once; a new communicator samples correctly."""
+    dev = torch.device("cuda", rank)
+    V, dtype = 4096, torch.float32
+    sb = "triton" if backend == "triton" else "auto"
+    ckw = dict(max_rows=16, vocab_size=V, dtype=dtype, timeout_ms=2000, slots=2)
+    D = ops.dp
+
+    def sample(comm, B, seed, **kw):
+        full = full_logits(B, V, dtype, dev, nan_row=False, seed=seed)
+        x = shard_of(full, world, rank, comm.shard_width)
+        return full, ops.dp_sample(comm, x, 1, 0, temperature=0.8, backend=backend,
+                                   sample_backend=sb, **kw)
+
+    # compile / load every kernel first with the default (long) timeout (a Triton JIT compile
+    # that ends seconds apart on the two ranks must not time out the short-timeout calls below)
+    warm = ops.create_dp_sampling_comm(**{**ckw, "timeout_ms": D.DEFAULT_TIMEOUT_MS})
+    for kw in ({}, dict(logprobs=True), dict(out_dtype=torch.int32)):
+        sample(warm, 4, 1, **kw)
+    s0, n = warm.row_range(6)
+    _gather_into(warm, [torch.arange(s0, s0 + n, device=dev).to(dt) for dt in
+                        (torch.int64, torch.bool, torch.float32)],
+                 [torch.empty(6, dtype=dt, device=dev) for dt in
+                  (torch.int64, torch.bool, torch.float32)], 6, warm.rows_per_rank(6), backend)
+    torch.cuda.synchronize()
+    warm.check()
+    torch.distributed.barrier()
+    warm.close()
+    for name, kind, args in DP_MISMATCH_CASES:
+        a = args(rank)
+        comm = ops.create_dp_sampling_comm(**ckw)
+        assert comm.p2p
+        sample(comm, 4, 1)                       # matching warm-up (compiles / loads kernels)
+        torch.cuda.synchronize()
+        comm.check()
+        comm.symm[D.FLAG_BYTES:comm.res_base].fill_(0x5A)
+        torch.cuda.synchronize()
+        torch.distributed.barrier()
+        t0 = time.monotonic()
+        gouts = None
+        if kind == "swap":
+            full = full_logits(a["B"], V, dtype, dev, nan_row=False, seed=2)
+            ops.swap_vocab_to_batch(comm, shard_of(full, world, rank, comm.shard_width),
+                                    slot=a["slot"], backend=backend)
+        elif kind == "sample":
+            sample(comm, a["B"], 2, **a["kw"])
+        else:
+            B, per = a["B"], comm.rows_per_rank(a["B"])
+            s0, n = comm.row_range(B)
+            fields = [torch.arange(s0, s0 + n, device=dev).to(dt) for dt in a["dts"]]
+            gouts = [torch.full((B,), 7, dtype=dt, device=dev) for dt in a["dts"]]
+            _gather_into(comm, fields, gouts, B, per, backend)
+        torch.cuda.synchronize()
+        dt = time.monotonic() - t0
+        err = comm.error()
+        assert err is not None and "different arguments" in err, f"{name}: rank {rank}: {err}"
+        try:
+            comm.check()
+            raise AssertionError(f"{name}: check() did not raise")
+        except ops.CommError:
+            pass
+        assert dt < 10.0, f"{name}: rank {rank} took {dt:.1f} s"
+        if kind == "swap":
+            assert bool((comm.symm[D.FLAG_BYTES:comm.res_base] == 0x5A).all()), \
+                f"{name}: rank {rank}: the swap pushed after a mismatch"
+        if gouts is not None:
+            s0, n = comm.row_range(a["B"])
+            for o in gouts:
+                rest = torch.cat([o[:s0], o[s0 + n:]])
+                assert torch.equal(rest, torch.full_like(rest, 7)), \
+                    f"{name}: rank {rank}: peer sections written"
+        print(f"[dp mismatch/{backend}/{name}] rank {rank}: CommError after {dt * 1e3:.1f} ms: "
+              f"{err}", flush=True)
+        t1 = time.monotonic()
+        sample(comm, 4, 3)                       # poisoned: returns at once
+        torch.cuda.synchronize()
+        assert time.monotonic() - t1 < 1.0, f"{name}: a poisoned call waited"
+        torch.distributed.barrier()
+        comm.close()
+        comm = ops.create_dp_sampling_comm(**ckw)   # a new communicator works
+        full, out = sample(comm, 5, 4)
+        ref = ops.sample(full, 1, 0, temperature=0.8)
+        torch.cuda.synchronize()
+        comm.check()
+        assert torch.equal(out.tokens, ref.tokens), f"{name}: a new communicator"
+        torch.distributed.barrier()
+        comm.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # one GPU: virtual ranks
 # ---------------------------------------------------------------------------------------------
@@ -490,15 +611,17 @@ def triton_aot_check() -> int:
     flags = {"flag publish (atom.release.sys)": r"atom\.global\.sys\.release\.exch\.b64",
              "flag wait (ld.acquire.sys)": r"ld\.global\.sys\.acquire\.b64",
              "bounded wait (%globaltimer)": r"%globaltimer",
-             "error record (atom.cas)": r"atom\.global[.a-z_]*\.cas"}
+             "error record (atom.cas)": r"atom\.global[.a-z_]*\.cas",
+             "header publish (atom.relaxed.sys exch)": r"atom\.global\.sys(\.relaxed)?\.exch\.b64"}
     common = {"PHASE": 7, "USE_TIMER": True, "MAX_SPINS": 1, "BLOCK": tri.BLOCK}
     swap_sig = {"x_ptr": "*i16", "ldx": "i32", "peer_recv_ptr": "*i64", "peer_flags_ptr": "*i64",
                 "state_ptr": "*i64", "pitch": "i32", "shard": "i32", "rows": "i32",
-                "rows_per_rank": "i32", "rank": "i32", "timeout_ns": "i64"}
+                "rows_per_rank": "i32", "rank": "i32", "timeout_ns": "i64", "sig": "i32",
+                "slot": "i32"}
     gather_sig = {"src_tab": "*i64", "out_tab": "*i64", "off_tab": "*i64", "ib_tab": "*i64",
                   "peer_res_ptr": "*i64", "peer_flags_ptr": "*i64", "state_ptr": "*i64",
                   "res_bytes": "i64", "items": "i32", "items_per_rank": "i32", "rank": "i32",
-                  "timeout_ns": "i64"}
+                  "timeout_ns": "i64", "sig": "i32"}
     cases = [("swap", tri._dp_swap_kernel, swap_sig,
               dict(common, W=2, ALIGNED=True, MAXR=tri.MAX_RANKS),
               {(i,): [["tt.divisibility", 16]] for i in range(7)},

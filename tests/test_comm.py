@@ -84,16 +84,44 @@ def test_constants_match_cuda_header():
     assert int(const("kAgFlagLL")) == oc.F_LL
     assert int(const("kAgFlagNoPipe")) == oc.F_NOPIPE
     assert int(const("kAgFlagPDL")) == oc.F_PDL
+    assert int(const("kAgErrMismatch")) == oc.ERR_MISMATCH
+    assert int(const("kAgFlagLL4")) == oc.F_LL4
+    assert int(const("kAgFlagLLPaired")) == oc.F_LL_PAIRED
+    for name, v in (("kAgStateErrSig", oc.STATE_ERR_SIG),
+                    ("kAgStateErrPeerSig", oc.STATE_ERR_PEER_SIG),
+                    ("kAgStateErrRows", oc.STATE_ERR_ROWS), ("kAgStateErrWidth", oc.STATE_ERR_WIDTH),
+                    ("kAgStateErrTotal", oc.STATE_ERR_TOTAL),
+                    ("kAgStateErrVariant", oc.STATE_ERR_VARIANT)):
+        assert int(const(name)) == v, name
+    assert re.sub(r"\s+", " ", const("kAgSigFlags")) == (
+        "kAgFlagMultimem | kAgFlagView | kAgFlagLL | kAgFlagNoPipe | kAgFlagLL4 | kAgFlagLLPaired")
+    assert oc.SIG_FLAGS == (oc.F_MULTIMEM | oc.F_VIEW | oc.F_LL | oc.F_NOPIPE | oc.F_LL4
+                            | oc.F_LL_PAIRED)
     assert const("kAgReadyOffset") == "int64_t(kAgMaxBlocks) * kAgMaxRanks"
     assert const("kAgTritonOffset") == "2 * kAgReadyOffset"
-    assert const("kAgFlagBytes") == "3 * kAgReadyOffset * 8"
+    assert const("kAgHeaderOffset") == "3 * kAgReadyOffset"
+    assert const("kAgFlagBytes") == "5 * kAgReadyOffset * 8"
     assert oc.READY_OFFSET == oc.MAX_BLOCKS * oc.MAX_RANKS
     assert oc.TRITON_FLAG_OFFSET == 2 * oc.READY_OFFSET
-    assert oc.FLAG_BYTES == 3 * oc.MAX_BLOCKS * oc.MAX_RANKS * 8
+    assert oc.HEADER_OFFSET == 3 * oc.READY_OFFSET
+    assert oc.FLAG_BYTES == 5 * oc.MAX_BLOCKS * oc.MAX_RANKS * 8
+    sig_src = (ROOT / "csrc" / "comm" / "call_signature.h").read_text()
+    for name, v in (("kSigAllGatherCuda", oc.SIG_ALL_GATHER_CUDA),
+                    ("kSigAllGatherTriton", oc.SIG_ALL_GATHER_TRITON),
+                    ("kSigDpSwapCuda", oc.SIG_DP_SWAP_CUDA),
+                    ("kSigDpSwapTriton", oc.SIG_DP_SWAP_TRITON),
+                    ("kSigDpGather", oc.SIG_DP_GATHER)):
+        assert int(re.search(rf"constexpr uint32_t {name} = (\d+);", sig_src).group(1)) == v, name
     from tokenspeed_kernel.triton import comm as tc
     assert tc.MAX_RANKS == oc.MAX_RANKS and tc.FLAG_OFFSET == oc.TRITON_FLAG_OFFSET
+    assert tc.HEADER_OFFSET == oc.HEADER_OFFSET and tc.HEADER_PARITY == oc.READY_OFFSET
     assert (tc.STATE_SEQ, tc.STATE_ERR, tc.STATE_DONE, tc.ERR_TIMEOUT_DATA) == \
         (oc.STATE_SEQ, oc.STATE_ERR, oc.STATE_DONE, oc.ERR_TIMEOUT_DATA)
+    assert (tc.ERR_MISMATCH, tc.SIG_KIND) == (oc.ERR_MISMATCH, oc.SIG_ALL_GATHER_TRITON)
+    assert (tc.STATE_ERR_SIG, tc.STATE_ERR_PEER_SIG, tc.STATE_ERR_ROWS, tc.STATE_ERR_WIDTH,
+            tc.STATE_ERR_TOTAL, tc.STATE_ERR_VARIANT) == (
+        oc.STATE_ERR_SIG, oc.STATE_ERR_PEER_SIG, oc.STATE_ERR_ROWS, oc.STATE_ERR_WIDTH,
+        oc.STATE_ERR_TOTAL, oc.STATE_ERR_VARIANT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,6 +376,114 @@ def test_comm_error_reporting():
 
 
 # ---------------------------------------------------------------------------------------------
+# per-call signatures (issue 33): Python mirror vs csrc/comm/call_signature.h, and messages
+# ---------------------------------------------------------------------------------------------
+def test_call_signature_separates_every_argument():
+    """Every argument a peer must agree on changes the signature: T, each column offset (so each
+    width), the element size, the grid, the world, the kernel kind and each layout flag bit;
+    PDL and trap are not part of it (ranks may differ there)."""
+    offs = [0, 4096, 7168]
+    base = dict(kind=oc.SIG_ALL_GATHER_CUDA, variant=oc.F_LL | oc.F_LL4, element_size=2, rows=8,
+                num_blocks=7, offsets=offs)
+    s0 = oc.all_gather_signature(**base)
+    seen = {s0}
+    variants = [("rows", 9), ("rows", 0), ("num_blocks", 8), ("element_size", 4),
+                ("kind", oc.SIG_ALL_GATHER_TRITON), ("offsets", [0, 4096, 7176]),
+                ("offsets", [0, 3072, 7168]), ("offsets", [0, 4096, 7168, 10240])]
+    variants += [("variant", base["variant"] ^ bit) for bit in
+                 (oc.F_MULTIMEM, oc.F_VIEW, oc.F_LL, oc.F_NOPIPE, oc.F_LL4, oc.F_LL_PAIRED)]
+    for k, v in variants:
+        sig = oc.all_gather_signature(**{**base, k: v})
+        assert sig not in seen, (k, v)
+        seen.add(sig)
+    assert oc.F_PDL & oc.SIG_FLAGS == 0 and oc.F_TRAP & oc.SIG_FLAGS == 0
+    # one differing word is always caught (CRC-32: every burst of <= 32 bits), e.g. T = t vs t'
+    sigs = {oc.all_gather_signature(**{**base, "rows": t}) for t in range(4096)}
+    assert len(sigs) == 4096
+    assert oc.call_signature([]) == 0 and oc.call_signature([1]) == 0x99F8B879  # zlib's crc32
+    assert oc.header_word(3, 0xDEADBEEF) == (3 << 32) | 0xDEADBEEF
+    assert oc.header_word(1 << 33, 5) == 5          # the epoch's low 32 bits only
+
+
+_SIG_CHECK = r"""
+#include <cstdio>
+#include "call_signature.h"
+using namespace tokenspeed_kernel::comm;
+int main() {
+  const int64_t offs[][5] = {{0, 4096, 7168, 0, 0}, {0, 8, 24, 32, 48}, {0, 75968, 151936, 0, 0}};
+  const int worlds[] = {2, 4, 2};
+  for (int c = 0; c < 3; ++c)
+    for (int64_t rows : {1, 7, 512})
+      printf("ag %d %lld %u\n", c, (long long)rows,
+             ag_signature(kSigAllGatherCuda, 8 | 64, 2, rows, 13, worlds[c], offs[c]));
+  printf("agt %u\n", ag_signature(kSigAllGatherTriton, 0, 4, 3, 1, 2, offs[0]));
+  printf("swap %u\n", dp_swap_signature(kSigDpSwapCuda, 7, 4, 151936, 303872, 1, 38, 2));
+  printf("swapt %u\n", dp_swap_signature(kSigDpSwapTriton, 5, 3, 200, 400, 0, 1, 2));
+  const int64_t ib[] = {8, 1, 4, 4}, ro[] = {0, 64, 80, 112};
+  printf("gather %u\n", dp_gather_signature(7, 4, 2, 4, ib, ro));
+  printf("hdr %d %d %d\n", header_state(header_word(5, 9), header_word(5, 9)),
+         header_state(header_word(5, 8), header_word(5, 9)),
+         header_state(header_word(3, 9), header_word(5, 9)));
+  return 0;
+}
+"""
+
+
+def test_call_signatures_match_the_cuda_header(tmp_path):
+    """ops.comm / ops.dp compute the same signatures as csrc/comm/call_signature.h (the CUDA
+    adapters' and the kernels' side), compiled for the host with nvcc."""
+    from tokenspeed_kernel.ops import dp as D
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    (tmp_path / "s.cu").write_text(_SIG_CHECK)
+    r = subprocess.run([nvcc, "-std=c++17", "-O2", "-I" + str(ROOT / "csrc/comm"), "-o",
+                        str(tmp_path / "s"), str(tmp_path / "s.cu")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = subprocess.run([str(tmp_path / "s")], capture_output=True, text=True,
+                         timeout=60).stdout.splitlines()
+    offs = [[0, 4096, 7168], [0, 8, 24, 32, 48], [0, 75968, 151936]]
+    want = [f"ag {c} {rows} "
+            f"{oc.all_gather_signature(oc.SIG_ALL_GATHER_CUDA, oc.F_LL | oc.F_LL4, 2, rows, 13, o)}"
+            for c, o in enumerate(offs) for rows in (1, 7, 512)]
+    want.append(f"agt {oc.all_gather_signature(oc.SIG_ALL_GATHER_TRITON, 0, 4, 3, 1, offs[0])}")
+    want.append(f"swap {D.swap_signature(oc.SIG_DP_SWAP_CUDA, 7, 4, 151936, 303872, 1, 38, 2)}")
+    want.append(f"swapt {D.swap_signature(oc.SIG_DP_SWAP_TRITON, 5, 3, 200, 400, 0, 1, 2)}")
+    want.append(f"gather {D.gather_signature(7, 4, 2, [8, 1, 4, 4], [0, 64, 80, 112])}")
+    want.append("hdr 1 -1 0")
+    assert got == want
+
+
+def test_comm_mismatch_error_message():
+    words = [0] * oc.STATE_WORDS
+    assert oc.format_comm_error(words, 0, 2000, 2) is None
+    words[oc.STATE_ERR] = oc.ERR_MISMATCH
+    words[oc.STATE_ERR_BLOCK], words[oc.STATE_ERR_SRC], words[oc.STATE_ERR_EPOCH] = 3, 1, 42
+    words[oc.STATE_ERR_SIG], words[oc.STATE_ERR_PEER_SIG] = 0x1234ABCD, 0xFFFFFFFF
+    words[oc.STATE_ERR_ROWS], words[oc.STATE_ERR_WIDTH], words[oc.STATE_ERR_TOTAL] = 7, 448, 896
+    words[oc.STATE_ERR_VARIANT] = (oc.SIG_ALL_GATHER_CUDA << 16) | oc.F_LL | oc.F_LL4
+    msg = oc.format_comm_error(words, 0, 2000, 2)   # bf16: 8 elements per vector
+    assert msg.startswith("all_gather_hidden: ranks called all_gather_hidden with different "
+                          "arguments: rank 1 joined call 42"), msg
+    assert "(rank 0: T=7, width 3584, total width 7168, backend 'cuda', protocol 'll' " \
+           "(4-byte packets)" in msg, msg
+    assert "0xffffffff on rank 1, 0x1234abcd here; block 3" in msg, msg
+    assert "create a new one" in msg
+    for variant, name in ((oc.F_VIEW, "all_gather_hidden_view"),
+                          (oc.F_LL, "protocol 'll' (6-byte packets)"),
+                          (0, "protocol 'flag'"), (oc.F_NOPIPE, "single-round kernel"),
+                          (oc.SIG_ALL_GATHER_TRITON << 16, "backend 'triton'")):
+        words[oc.STATE_ERR_VARIANT] = variant
+        assert name in oc.format_comm_error(words, 0, 2000, 2), name
+    c = _fake_comm()
+    c.timeout_ms, c.rank, c.dtype = 250, 0, torch.float32
+    c.state = torch.tensor(words, dtype=torch.int64)
+    with pytest.raises(oc.CommError, match="different arguments.*width 1792"):
+        c.check()
+
+
+# ---------------------------------------------------------------------------------------------
 # two to four CPU processes over gloo: the NCCL-style fallback + reference, bit-exact (world
 # sizes 3 and 4 exercise the world-size-generic logic the GPU suite runs at 4 and 8, issue 5)
 # ---------------------------------------------------------------------------------------------
@@ -430,8 +566,9 @@ def test_comm_header_tools_compile_and_pdl_order(tmp_path):
     for patch, macro in (("ag_trace_patch.py", "TS_AG_TRACE"),
                          ("ag_pipe_trace_patch.py", "TS_PIPE_TRACE")):
         ok(sys.executable, root / "bench/lab/tools" / patch, tmp_path / macro, timeout=60)
-        ok(nvcc, *flags, "-D" + macro, "-I" + str(tmp_path / macro), "-o",
-           tmp_path / (macro + ".bin"), micro)
+        # (the patched header first; call_signature.h from csrc/comm)
+        ok(nvcc, *flags, "-D" + macro, "-I" + str(tmp_path / macro),
+           "-I" + str(root / "csrc/comm"), "-o", tmp_path / (macro + ".bin"), micro)
 
 _PIECES_CHECK = r"""
 #include <cstdio>
@@ -545,6 +682,16 @@ def test_multigpu_back_to_back_interleaved_with_nccl():
 @multigpu
 def test_multigpu_missing_peer_times_out_and_raises():
     H.run_workers("gpu_timeout_worker", GPU_WORLD, "nccl", timeout_s=600)
+
+
+@multigpu
+def test_multigpu_per_call_mismatch_raises_commerror():
+    """Ranks that call with different T, widths, protocol, LL packing or backend (CUDA flag,
+    pipelined, LL, view and Triton kernels): CommError("... different arguments ...") on every
+    rank within the bounded wait, no abort, the peers' columns of the output keep their
+    sentinel, the poisoned communicator returns at once, a new one works
+    (comm_helpers.gpu_mismatch_worker)."""
+    H.run_workers("gpu_mismatch_worker", GPU_WORLD, "nccl", timeout_s=600)
 
 
 @multigpu

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dp_helpers as H  # noqa: E402
 
 from tokenspeed_kernel import _library, ops  # noqa: E402
+from tokenspeed_kernel.ops import comm as oc  # noqa: E402
 from tokenspeed_kernel.ops import dp as D  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,11 +54,19 @@ def test_constants_match_cuda_header():
     assert int(const("kDpGatherState")) == D.GATHER_STATE
     assert "4 * kDpSlots" in const("kDpGatherFlags") and D.GATHER_FLAGS == 4 * D.SLOT_WORDS
     assert "kDpSlots" == const("kDpReadyFlags") and D.READY_FLAGS == D.SLOT_WORDS
-    assert "(kDpGatherFlags + 256) * 8" == const("kDpFlagBytes")
-    assert D.FLAG_BYTES == (D.GATHER_FLAGS + 256) * 8
+    assert "kDpGatherFlags + 256" == const("kDpHeaders") and D.HEADERS == D.GATHER_FLAGS + 256
+    assert "kDpHeaders + 2 * kDpSlots" == const("kDpGatherHeaders")
+    assert D.GATHER_HEADERS == D.HEADERS + 2 * D.SLOT_WORDS
+    assert "(kDpGatherHeaders + 256) * 8" == const("kDpFlagBytes")
+    assert D.FLAG_BYTES == (D.GATHER_HEADERS + 256) * 8
     assert int(const("kDpErrTimeoutSwap")) == D.ERR_TIMEOUT_SWAP
     assert int(const("kDpErrTimeoutReady")) == D.ERR_TIMEOUT_READY
     assert int(const("kDpErrTimeoutGather")) == D.ERR_TIMEOUT_GATHER
+    assert int(const("kDpErrMismatch")) == D.ERR_MISMATCH
+    for name, v in (("kDpErrSig", D.STATE_ERR_SIG), ("kDpErrPeerSig", D.STATE_ERR_PEER_SIG),
+                    ("kDpErrRows", D.STATE_ERR_ROWS), ("kDpErrPerRank", D.STATE_ERR_PER_RANK),
+                    ("kDpErrExtra", D.STATE_ERR_EXTRA)):
+        assert int(re.search(rf"{name} = (\d+)", src).group(1)) == v, name
     assert int(const("kDpFlagTrap")) == D.F_TRAP
     assert "2 * kDpSlots" == const("kDpTritonSwapFlags") and D.TRITON_SWAP_FLAGS == 2 * D.SLOT_WORDS
     assert "3 * kDpSlots" == const("kDpTritonReadyFlags")
@@ -72,8 +81,14 @@ def test_constants_match_cuda_header():
                                                         D.STATE_ERR_BLOCK, D.STATE_ERR_SRC,
                                                         D.STATE_ERR_EPOCH)
     assert int(re.search(r"kDpDone = (\d+)", src).group(1)) == tri.STATE_DONE
-    assert (tri.ERR_TIMEOUT_SWAP, tri.ERR_TIMEOUT_READY, tri.ERR_TIMEOUT_GATHER) == (
-        D.ERR_TIMEOUT_SWAP, D.ERR_TIMEOUT_READY, D.ERR_TIMEOUT_GATHER)
+    assert (tri.ERR_TIMEOUT_SWAP, tri.ERR_TIMEOUT_READY, tri.ERR_TIMEOUT_GATHER,
+            tri.ERR_MISMATCH) == (D.ERR_TIMEOUT_SWAP, D.ERR_TIMEOUT_READY, D.ERR_TIMEOUT_GATHER,
+                                  D.ERR_MISMATCH)
+    assert (tri.HEADERS, tri.GATHER_HEADERS) == (D.HEADERS, D.GATHER_HEADERS)
+    assert (tri.STATE_ERR_SIG, tri.STATE_ERR_PEER_SIG, tri.STATE_ERR_ROWS,
+            tri.STATE_ERR_PER_RANK, tri.STATE_ERR_EXTRA) == (
+        D.STATE_ERR_SIG, D.STATE_ERR_PEER_SIG, D.STATE_ERR_ROWS, D.STATE_ERR_PER_RANK,
+        D.STATE_ERR_EXTRA)
 
 
 def test_row_ranges_cover_the_batch_once():
@@ -195,7 +210,18 @@ def _flag_tables(comm):
     (CUDA swap, CUDA ready, Triton swap, Triton ready) and the 256 gather words."""
     words = comm.symm[: D.FLAG_BYTES].view(torch.int64)
     return (words[: 4 * D.SLOT_WORDS].view(4, D.MAX_BLOCKS, D.MAX_RANKS),
-            words[D.GATHER_FLAGS:])
+            words[D.GATHER_FLAGS:D.GATHER_FLAGS + 256])
+
+
+def _headers(comm):
+    """The call-header tables of a simulated rank: swap [2][256][16] and gather [2][16]."""
+    words = comm.symm[: D.FLAG_BYTES].view(torch.int64)
+    return (words[D.HEADERS:D.HEADERS + 2 * D.SLOT_WORDS].view(2, D.MAX_BLOCKS, D.MAX_RANKS),
+            words[D.GATHER_HEADERS:D.GATHER_HEADERS + 2 * D.MAX_RANKS].view(2, D.MAX_RANKS))
+
+
+def _i64(v):
+    return v - (1 << 64) if v >= (1 << 63) else v
 
 
 @needs_interp
@@ -234,6 +260,11 @@ def test_triton_swap_simulated_ranks_bit_exact(W, B, V, dtname, w, block, monkey
                     assert bool((fl[t, G:] == 0).all()) and bool((fl[t, :, W:] == 0).all())
                 assert bool((fl[:2] == 0).all())   # the CUDA kernel's tables untouched
                 assert bool((gw == 0).all())       # no gather yet
+                # this call's headers from every rank in slot [e & 1][b][s]
+                sig = D.swap_signature(D.SIG_DP_SWAP_TRITON, B, c.rows_per_rank(B),
+                                       w * c.element_size, c.row_bytes, slot, G, W)
+                hs, _ = _headers(c)
+                assert bool((hs[e & 1, :G, :W] == _i64(oc.header_word(e, sig))).all())
 
 
 @needs_interp
@@ -275,6 +306,117 @@ def test_triton_gather_simulated_ranks(W, B, monkeypatch):
                 if s != r:
                     s0, n = c.row_range(B, s)
                     assert torch.equal(res[s0:s0 + n], tok[s0:s0 + n])
+
+
+def _sentinel_slots(comms, byte=0x5A):
+    for c in comms:
+        c.symm[D.FLAG_BYTES:c.res_base].fill_(byte)
+
+
+@needs_interp
+@pytest.mark.parametrize("what", ["B", "slot", "rows_per_rank"])
+def test_triton_swap_mismatch_is_detected_before_any_push(what):
+    """Ranks that call the swap with different B / slot / rows per rank: every rank records
+    ERR_MISMATCH in the entry handshake (not a timeout), pushes nothing (every swap buffer keeps
+    its sentinel, the own rows included), check() raises CommError naming the other rank; the
+    communicator is poisoned."""
+    from tokenspeed_kernel.ops.comm import CommError
+    W, V = 2, 100
+    comms = _sim_comms(W, 8, V, torch.float32, max_spins=8)
+    w = comms[0].shard_width
+    _sentinel_slots(comms)
+    Bs = {"B": [5, 6], "slot": [5, 5], "rows_per_rank": [4, 4]}[what]
+    slots = [0, 1] if what == "slot" else [0, 0]
+    xs = [H.shard_of(H.full_logits(Bs[r], V, torch.float32, "cpu"), W, r, w) for r in range(W)]
+
+    def run(r, c):
+        if what == "rows_per_rank":   # (dp_verify's per-request grouping differs)
+            return D._swap_triton(c, xs[r], 3 + r, slots[r])
+        return ops.swap_vocab_to_batch(c, xs[r], slot=slots[r], backend="triton")
+
+    _phased(comms, run)
+    for r, c in enumerate(comms):
+        st = c.state.tolist()
+        assert st[D.STATE_ERR] == D.ERR_MISMATCH and st[D.STATE_ERR_SRC] == 1 - r, (what, r, st)
+        assert st[D.STATE_ERR_EPOCH] == 1 and st[D.STATE_SEQ] == 0, st
+        assert st[D.STATE_ERR_ROWS] == Bs[r] and st[D.STATE_ERR_EXTRA] == slots[r], st
+        assert st[D.STATE_ERR_SIG] != st[D.STATE_ERR_PEER_SIG]
+        assert bool((c.symm[D.FLAG_BYTES:c.res_base] == 0x5A).all()), f"{what}: pushed"
+        with pytest.raises(CommError, match=f"different arguments: rank {1 - r} joined call 1"):
+            c.check()
+        assert f"B={Bs[r]}" in c.error() and f"slot {slots[r]}" in c.error()
+    before = comms[1].symm[: D.FLAG_BYTES].clone()
+    ops.swap_vocab_to_batch(comms[0], xs[0], backend="triton")
+    assert torch.equal(comms[1].symm[: D.FLAG_BYTES], before), "a poisoned swap signalled"
+
+
+@needs_interp
+@pytest.mark.parametrize("what", ["fields", "items", "dtype"])
+def test_triton_gather_mismatch_keeps_peer_sections(what):
+    """Ranks whose results gathers differ (logprobs on one rank only, B, out_dtype): every rank
+    records ERR_MISMATCH and copies nothing out of its results buffer (the peers' sections of
+    the outputs keep their sentinel; its own items were stored before the wait)."""
+    W = 2
+    comms = _sim_comms(W, 8, 64, torch.float32, max_spins=8)
+    B = [5, 5]
+    if what == "items":
+        B = [5, 6]
+    nf = [2, 3] if what == "fields" else [2, 2]
+    dts = [torch.int64, torch.int32] if what == "dtype" else [torch.int64, torch.int64]
+    outs, wants = [], []
+    for r in range(W):
+        want = [torch.arange(B[r], dtype=dts[r]) + 100, torch.ones(B[r], dtype=torch.bool),
+                torch.full((B[r],), 0.5)][: nf[r]]
+        wants.append(want)
+        outs.append([torch.full_like(t, -7 if t.dtype != torch.bool else 0) for t in want])
+
+    def run(r, c):
+        Bl = c.rows_per_rank(B[r])
+        s, n = c.row_range(B[r])
+        D._gather_triton(c, [t[s:s + n] for t in wants[r]], outs[r], B[r], Bl)
+
+    _phased(comms, run)
+    for r, c in enumerate(comms):
+        st = c.state.tolist()[D.GATHER_STATE:]
+        assert st[D.STATE_ERR] == D.ERR_MISMATCH and st[D.STATE_ERR_SRC] == 1 - r, (what, r, st)
+        assert st[D.STATE_ERR_ROWS] == B[r] and st[D.STATE_ERR_EXTRA] == nf[r], st
+        s, n = c.row_range(B[r])
+        for o, t in zip(outs[r], wants[r]):
+            assert torch.equal(o[s:s + n], t[s:s + n])      # own items
+            rest = torch.cat([o[:s], o[s + n:]])
+            assert bool((rest == (-7 if o.dtype != torch.bool else 0)).all()), (what, r)
+        assert "results gather" in c.error() and f"{nf[r]} fields" in c.error()
+
+
+def test_signatures_and_messages():
+    """The per-call signatures separate every argument a peer must agree on, and the error
+    messages name the mismatch with this rank's arguments."""
+    base = dict(kind=D.SIG_DP_SWAP_CUDA, rows=7, rows_per_rank=4, shard_bytes=400,
+                row_bytes=800, slot=0, num_blocks=3, world=2)
+    s0 = D.swap_signature(**base)
+    seen = {s0}
+    for k, v in [("kind", D.SIG_DP_SWAP_TRITON), ("rows", 8), ("rows_per_rank", 5),
+                 ("shard_bytes", 416), ("row_bytes", 832), ("slot", 1), ("num_blocks", 4),
+                 ("world", 3)]:
+        sig = D.swap_signature(**{**base, k: v})
+        assert sig not in seen, k
+        seen.add(sig)
+    g0 = D.gather_signature(7, 4, 2, [8, 1], [0, 64])
+    for args in [(8, 4, 2, [8, 1], [0, 64]), (7, 3, 2, [8, 1], [0, 64]),
+                 (7, 4, 2, [4, 1], [0, 64]), (7, 4, 2, [8, 1, 4], [0, 64, 80]),
+                 (7, 4, 2, [8, 1], [0, 128])]:
+        assert D.gather_signature(*args) != g0, args
+    assert D.format_dp_error([0] * D.STATE_WORDS, 0, 100) is None
+    words = [0] * D.STATE_WORDS
+    words[1:8] = [D.ERR_MISMATCH, 2, 1, 9, 0x1234, 0xABCD, 7]
+    words[9:11] = [4, 1]
+    msg = D.format_dp_error(words, 0, 100)
+    assert msg.startswith("dp sampling swap: ranks called swap_vocab_to_batch"), msg
+    assert "rank 1 joined call 9" in msg and "B=7, 4 rows per rank, slot 1" in msg, msg
+    assert "0x0000abcd on rank 1, 0x00001234 here" in msg, msg
+    words = [0] * D.STATE_WORDS
+    words[D.GATHER_STATE + 1: D.GATHER_STATE + 5] = [D.ERR_TIMEOUT_GATHER, 0, 1, 3]
+    assert "results flag of rank 1" in D.format_dp_error(words, 0, 100)
 
 
 def test_gather_dispatches_triton(monkeypatch):
@@ -440,6 +582,19 @@ def test_multigpu_dead_peer_commerror(world, backend):
     if _ngpu() < world or not _library.extension_available():
         pytest.skip(f"needs {world} GPUs and the extension")
     H.run_workers("dp_dead_peer_worker", world, "nccl", args=(backend,), timeout_s=300)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_multigpu_per_call_mismatch_commerror(world, backend):
+    """Ranks that call the swap / dp_sample / the results gather with different B, slot,
+    logprobs, out_dtype or fields: CommError naming the mismatch on every rank, no push into any
+    swap buffer, no peer section copied out, a new communicator works
+    (dp_helpers.dp_call_mismatch_worker)."""
+    if _ngpu() < world or not _library.extension_available():
+        pytest.skip(f"needs {world} GPUs and the extension")
+    H.run_workers("dp_call_mismatch_worker", world, "nccl", args=(backend,), timeout_s=600)
 
 
 @needs_gpu

@@ -9,7 +9,7 @@
 // pointer is a multiple of 16 bytes).
 //
 // Workspace of one communicator, identical layout on every rank (symmetric memory):
-//   flags  [kAgFlagBytes]   uint64 words (96 KiB), see below
+//   flags  [kAgFlagBytes]   uint64 words (160 KiB), see below
 //   data   [nbuf][buf_bytes] gather buffers: buffer 0 and 1 rotate by epoch parity (copy-out
 //                           mode), buffer 2 is the view buffer (only when views are enabled).
 // Flag words (on rank p, written by peers with st.release.sys, read by p with ld.acquire.sys):
@@ -19,9 +19,15 @@
 //   data' [b][s]     : the Triton kernel's data flags (its chunking differs, so ranks that
 //                      disagree on the backend of a call time out instead of reading partial
 //                      data; both kernels share seq, so backends can alternate between calls)
+//   hdr [e & 1][b][s] = (e << 32) | sig : the call signature of rank s's CTA b in call e
+//                      (call_signature.h; every kernel of this file and the Triton kernel; written
+//                      before the CTA's first flag, compared by the receiver before it copies
+//                      anything of s into the output: ranks that call with different arguments
+//                      get kAgErrMismatch instead of garbage)
 // Local (non-symmetric) state, int64[kAgStateWords]: [seq, err, err_block, err_src, err_epoch,
-// ..., done-counter]. seq = number of completed calls; call e = seq + 1 is read on the device,
-// so CUDA-graph replays advance it without the host.
+// err_sig, err_peer_sig, err_rows, done-counter, err_width, err_total, err_variant, ...].
+// seq = number of completed calls; call e = seq + 1 is read on the device, so CUDA-graph replays
+// advance it without the host.
 //
 // Safety argument (why two rotating buffers + monotonic epoch flags, no entry barrier):
 // a rank can run at most one call ahead of any peer. To finish call e a rank needs a data flag
@@ -39,6 +45,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "call_signature.h"
+
 namespace tokenspeed_kernel::comm {
 
 constexpr int kAgMaxRanks = 16;    // flag slots per block; the widest supported world
@@ -47,7 +55,8 @@ constexpr int kAgThreads = 512;
 constexpr int kAgUnroll = 4;  // 16-byte vectors in flight per thread
 constexpr int64_t kAgReadyOffset = int64_t(kAgMaxBlocks) * kAgMaxRanks;  // in uint64 words
 constexpr int64_t kAgTritonOffset = 2 * kAgReadyOffset;                  // Triton data flags
-constexpr int64_t kAgFlagBytes = 3 * kAgReadyOffset * 8;                 // 96 KiB
+constexpr int64_t kAgHeaderOffset = 3 * kAgReadyOffset;   // call headers, [2 parities][b][s]
+constexpr int64_t kAgFlagBytes = 5 * kAgReadyOffset * 8;  // 160 KiB
 // Data flag values (CUDA kernels): (epoch << kAgRoundBits) | (round + 1). Monotonic across calls
 // and across the rounds of a call, so ">=" waits work for both kernels sharing the slots. 20 bits:
 // < 2^20 - 1 rounds per CTA (checked by the launcher: a 30 GiB chunk), and 2^44 calls before
@@ -63,12 +72,19 @@ constexpr int kAgStateErr = 1;
 constexpr int kAgStateErrBlock = 2;
 constexpr int kAgStateErrSrc = 3;
 constexpr int kAgStateErrEpoch = 4;
+constexpr int kAgStateErrSig = 5;      // mismatch: this rank's signature of the call
+constexpr int kAgStateErrPeerSig = 6;  // mismatch: the source's signature
+constexpr int kAgStateErrRows = 7;     // mismatch: this rank's T
 constexpr int kAgStateDone = 8;
+constexpr int kAgStateErrWidth = 9;     // mismatch: this rank's width, in 16-byte vectors
+constexpr int kAgStateErrTotal = 10;    // mismatch: this rank's H, in 16-byte vectors
+constexpr int kAgStateErrVariant = 11;  // mismatch: (kind << 16) | this rank's kAgSigFlags bits
 constexpr int kAgStateWords = 16;
 
 // error codes (state[kAgStateErr])
 constexpr int kAgErrTimeoutData = 1;
 constexpr int kAgErrTimeoutReady = 2;
+constexpr int kAgErrMismatch = 3;  // a peer's header of this call carries another signature
 
 // flags
 constexpr int kAgFlagMultimem = 1;    // push through the multicast address (sm_90+, opt-in only)
@@ -80,6 +96,10 @@ constexpr int kAgFlagPDL = 32;        // launch with programmatic dependent laun
 constexpr int kAgFlagLL4 = 64;        // LL with 4-byte packets (the host's pick for small outputs)
 constexpr int kAgFlagLLPaired = 128;  // testing / A-B only, with kAgFlagLL4: a vector's two LL
                                       // units adjacent (the first LL kernel's layout)
+// The flag bits that change what a call moves where (part of the call signature); PDL and trap
+// do not.
+constexpr int kAgSigFlags =
+    kAgFlagMultimem | kAgFlagView | kAgFlagLL | kAgFlagNoPipe | kAgFlagLL4 | kAgFlagLLPaired;
 
 // LL protocol with 6-byte packets (all_gather_hidden_ll_kernel): 3 data vectors (48 bytes) travel
 // as 4 LL units of 16 bytes = 8 packets of {6 data bytes | 16-bit stamp}.
@@ -119,6 +139,7 @@ struct AllGatherHiddenParams {
   int64_t timeout_ns;  // bounded wait; <= 0 waits forever
   int64_t ll_off;      // LL protocol: byte offset of the LL region in data
   int64_t ll_bytes;    // LL protocol: bytes of one LL parity region
+  uint32_t sig;        // the call's signature (ag_signature; the same on every rank of a call)
 };
 
 namespace detail {
@@ -160,6 +181,23 @@ __device__ __forceinline__ int64_t ld_relaxed_gpu(const int64_t* addr) {
   int64_t v;
   asm volatile("ld.relaxed.gpu.global.s64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
   return v;
+}
+
+// Header words (call_signature.h): self-validating (they carry the epoch), so relaxed accesses.
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* addr, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* addr) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
+  return v;
+}
+
+// The header slot [epoch & 1][b][s] in the flag region `flags` (of any rank).
+__device__ __forceinline__ uint64_t* hdr_slot(uint64_t* flags, uint64_t epoch, int b, int s) {
+  return flags + kAgHeaderOffset + static_cast<int64_t>(epoch & 1) * kAgReadyOffset +
+         b * kAgMaxRanks + s;
 }
 
 __device__ __forceinline__ uint4 ld_v4(const uint8_t* p) {
@@ -255,15 +293,60 @@ __device__ __noinline__ void record_timeout(const AllGatherHiddenParams& p, int 
   if (p.flags & kAgFlagTrap) __trap();
 }
 
-// Spin until *flag >= target. Bounded: gives up after timeout_ns (%globaltimer) and records the
-// error, or as soon as another block of this rank recorded one.
+// Mismatch: source `src`'s header of call `epoch` carries another signature (`peer_hdr`).
+// Records (code, block, source, call, both signatures, this rank's shape) like a timeout (first
+// CAS wins) and poisons the communicator. Traps with kAgFlagTrap, like a timeout.
+__device__ __noinline__ void record_mismatch(const AllGatherHiddenParams& p, int src,
+                                             uint64_t epoch, uint64_t peer_hdr, uint32_t kind) {
+  unsigned long long* err = reinterpret_cast<unsigned long long*>(p.state + kAgStateErr);
+  if (atomicCAS(err, 0ull, static_cast<unsigned long long>(kAgErrMismatch)) == 0ull) {
+    p.state[kAgStateErrBlock] = blockIdx.x;
+    p.state[kAgStateErrSrc] = src;
+    p.state[kAgStateErrEpoch] = static_cast<int64_t>(epoch);
+    p.state[kAgStateErrSig] = p.sig;
+    p.state[kAgStateErrPeerSig] = static_cast<int64_t>(peer_hdr & 0xFFFFFFFFull);
+    p.state[kAgStateErrRows] = p.rows;
+    p.state[kAgStateErrWidth] = p.col_vec[p.rank + 1] - p.col_vec[p.rank];
+    p.state[kAgStateErrTotal] = p.row_vec;
+    p.state[kAgStateErrVariant] = static_cast<int64_t>((kind << 16) | (p.flags & kAgSigFlags));
+    __threadfence_system();
+    printf(
+        "[tokenspeed_kernel] all_gather_hidden: rank %d block %d: rank %d joined call %llu with "
+        "other arguments (signature %08x, this rank %08x, T = %d); the communicator is now "
+        "unusable\n",
+        p.rank, static_cast<int>(blockIdx.x), src, static_cast<unsigned long long>(epoch),
+        static_cast<unsigned>(peer_hdr & 0xFFFFFFFFull), p.sig, p.rows);
+  }
+  if (p.flags & kAgFlagTrap) __trap();
+}
+
+// Spin until *flag >= target and, with `hdr`, until the header slot holds this call's header
+// `want` (both polled in the same iteration: the header is self-validating, so it needs no order
+// against the flag). A header of this call with another signature fails at once
+// (record_mismatch). Bounded: gives up after timeout_ns (%globaltimer) and records the error, or
+// as soon as another block of this rank recorded one.
 __device__ __forceinline__ bool wait_flag_ge(const AllGatherHiddenParams& p, const uint64_t* flag,
-                                             uint64_t target, int code, int src, uint64_t epoch) {
-  if (ld_acquire_sys(flag) >= target) return true;
-  const uint64_t start = globaltimer_ns();
-  for (uint32_t it = 1;; ++it) {
-    if (ld_acquire_sys(flag) >= target) return true;
-    if ((it & 63u) == 0u) {
+                                             uint64_t target, int code, int src, uint64_t epoch,
+                                             const uint64_t* hdr = nullptr, uint64_t want = 0) {
+  bool hok = hdr == nullptr;
+  uint64_t h = 0;
+  if (!hok) h = ld_relaxed_sys(hdr);
+  bool fok = ld_acquire_sys(flag) >= target;
+  uint64_t start = 0;
+  for (uint32_t it = 0;; ++it) {
+    if (!hok) {
+      const int hs = header_state(h, want);
+      if (hs < 0) {
+        record_mismatch(p, src, epoch, h, kSigAllGatherCuda);
+        return false;
+      }
+      hok = hs > 0;
+    }
+    if (fok && hok) return true;
+    if (it == 0) start = globaltimer_ns();
+    if (!hok) h = ld_relaxed_sys(hdr);
+    if (!fok) fok = ld_acquire_sys(flag) >= target;
+    if ((it & 63u) == 63u) {
       if (ld_relaxed_gpu(p.state + kAgStateErr) != 0) return false;
       if (p.timeout_ns > 0 && globaltimer_ns() - start > static_cast<uint64_t>(p.timeout_ns)) {
         record_timeout(p, code, src, epoch);
@@ -417,13 +500,16 @@ __device__ __forceinline__ bool ll4_ready(const ulonglong2& a, const ulonglong2&
          uint32_t(b.y >> 32) == f;
 }
 
-// Spin until poll() (which reloads the units it checks) returns true, bounded like wait_flag_ge.
+// Spin until poll() (which reloads the units it checks, and the source's header until it is
+// this call's) returns > 0; < 0: a mismatching header (poll recorded it). Bounded like
+// wait_flag_ge.
 template <typename Poll>
 __device__ __forceinline__ bool spin_ll(const AllGatherHiddenParams& p, Poll poll, int src,
                                         uint64_t epoch) {
   const uint64_t start = globaltimer_ns();
   for (uint32_t it = 1;; ++it) {
-    if (poll()) return true;
+    const int r = poll();
+    if (r != 0) return r > 0;
     if ((it & 63u) == 0u) {
       if (ld_relaxed_gpu(p.state + kAgStateErr) != 0) return false;
       if (p.timeout_ns > 0 && globaltimer_ns() - start > static_cast<uint64_t>(p.timeout_ns)) {
@@ -541,12 +627,18 @@ __global__ void __launch_bounds__(kAgThreads)
   const uint64_t epoch = s_epoch;
   const bool view = (p.flags & kAgFlagView) != 0;
   const int64_t buf_off = view ? 2 * p.buf_bytes : static_cast<int64_t>(epoch & 1) * p.buf_bytes;
+  // this call's header into every rank's slot [epoch & 1][b][rank] (before any flag of the call)
+  const uint64_t hw = header_word(epoch, p.sig);
+  if (tid < p.world)
+    detail::st_relaxed_sys(detail::hdr_slot(p.peer_flags[tid], epoch, b, p.rank), hw);
 
   if (view) {  // entry handshake: every rank entered call `epoch`, so it is done with its view
+    // (the headers are compared here, before anything is pushed into a peer's view buffer)
     if (tid < p.world) {
       detail::st_release_sys(p.peer_flags[tid] + kAgReadyOffset + b * kAgMaxRanks + p.rank, epoch);
       if (!detail::wait_flag_ge(p, p.my_flags + kAgReadyOffset + b * kAgMaxRanks + tid, epoch,
-                                kAgErrTimeoutReady, tid, epoch))
+                                kAgErrTimeoutReady, tid, epoch,
+                                detail::hdr_slot(p.my_flags, epoch, b, tid), hw))
         atomicOr(&s_fail, 1);  // shared atomic: no WAW race between waiting threads
     }
     __syncthreads();
@@ -598,9 +690,10 @@ __global__ void __launch_bounds__(kAgThreads)
     if (tid < p.world) {
       const uint64_t fv = (epoch << kAgRoundBits) | 1u;  // one round
       detail::st_release_sys(p.peer_flags[tid] + b * kAgMaxRanks + p.rank, fv);
-      // ---- wait: data flags [b][*] of this rank reach epoch ----
+      // ---- wait: data flags [b][*] of this rank reach epoch, headers equal to mine ----
       if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + tid, fv, kAgErrTimeoutData, tid,
-                                epoch))
+                                epoch, view ? nullptr : detail::hdr_slot(p.my_flags, epoch, b, tid),
+                                hw))
         atomicOr(&s_fail, 1);  // shared atomic: no WAW race between waiting threads
     }
     __syncthreads();
@@ -676,9 +769,12 @@ __global__ void __launch_bounds__(kAgThreads, 1)
     const int lane = tid;
     const bool peer = lane < p.world && lane != p.rank;
     uint32_t s_rounds = 0;
+    const uint64_t hw = header_word(epoch, p.sig);
     if (peer) {
       const uint32_t n = src_n(lane);
       s_rounds = detail::piece_rounds(n, G, b, detail::piece_span(n, G, kRoundVec));
+      // this call's header (before the first flag; also where this CTA publishes no round)
+      detail::st_relaxed_sys(detail::hdr_slot(p.peer_flags[lane], epoch, b, p.rank), hw);
     }
     bool failed = false;
     for (uint32_t k = 0; k < nrounds; ++k) {
@@ -687,8 +783,10 @@ __global__ void __launch_bounds__(kAgThreads, 1)
       if (peer && k < my_rounds)
         detail::st_release_sys(p.peer_flags[lane] + b * kAgMaxRanks + p.rank, fv);
       if (peer && !failed && k < s_rounds) {
-        if (!detail::wait_flag_ge(p, p.my_flags + b * kAgMaxRanks + lane, fv, kAgErrTimeoutData,
-                                  lane, epoch)) {
+        // round 0 also waits for the source's header (before any of its rounds is copied out)
+        if (!detail::wait_flag_ge(
+                p, p.my_flags + b * kAgMaxRanks + lane, fv, kAgErrTimeoutData, lane, epoch,
+                k == 0 ? detail::hdr_slot(p.my_flags, epoch, b, lane) : nullptr, hw)) {
           failed = true;
           atomicOr(&s_fail, 1);  // shared atomic: no WAW race between waiting lanes
         }
@@ -804,9 +902,14 @@ __global__ void __launch_bounds__(kAgThreads, 1)
 // put a vector's two units side by side, so that each instruction wrote half of every sector it
 // touched; see COMM.md.)
 //
-// Stamps: f = ((epoch - 1) mod 65535) + 1, never 0. Every unit a call writes is read and zeroed
-// by its receiver in the same call, so between calls the regions hold zeros only: a unit that
-// carries f was written in this call (a stale unit is 0, and the stamp changes anyway). Reuse of
+// Stamps: f = ((epoch - 1 + sig) mod 65535) + 1, never 0 (sig: the call signature, so that a
+// peer's packets of a call with other arguments do not match). Every unit a call writes is read
+// and zeroed by its receiver in the same call, so between calls the regions hold zeros only: a
+// unit that carries f was written in this call (a stale unit is 0; the zeroing, not a change of
+// the stamp, is the guarantee). Ranks that call with different arguments are caught by the
+// header word (each receiving thread checks its source's header of the call before its first
+// output store; call_signature.h), which leaves the regions dirty: the communicator is then
+// poisoned and must be recreated. Reuse of
 // a parity region is safe by the same argument as the rotating gather buffers (header): a rank
 // writes p's parity (e + 1) & 1 in call e + 1 only after finishing call e, which needed p's
 // call-e packets, which p sent after its call e - 1 kernel (the last reader and zeroer of that
@@ -847,9 +950,13 @@ __global__ void __launch_bounds__(kAgThreads)
   __syncthreads();
   if (s_abort) return;
   const uint64_t epoch = s_epoch;
-  const uint32_t f = static_cast<uint32_t>((epoch - 1) % 0xFFFFull) + 1u;
+  // stamp: the call and its signature, so packets of a call with other arguments never match
+  const uint32_t f = static_cast<uint32_t>((epoch - 1 + p.sig) % 0xFFFFull) + 1u;
   const int64_t par = p.ll_off + static_cast<int64_t>(epoch & 1) * p.ll_bytes;
   const int64_t rows = p.rows;
+  const uint64_t hw = header_word(epoch, p.sig);
+  if (tid < p.world && tid != p.rank)
+    detail::st_relaxed_sys(detail::hdr_slot(p.peer_flags[tid], epoch, b, p.rank), hw);
 
   // ---- push my groups of chunk b: LL units to every peer, the vectors to my output ----
   {
@@ -905,6 +1012,12 @@ __global__ void __launch_bounds__(kAgThreads)
     uint8_t* area = p.my_data + par + 64 * (rows * col0 / kLLGroupVec + s);
     const int64_t plane = static_cast<int64_t>(ng) * 16;
     const detail::RowCol step = detail::row_col(ng, wv);
+    // s's header of this call: every thread checks it itself before its first output store of
+    // s (loaded with its first units; one transaction per warp), so no byte of a source that
+    // called with other arguments reaches the output
+    const uint64_t* hslot = detail::hdr_slot(p.my_flags, epoch, b, s);
+    bool hok = false;
+    uint64_t h = 0;
     for (uint32_t base = lo + tid; ok && base < hi; base += kAgThreads * kLLUnroll) {
       ulonglong2 a[kLLUnroll][kLLGroupUnits];
       detail::RowCol rcr[kLLUnroll][kLLGroupVec];
@@ -917,23 +1030,41 @@ __global__ void __launch_bounds__(kAgThreads)
             a[u][j] = detail::ld_ll(area + static_cast<int64_t>(g) * 16 + j * plane);
         }
       }
+      if (!hok) h = detail::ld_relaxed_sys(hslot);
 #pragma unroll
       for (int u = 0; u < kLLUnroll; ++u) {  // (row, column) math while the loads are in flight
         const uint32_t g = base + u * kAgThreads;
         if (g < hi) detail::group_rc(g, wv, step, rcr[u]);
+      }
+      if (!hok) {
+        const int hs = header_state(h, hw);
+        if (hs < 0) {
+          detail::record_mismatch(p, s, epoch, h, kSigAllGatherCuda);
+          ok = false;
+        }
+        hok = hs > 0;
       }
 #pragma unroll
       for (int u = 0; u < kLLUnroll; ++u) {
         const uint32_t g = base + u * kAgThreads;
         if (g < hi && ok) {
           uint8_t* at = area + static_cast<int64_t>(g) * 16;
-          if (!detail::ll6_ready(a[u], f)) {
+          if (!hok || !detail::ll6_ready(a[u], f)) {
             ok = detail::spin_ll(
                 p,
-                [&]() {
+                [&]() -> int {
+                  if (!hok) {
+                    h = detail::ld_relaxed_sys(hslot);
+                    const int t = header_state(h, hw);
+                    if (t < 0) {
+                      detail::record_mismatch(p, s, epoch, h, kSigAllGatherCuda);
+                      return -1;
+                    }
+                    hok = t > 0;
+                  }
 #pragma unroll
                   for (int j = 0; j < kLLGroupUnits; ++j) a[u][j] = detail::ld_ll(at + j * plane);
-                  return detail::ll6_ready(a[u], f);
+                  return hok && detail::ll6_ready(a[u], f) ? 1 : 0;
                 },
                 s, epoch);
           }
@@ -956,7 +1087,7 @@ __global__ void __launch_bounds__(kAgThreads)
 // LL protocol with 4-byte packets (kAgFlagLL | kAgFlagLL4; the host's pick for small outputs,
 // where one vector per thread beats three): {data32 | flag32}, so each 16-byte data vector
 // travels as two LL units (2x the bytes on the wire), stamp
-// f = ((epoch - 1) mod (2^32 - 1)) + 1. Source s's area starts at byte 32 * rows * col_vec[s]
+// f = ((epoch - 1 + sig) mod (2^32 - 1)) + 1. Source s's area starts at byte 32 * rows * col_vec[s]
 // and holds its n_s = rows * w_s vectors in (t, c) order; the two units of vector i sit in two
 // planes (16 i and 16 (n_s + i)), or side by side at 32 i with kAgFlagLLPaired (the layout of
 // the first LL kernel: each warp-wide store then covers half of every sector it touches).
@@ -988,9 +1119,13 @@ __global__ void __launch_bounds__(kAgThreads)
   __syncthreads();
   if (s_abort) return;
   const uint64_t epoch = s_epoch;
-  const uint32_t f = static_cast<uint32_t>((epoch - 1) % 0xFFFFFFFFull) + 1u;
+  // stamp: the call and its signature, so packets of a call with other arguments never match
+  const uint32_t f = static_cast<uint32_t>((epoch - 1 + p.sig) % 0xFFFFFFFFull) + 1u;
   const int64_t par = p.ll_off + static_cast<int64_t>(epoch & 1) * p.ll_bytes;
   const int64_t rows = p.rows;
+  const uint64_t hw = header_word(epoch, p.sig);
+  if (tid < p.world && tid != p.rank)
+    detail::st_relaxed_sys(detail::hdr_slot(p.peer_flags[tid], epoch, b, p.rank), hw);
 
   {
     const int64_t area = par + 2 * rows * my_col0 * 16;
@@ -1033,6 +1168,11 @@ __global__ void __launch_bounds__(kAgThreads)
     uint8_t* area = p.my_data + par + 2 * rows * col0 * 16;
     const int64_t second = paired ? 16 : static_cast<int64_t>(n) * 16;
     const detail::RowCol step = detail::row_col(kAgThreads, wv);
+    // s's header of this call, checked by every thread before its first output store of s
+    // (as in all_gather_hidden_ll_kernel)
+    const uint64_t* hslot = detail::hdr_slot(p.my_flags, epoch, b, s);
+    bool hok = false;
+    uint64_t h = 0;
     for (uint32_t base = lo + tid; ok && base < hi; base += kAgThreads * kAgUnroll) {
       ulonglong2 a0[kAgUnroll], a1[kAgUnroll];
 #pragma unroll
@@ -1043,20 +1183,38 @@ __global__ void __launch_bounds__(kAgThreads)
           a1[u] = detail::ld_ll(area + static_cast<int64_t>(i) * ustride + second);
         }
       }
+      if (!hok) h = detail::ld_relaxed_sys(hslot);
       detail::RowCol rcr[kAgUnroll];  // (row, column) math while the loads are in flight
       detail::batch_rc(base, wv, step, rcr);
+      if (!hok) {
+        const int hs = header_state(h, hw);
+        if (hs < 0) {
+          detail::record_mismatch(p, s, epoch, h, kSigAllGatherCuda);
+          ok = false;
+        }
+        hok = hs > 0;
+      }
 #pragma unroll
       for (int u = 0; u < kAgUnroll; ++u) {
         const uint32_t i = base + u * kAgThreads;
         if (i < hi && ok) {
           uint8_t* a = area + static_cast<int64_t>(i) * ustride;
-          if (!detail::ll4_ready(a0[u], a1[u], f)) {
+          if (!hok || !detail::ll4_ready(a0[u], a1[u], f)) {
             ok = detail::spin_ll(
                 p,
-                [&]() {
+                [&]() -> int {
+                  if (!hok) {
+                    h = detail::ld_relaxed_sys(hslot);
+                    const int t = header_state(h, hw);
+                    if (t < 0) {
+                      detail::record_mismatch(p, s, epoch, h, kSigAllGatherCuda);
+                      return -1;
+                    }
+                    hok = t > 0;
+                  }
                   a0[u] = detail::ld_ll(a);
                   a1[u] = detail::ld_ll(a + second);
-                  return detail::ll4_ready(a0[u], a1[u], f);
+                  return hok && detail::ll4_ready(a0[u], a1[u], f) ? 1 : 0;
                 },
                 s, epoch);
           }
@@ -1097,7 +1255,10 @@ inline void launch(Kernel kernel, dim3 grid, dim3 block, cudaStream_t stream, bo
 
 // Host launcher. The caller guarantees (and comm_ops.cu checks) the 16-byte alignment of every
 // pointer, stride and column offset, that the buffers hold rows * row_vec vectors, and that every
-// rank launches the same call (same rows, widths, num_blocks, flags) in the same order.
+// rank launches its calls in the same order. Calls with different rows, widths, num_blocks or
+// kAgSigFlags bits on different ranks are detected through p.sig (ag_signature: the kernels
+// record kAgErrMismatch or, where a peer's CTA or flag never comes, a timeout) as long as every
+// rank computes p.sig from its own arguments.
 inline cudaError_t launch_all_gather_hidden(const AllGatherHiddenParams& p, cudaStream_t stream) {
   if (p.world < 1 || p.world > kAgMaxRanks || p.rank < 0 || p.rank >= p.world || p.num_blocks < 1 ||
       p.num_blocks > kAgMaxBlocks || p.rows < 0 || p.state == nullptr)

@@ -157,6 +157,10 @@ void all_gather_hidden(const at::Tensor& x, const std::optional<at::Tensor>& out
   p.timeout_ns = timeout_ns;
   p.ll_off = ll ? ll_off : 0;
   p.ll_bytes = ll ? ll_bytes : 0;
+  // everything a peer must agree on (call_signature.h); checked on the device against every
+  // peer's header word of the call
+  p.sig = ag_signature(kSigAllGatherCuda, static_cast<uint32_t>(flags & kAgSigFlags), elt, rows,
+                       num_blocks, static_cast<int>(world), col_offsets.data());
   C10_CUDA_CHECK(launch_all_gather_hidden(p, at::cuda::getCurrentCUDAStream(x.device().index())));
 }
 

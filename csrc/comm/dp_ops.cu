@@ -89,6 +89,11 @@ void dp_swap(const at::Tensor& x, const at::Tensor& state, const at::Tensor& sym
   p.num_blocks = static_cast<int32_t>(num_blocks);
   p.flags = static_cast<int32_t>(flags);
   p.timeout_ns = timeout_ns;
+  // everything a peer must agree on (call_signature.h), compared on the device before the push
+  const int64_t slot = (slot_off - kDpFlagBytes) / recv_bytes;
+  p.slot = static_cast<int32_t>(slot);
+  p.sig = dp_swap_signature(kSigDpSwapCuda, rows, rows_per_rank, shard_bytes, row_bytes, slot,
+                            num_blocks, static_cast<int>(world));
   C10_CUDA_CHECK(launch_dp_swap(p, at::cuda::getCurrentCUDAStream(x.device().index())));
 }
 
@@ -115,6 +120,7 @@ void dp_gather(at::TensorList src, at::TensorList out, const at::Tensor& state,
       dp::rows_of(static_cast<int32_t>(items), static_cast<int32_t>(items_per_rank),
                   static_cast<int32_t>(rank));
   DpGatherParams p{};
+  int64_t ibs[kDpMaxFields] = {}, offs[kDpMaxFields] = {};
   for (int64_t f = 0; f < nf; ++f) {
     const at::Tensor& s = src[f];
     const at::Tensor& o = out[f];
@@ -131,6 +137,8 @@ void dp_gather(at::TensorList src, at::TensorList out, const at::Tensor& state,
     p.out[f] = static_cast<uint8_t*>(o.data_ptr());
     p.res_off[f] = res_off[f];
     p.item_bytes[f] = static_cast<int32_t>(ib);
+    ibs[f] = ib;
+    offs[f] = res_off[f];
   }
   TS_CHECK(symm.numel() >= kDpFlagBytes + 2 * res_bytes, op, ": symm too small");
   for (int64_t s = 0; s < world; ++s) {
@@ -146,6 +154,9 @@ void dp_gather(at::TensorList src, at::TensorList out, const at::Tensor& state,
   p.rank = static_cast<int32_t>(rank);
   p.flags = static_cast<int32_t>(flags);
   p.timeout_ns = timeout_ns;
+  // everything a peer must agree on (call_signature.h), compared on the device before the copy-out
+  p.sig = dp_gather_signature(items, items_per_rank, static_cast<int>(world), static_cast<int>(nf),
+                              ibs, offs);
   const c10::cuda::CUDAGuard guard(dev);
   if (items == 0) return;
   C10_CUDA_CHECK(launch_dp_gather(p, at::cuda::getCurrentCUDAStream(dev.index())));

@@ -18,9 +18,15 @@
 //   ready [b][s] = e : rank s has entered swap call e, so it is done with its view of call e - 1
 //   swap' / ready'   : the Triton swap's flags (its partition differs)
 //   gather [s]   = g : rank s has stored its results of gather call g into p's res buffer (g & 1)
+//   hdr [e & 1][b][s] = (e << 32) | sig : swap call e's signature of rank s's CTA b (either
+//                  backend; call_signature.h), written before the entry handshake's ready flag and
+//                  compared before anything is pushed
+//   ghdr [g & 1][s]    : the same for gather call g, written before gather[s], compared before the
+//                  copy-out
 // Local (non-symmetric) state, int64[kDpStateWords]: the swap's words at 0, the gather's at
-// kDpGatherState: [seq, err, err_block, err_src, err_epoch, ..., done-counter]. seq counts
-// completed calls; call e = seq + 1 is read on the device (CUDA-graph replays advance it).
+// kDpGatherState: [seq, err, err_block, err_src, err_epoch, err_sig, err_peer_sig, err_rows,
+// done-counter, err_per_rank, err_extra, ...]. seq counts completed calls; call e = seq + 1 is
+// read on the device (CUDA-graph replays advance it).
 //
 // Safety. The swap's output is a view of recv, read by kernels the caller enqueues after the
 // swap (the sampler), so its address must not depend on the call (graph replays): one buffer
@@ -39,6 +45,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "call_signature.h"
+
 namespace tokenspeed_kernel::comm {
 
 constexpr int kDpMaxRanks = 16;
@@ -52,15 +60,21 @@ constexpr int64_t kDpReadyFlags = kDpSlots;
 constexpr int64_t kDpTritonSwapFlags = 2 * kDpSlots;
 constexpr int64_t kDpTritonReadyFlags = 3 * kDpSlots;
 constexpr int64_t kDpGatherFlags = 4 * kDpSlots;
-constexpr int64_t kDpFlagBytes = (kDpGatherFlags + 256) * 8;  // 130 KiB
+constexpr int64_t kDpHeaders = kDpGatherFlags + 256;             // [2 parities][b][s]
+constexpr int64_t kDpGatherHeaders = kDpHeaders + 2 * kDpSlots;  // [2 parities][s]
+constexpr int64_t kDpFlagBytes = (kDpGatherHeaders + 256) * 8;   // 196 KiB
 constexpr int kDpStateWords = 32;
 constexpr int kDpGatherState = 16;
 // words within a kernel's state block (the all-gather's layout)
 constexpr int kDpSeq = 0, kDpErr = 1, kDpErrBlock = 2, kDpErrSrc = 3, kDpErrEpoch = 4, kDpDone = 8;
+// mismatch details: this rank's signature, the source's, B (items), rows (items) per rank, and
+// the slot (swap) / the number of fields (gather)
+constexpr int kDpErrSig = 5, kDpErrPeerSig = 6, kDpErrRows = 7, kDpErrPerRank = 9, kDpErrExtra = 10;
 constexpr int kDpErrTimeoutSwap = 1;
 constexpr int kDpErrTimeoutReady = 2;
 constexpr int kDpErrTimeoutGather = 3;
-constexpr int kDpFlagTrap = 4;  // __trap() after recording a timeout (default: flag only)
+constexpr int kDpErrMismatch = 4;  // a peer's header of this call carries another signature
+constexpr int kDpFlagTrap = 4;     // __trap() after recording a timeout (default: flag only)
 
 struct DpSwapParams {
   const uint8_t* x;  // [rows, shard] (byte row stride ldx)
@@ -77,6 +91,8 @@ struct DpSwapParams {
   int32_t num_blocks;  // the same on every rank for a given call
   int32_t flags;
   int64_t timeout_ns;  // bounded wait; <= 0 waits forever
+  uint32_t sig;        // the call's signature (dp_swap_signature)
+  int32_t slot;        // the swap buffer's slot (for error reports; part of sig)
 };
 
 struct DpGatherParams {
@@ -95,6 +111,7 @@ struct DpGatherParams {
   int32_t rank;
   int32_t flags;
   int64_t timeout_ns;
+  uint32_t sig;  // the call's signature (dp_gather_signature)
 };
 
 namespace dp {
@@ -122,6 +139,23 @@ __device__ __forceinline__ int64_t ld_relaxed_gpu(const int64_t* addr) {
   asm volatile("ld.relaxed.gpu.global.s64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
   return v;
 }
+
+// header words (self-validating: they carry the epoch)
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* addr, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* addr) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
+  return v;
+}
+
+// What a mismatch record says about this rank's call.
+struct CallInfo {
+  uint32_t sig;
+  int32_t rows, per_rank, extra;
+};
 
 // floor(n * b / g) without 64-bit division (g <= kDpMaxBlocks, so (n % g) * b < 2^16).
 __device__ __forceinline__ uint32_t chunk_begin(uint32_t n, int b, int g) {
@@ -169,16 +203,58 @@ static __device__ __noinline__ void record_timeout(int64_t* st, int code, int sr
   if (flags & kDpFlagTrap) __trap();
 }
 
-// Spin until *flag >= target; bounded by timeout_ns (%globaltimer), or until another block of this
+static __device__ __noinline__ void record_mismatch(int64_t* st, int src, uint64_t epoch,
+                                                    uint64_t peer_hdr, const CallInfo& ci,
+                                                    bool gather, int rank, int flags) {
+  unsigned long long* err = reinterpret_cast<unsigned long long*>(st + kDpErr);
+  if (atomicCAS(err, 0ull, static_cast<unsigned long long>(kDpErrMismatch)) == 0ull) {
+    st[kDpErrBlock] = blockIdx.x;
+    st[kDpErrSrc] = src;
+    st[kDpErrEpoch] = static_cast<int64_t>(epoch);
+    st[kDpErrSig] = ci.sig;
+    st[kDpErrPeerSig] = static_cast<int64_t>(peer_hdr & 0xFFFFFFFFull);
+    st[kDpErrRows] = ci.rows;
+    st[kDpErrPerRank] = ci.per_rank;
+    st[kDpErrExtra] = ci.extra;
+    __threadfence_system();
+    printf(
+        "[tokenspeed_kernel] %s: rank %d block %d: rank %d joined call %llu with other arguments "
+        "(signature %08x, this rank %08x, %d rows); the communicator is now unusable\n",
+        gather ? "dp gather" : "swap_vocab_to_batch", rank, static_cast<int>(blockIdx.x), src,
+        static_cast<unsigned long long>(epoch), static_cast<unsigned>(peer_hdr & 0xFFFFFFFFull),
+        ci.sig, ci.rows);
+  }
+  if (flags & kDpFlagTrap) __trap();
+}
+
+// Spin until *flag >= target and, with `hdr`, until the header slot holds this call's word
+// `want` (polled together with the flag; a header of this call with another signature fails at
+// once: record_mismatch); bounded by timeout_ns (%globaltimer), or until another block of this
 // rank recorded an error.
 __device__ __forceinline__ bool wait_ge(const uint64_t* flag, uint64_t target, int64_t* st,
                                         const int64_t* state0, int code, int src, uint64_t epoch,
-                                        int rank, int64_t timeout_ns, int flags) {
-  if (ld_acquire_sys(flag) >= target) return true;
-  const uint64_t start = globaltimer_ns();
-  for (uint32_t it = 1;; ++it) {
-    if (ld_acquire_sys(flag) >= target) return true;
-    if ((it & 63u) == 0u) {
+                                        int rank, int64_t timeout_ns, int flags,
+                                        const uint64_t* hdr = nullptr, uint64_t want = 0,
+                                        const CallInfo* ci = nullptr) {
+  bool hok = hdr == nullptr;
+  uint64_t h = 0;
+  if (!hok) h = ld_relaxed_sys(hdr);
+  bool fok = ld_acquire_sys(flag) >= target;
+  uint64_t start = 0;
+  for (uint32_t it = 0;; ++it) {
+    if (!hok) {
+      const int hs = header_state(h, want);
+      if (hs < 0) {
+        record_mismatch(st, src, epoch, h, *ci, code == kDpErrTimeoutGather, rank, flags);
+        return false;
+      }
+      hok = hs > 0;
+    }
+    if (fok && hok) return true;
+    if (it == 0) start = globaltimer_ns();
+    if (!hok) h = ld_relaxed_sys(hdr);
+    if (!fok) fok = ld_acquire_sys(flag) >= target;
+    if ((it & 63u) == 63u) {
       if (poisoned(state0)) return false;
       if (timeout_ns > 0 && globaltimer_ns() - start > static_cast<uint64_t>(timeout_ns)) {
         record_timeout(st, code, src, epoch, rank, timeout_ns, flags);
@@ -261,10 +337,15 @@ __global__ void __launch_bounds__(kDpThreads, 1)
   if (s_abort) return;
   const uint64_t epoch = s_epoch;
   uint64_t* my_flags = p.peer_flags[p.rank];
-  if (tid < p.world) {  // entry handshake
+  if (tid < p.world) {  // entry handshake, with this call's header (compared before any push)
+    const uint64_t hw = header_word(epoch, p.sig);
+    const int64_t hslot = kDpHeaders + static_cast<int64_t>(epoch & 1) * kDpSlots + b * kDpMaxRanks;
+    const dp::CallInfo ci{p.sig, p.rows, p.rows_per_rank, p.slot};
+    dp::st_relaxed_sys(p.peer_flags[tid] + hslot + p.rank, hw);
     dp::st_release_sys(p.peer_flags[tid] + kDpReadyFlags + b * kDpMaxRanks + p.rank, epoch);
     if (!dp::wait_ge(my_flags + kDpReadyFlags + b * kDpMaxRanks + tid, epoch, p.state, p.state,
-                     kDpErrTimeoutReady, tid, epoch, p.rank, p.timeout_ns, p.flags))
+                     kDpErrTimeoutReady, tid, epoch, p.rank, p.timeout_ns, p.flags,
+                     my_flags + hslot + tid, hw, &ci))
       atomicOr(&s_fail, 1);
   }
   __syncthreads();
@@ -342,10 +423,15 @@ __global__ void __launch_bounds__(kDpThreads, 1)
   }
   __syncthreads();
   if (tid == 32 % kDpThreads) dp::advance_seq(st, 1, epoch);
-  if (tid < p.world) {
+  if (tid < p.world) {  // publish with this call's header; wait, comparing the peers' headers
+    const uint64_t hw = header_word(epoch, p.sig);
+    const int64_t hslot = kDpGatherHeaders + static_cast<int64_t>(epoch & 1) * kDpMaxRanks;
+    const dp::CallInfo ci{p.sig, p.items, p.items_per_rank, p.nfields};
+    dp::st_relaxed_sys(p.peer_flags[tid] + hslot + p.rank, hw);
     dp::st_release_sys(p.peer_flags[tid] + kDpGatherFlags + p.rank, epoch);
     if (!dp::wait_ge(p.peer_flags[p.rank] + kDpGatherFlags + tid, epoch, st, p.state,
-                     kDpErrTimeoutGather, tid, epoch, p.rank, p.timeout_ns, p.flags))
+                     kDpErrTimeoutGather, tid, epoch, p.rank, p.timeout_ns, p.flags,
+                     p.peer_flags[p.rank] + hslot + tid, hw, &ci))
       atomicOr(&s_fail, 1);
   }
   __syncthreads();

@@ -22,8 +22,9 @@ Mode ``proc`` (top-k 50 + top-p 0.9 with logits processing, ``make_processing``:
 per request, repetition 1.1 / frequency 0.2 / presence 0.1 over token counts of ~2000 prompt and
 200 output tokens, an allowed-token bitmask allowing ~half the vocabulary, 10 banned ids,
 min_tokens active with 2 stop ids): ``ours-cuda`` / ``ours-triton`` = the same sampler call
-without processing; ``ours-cuda+proc`` / ``ours-triton+proc`` = ``ops.sample(processing=...)``
-(fused); ``torch-proc+ours-cuda`` / ``torch-proc+ours-triton`` = the engines' way: graph-safe
+without processing; ``ours-triton+proc`` = ``ops.sample(processing=...)`` (fused; an
+``ours-cuda+proc`` row only when ``ops.sampling.cuda_takes_processing()``: the CUDA kernels do
+not take processing); ``torch-proc+ours-cuda`` / ``torch-proc+ours-triton`` = the engines' way: graph-safe
 torch passes computing ``reference.logits_processing.apply`` (a float32 copy of the logits,
 index_put for bias / banned / stop ids, dense seen / count gathers for the penalties, the
 bitmask unpacked), then ``ops.sample`` on the processed copy; ``torch`` = those passes + the

@@ -18,7 +18,10 @@ GPU, gloo on CPU), ``"reference"`` (``torch.distributed.all_gather`` + cat), ``"
 (multicast push; only when the communicator was created with ``allow_multimem=True`` *and* the
 multicast gate passed on every rank) and ``"auto"`` (see ``select_backend``). Every rank of a
 call must pass the same arguments (T, widths, backend); ``auto`` decides from values agreed at
-creation, so it picks the same backend on every rank.
+creation, so it picks the same backend on every rank. The P2P backends check it on the device:
+each call carries a signature of its arguments (``all_gather_signature``) in a header word that
+every peer compares, so ranks that call with different arguments get ``CommError`` (never a
+result mixed from different layouts); see docs/COMM.md ("Per-call mismatches").
 """
 from __future__ import annotations
 
@@ -36,12 +39,21 @@ MAX_RANKS = 16
 MAX_BLOCKS = 256
 READY_OFFSET = MAX_BLOCKS * MAX_RANKS      # uint64 words
 TRITON_FLAG_OFFSET = 2 * READY_OFFSET      # uint64 words: the Triton kernel's data flags
-FLAG_BYTES = 3 * READY_OFFSET * 8
+HEADER_OFFSET = 3 * READY_OFFSET           # uint64 words: call headers [2 parities][block][rank]
+FLAG_BYTES = 5 * READY_OFFSET * 8
 STATE_WORDS = 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
-ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY = 1, 2
+# mismatch details (kAgStateErrSig ..): both signatures, this rank's T, width and H (16-byte
+# vectors), (kernel kind << 16) | its SIG_FLAGS bits
+STATE_ERR_SIG, STATE_ERR_PEER_SIG, STATE_ERR_ROWS = 5, 6, 7
+STATE_ERR_WIDTH, STATE_ERR_TOTAL, STATE_ERR_VARIANT = 9, 10, 11
+ERR_TIMEOUT_DATA, ERR_TIMEOUT_READY, ERR_MISMATCH = 1, 2, 3
 F_MULTIMEM, F_VIEW, F_TRAP, F_LL, F_NOPIPE, F_PDL = 1, 2, 4, 8, 16, 32
 F_LL4, F_LL_PAIRED = 64, 128  # LL packing: 4-byte packets (small outputs); paired: testing only
+SIG_FLAGS = F_MULTIMEM | F_VIEW | F_LL | F_NOPIPE | F_LL4 | F_LL_PAIRED  # kAgSigFlags
+# kernel kinds of the call signatures (csrc/comm/call_signature.h kSig*)
+SIG_ALL_GATHER_CUDA, SIG_ALL_GATHER_TRITON = 1, 2
+SIG_DP_SWAP_CUDA, SIG_DP_SWAP_TRITON, SIG_DP_GATHER = 3, 4, 5
 # Testing / A-B knob (flag protocol, copy-out calls): the unpipelined kernel
 # (all_gather_hidden_kernel) even where a CTA's chunk spans several rounds. Every rank must set
 # it alike. (Pipelined rounds of 60 KiB and 15 KiB were measured slower than 30 KiB -- 70.6 and
@@ -122,7 +134,80 @@ def default_ll_max_bytes(world_size: int) -> int:
 
 
 class CommError(RuntimeError):
-    """A device-side bounded wait gave up (a peer never arrived); the communicator is unusable."""
+    """A device-side bounded wait gave up (a peer never arrived), or a peer joined a call with
+    other arguments (T, widths, backend, ...); the communicator is unusable."""
+
+
+# ---------------------------------------------------------------------------------------------
+# per-call signatures (mirror of csrc/comm/call_signature.h; tests/test_comm.py compares them)
+# ---------------------------------------------------------------------------------------------
+def call_signature(words: Sequence[int]) -> int:
+    """CRC-32 (zlib's) of ``words`` as little-endian 32-bit words (each taken modulo 2^32): the
+    signature a comm kernel compares with every peer's. CRC-32 catches every difference confined
+    to one word; differences in several words collide with probability ~2^-32."""
+    import struct
+    import zlib
+    return zlib.crc32(struct.pack(f"<{len(words)}I", *[int(w) & 0xFFFFFFFF for w in words]))
+
+
+def all_gather_signature(kind: int, variant: int, element_size: int, rows: int, num_blocks: int,
+                         offsets: Sequence[int]) -> int:
+    """Signature of one all-gather call (``ag_signature``): the kernel kind (``SIG_ALL_GATHER_*``),
+    its ``SIG_FLAGS`` bits, the element size, T, the grid and the ``W + 1`` column offsets (in
+    elements)."""
+    world = len(offsets) - 1
+    return call_signature([kind, variant, element_size, rows, num_blocks, world, *offsets])
+
+
+def header_word(epoch: int, sig: int) -> int:
+    """The header a rank stores for call ``epoch``: ``(epoch << 32) | sig`` as uint64."""
+    return ((int(epoch) << 32) | (int(sig) & 0xFFFFFFFF)) & 0xFFFFFFFFFFFFFFFF
+
+
+def _signed32(v: int) -> int:
+    """``v`` modulo 2^32 as a signed 32-bit int (a Triton kernel argument of one fixed type)."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= (1 << 31) else v
+
+
+def _variant_name(word: int) -> str:
+    kind, bits = word >> 16, word & 0xFFFF
+    if kind == SIG_ALL_GATHER_TRITON:
+        return "backend 'triton'"
+    if bits & F_MULTIMEM:
+        return "backend 'multimem'"
+    if bits & F_VIEW:
+        return "all_gather_hidden_view"
+    if bits & F_LL:
+        packing = "4-byte" if bits & F_LL4 else "6-byte"
+        return f"backend 'cuda', protocol 'll' ({packing} packets)"
+    return "backend 'cuda', protocol 'flag'" + (" (single-round kernel)" if bits & F_NOPIPE
+                                                  else "")
+
+
+def format_comm_error(words: Sequence[int], rank: int, timeout_ms: int,
+                      element_size: int) -> Optional[str]:
+    """The message of the error recorded in an all-gather state block ``words`` (None if none)."""
+    err = int(words[STATE_ERR])
+    if err == 0:
+        return None
+    blk, src, epoch = (int(words[i]) for i in (STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH))
+    if err == ERR_MISMATCH:
+        vec = 16 // element_size
+        rows, w, h = (int(words[i]) for i in (STATE_ERR_ROWS, STATE_ERR_WIDTH, STATE_ERR_TOTAL))
+        return (f"all_gather_hidden: ranks called all_gather_hidden with different arguments: "
+                f"rank {src} joined call {epoch} with arguments other than this rank's (rank "
+                f"{rank}: T={rows}, width {w * vec}, total width {h * vec}, "
+                f"{_variant_name(int(words[STATE_ERR_VARIANT]))}; call signature "
+                f"{int(words[STATE_ERR_PEER_SIG]):#010x} on rank {src}, "
+                f"{int(words[STATE_ERR_SIG]):#010x} here; block {blk}). T, the widths, the dtype "
+                f"and the backend / protocol of a call must be the same on every rank. The "
+                f"communicator is unusable: create a new one.")
+    what = {ERR_TIMEOUT_DATA: "data", ERR_TIMEOUT_READY: "ready"}.get(err, f"code {err}")
+    return (f"all_gather_hidden: rank {rank} gave up after {timeout_ms} ms waiting "
+            f"for the {what} flag of rank {src} (block {blk}, call {epoch}); a peer did not "
+            f"join the same call (or joined it with other arguments). The communicator is "
+            f"unusable: create a new one.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,7 +413,7 @@ class AllGatherComm:
     agreed outcome), ``max_blocks``, ``block_bytes``, ``p2p_max_bytes``, ``ll_max_bytes``,
     ``timeout_ms``, ``enable_view``.
 
-    Memory: ``96 KiB + (3 if enable_view else 2) * B + 4 * min(ll_max_bytes, B) + 2 KiB`` bytes of
+    Memory: ``160 KiB + (3 if enable_view else 2) * B + 4 * min(ll_max_bytes, B) + 2 KiB`` bytes of
     symmetric memory per rank (``B = max_tokens * max_total_width * elt``), plus 128 bytes of
     state.
     """
@@ -344,16 +429,12 @@ class AllGatherComm:
         """The recorded device-side error (one host sync), or None."""
         if self.state is None:
             return None
-        err, blk, src, epoch = self.state[STATE_ERR:STATE_ERR_EPOCH + 1].tolist()
-        if err == 0:
-            return None
-        what = {ERR_TIMEOUT_DATA: "data", ERR_TIMEOUT_READY: "ready"}.get(err, f"code {err}")
-        return (f"all_gather_hidden: rank {self.rank} gave up after {self.timeout_ms} ms waiting "
-                f"for the {what} flag of rank {src} (block {blk}, call {epoch}); a peer did not "
-                f"join the same call. The communicator is unusable: create a new one.")
+        return format_comm_error(self.state.tolist(), self.rank, self.timeout_ms,
+                                 self.element_size)
 
     def check(self) -> None:
-        """Raise ``CommError`` if a bounded wait gave up (one host sync)."""
+        """Raise ``CommError`` if a bounded wait gave up or a peer called with other arguments
+        (one host sync)."""
         msg = self.error()
         if msg is not None:
             raise CommError(msg)
@@ -845,9 +926,11 @@ def _launch_cuda(comm: AllGatherComm, x, out, offs, flags: int, rows: int, ws) -
 
 def _launch_triton(comm: AllGatherComm, x, out, offs, rows: int, ws) -> None:
     from ..triton import comm as tri
+    nb = _num_blocks(comm, rows, ws)
+    sig = all_gather_signature(SIG_ALL_GATHER_TRITON, 0, comm.element_size, rows, nb, offs)
     tri.all_gather_hidden(x, out, comm.peer_data_dev, comm.peer_flags_dev, comm.state,
-                          comm._offs_vec(offs), comm.rank, comm.buf_bytes,
-                          _num_blocks(comm, rows, ws), comm.timeout_ms * 1_000_000)
+                          comm._offs_vec(offs), comm.rank, comm.buf_bytes, nb,
+                          comm.timeout_ms * 1_000_000, sig=sig)
 
 
 def _pdl_flag(comm: AllGatherComm, enable_pdl: Optional[bool]) -> int:
@@ -916,7 +999,10 @@ def all_gather_hidden_out(comm: AllGatherComm, x: torch.Tensor, out: torch.Tenso
     call counter lives on the device; capture after one eager call per shape for "triton", and
     for "nccl" as NCCL allows). Consecutive calls on one communicator must be ordered on each
     rank's stream (same stream, or event dependencies). A rank that never arrives makes the
-    peers' kernels give up after ``comm.timeout_ms``; ``comm.check()`` then raises.
+    peers' kernels give up after ``comm.timeout_ms``; ``comm.check()`` then raises. Ranks that
+    call with different T, widths or backend / protocol: every rank's P2P kernel records the
+    mismatch (call signatures in header words), ``out`` receives nothing of a peer, and
+    ``comm.check()`` raises ``CommError`` on every rank (the NCCL path does not check).
 
     Example
     -------

@@ -41,7 +41,8 @@ import torch
 from .. import _library
 from . import _common as C
 from . import sampling as S
-from .comm import CommError, _ag_single, _rendezvous, agree_config
+from .comm import (SIG_DP_GATHER, SIG_DP_SWAP_CUDA, SIG_DP_SWAP_TRITON,  # noqa: F401
+                   CommError, _ag_single, _rendezvous, agree_config, call_signature)
 
 # ---- mirrors of csrc/comm/dp_swap.cuh (tests/test_dp.py checks they agree) ----
 MAX_RANKS = 16
@@ -50,10 +51,15 @@ MAX_FIELDS = 8
 SLOT_WORDS = MAX_BLOCKS * MAX_RANKS
 SWAP_FLAGS, READY_FLAGS, GATHER_FLAGS = 0, SLOT_WORDS, 4 * SLOT_WORDS
 TRITON_SWAP_FLAGS, TRITON_READY_FLAGS = 2 * SLOT_WORDS, 3 * SLOT_WORDS
-FLAG_BYTES = (GATHER_FLAGS + 256) * 8
+HEADERS = GATHER_FLAGS + 256               # swap call headers [2 parities][block][rank]
+GATHER_HEADERS = HEADERS + 2 * SLOT_WORDS  # gather call headers [2 parities][rank]
+FLAG_BYTES = (GATHER_HEADERS + 256) * 8
 STATE_WORDS, GATHER_STATE = 32, 16
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH = 0, 1, 2, 3, 4
-ERR_TIMEOUT_SWAP, ERR_TIMEOUT_READY, ERR_TIMEOUT_GATHER = 1, 2, 3
+# mismatch details (kDpErrSig ..): both signatures, B (items), rows (items) per rank, slot (fields)
+STATE_ERR_SIG, STATE_ERR_PEER_SIG, STATE_ERR_ROWS, STATE_ERR_PER_RANK, STATE_ERR_EXTRA = \
+    5, 6, 7, 9, 10
+ERR_TIMEOUT_SWAP, ERR_TIMEOUT_READY, ERR_TIMEOUT_GATHER, ERR_MISMATCH = 1, 2, 3, 4
 F_TRAP = 4
 
 BACKENDS = ("auto", "cuda", "triton", "nccl", "reference")
@@ -82,6 +88,55 @@ def default_dp_min_rows(world: int, element_size: int) -> int:
 # Results bytes reserved per logits row (tokens, valid flag, two logprobs; verify's per-request
 # fields fit too) plus the top-n fields.
 _RES_BYTES_PER_ROW = 32
+
+
+def swap_signature(kind: int, rows: int, rows_per_rank: int, shard_bytes: int, row_bytes: int,
+                   slot: int, num_blocks: int, world: int) -> int:
+    """Signature of one swap call (csrc/comm/call_signature.h ``dp_swap_signature``): the kind
+    (``SIG_DP_SWAP_CUDA`` / ``SIG_DP_SWAP_TRITON``), B, rows per rank, shard bytes, the swap
+    buffer's row pitch, the slot, the grid and W."""
+    return call_signature([kind, rows, rows_per_rank, shard_bytes, row_bytes, slot, num_blocks,
+                           world])
+
+
+def gather_signature(items: int, items_per_rank: int, world: int, item_bytes: Sequence[int],
+                     res_off: Sequence[int]) -> int:
+    """Signature of one results gather (either backend; ``dp_gather_signature``): items, items
+    per rank, W, the number of fields and each field's item bytes and results offset."""
+    words = [SIG_DP_GATHER, items, items_per_rank, world, len(item_bytes)]
+    for ib, off in zip(item_bytes, res_off):
+        words += [ib, off]
+    return call_signature(words)
+
+
+def format_dp_error(words: Sequence[int], rank: int, timeout_ms: int) -> Optional[str]:
+    """The message of the first error recorded in a DP state (``words``: both blocks), or None."""
+    for base, what in ((0, "swap"), (GATHER_STATE, "results gather")):
+        err = int(words[base + STATE_ERR])
+        if not err:
+            continue
+        blk, src, epoch = (int(v) for v in words[base + STATE_ERR_BLOCK: base + STATE_ERR_EPOCH + 1])
+        if err == ERR_MISMATCH:
+            rows, per, extra = (int(words[base + i]) for i in (STATE_ERR_ROWS, STATE_ERR_PER_RANK,
+                                                                 STATE_ERR_EXTRA))
+            mine = (f"B={rows}, {per} rows per rank, slot {extra}" if base == 0 else
+                    f"{rows} items, {per} per rank, {extra} fields")
+            op = ("swap_vocab_to_batch / dp_sample / dp_verify" if base == 0 else
+                  "dp_sample / dp_verify (results gather)")
+            return (f"dp sampling {what}: ranks called {op} with different arguments: rank {src} "
+                    f"joined call {epoch} with arguments other than this rank's (rank {rank}: "
+                    f"{mine}; call signature {int(words[base + STATE_ERR_PEER_SIG]):#010x} on "
+                    f"rank {src}, {int(words[base + STATE_ERR_SIG]):#010x} here; block {blk}). "
+                    f"The batch, the slot, the fields (logprobs, out_dtype, verify shapes) and "
+                    f"the backend of a call must be the same on every rank. The communicator is "
+                    f"unusable: create a new one.")
+        flag = {ERR_TIMEOUT_SWAP: "data", ERR_TIMEOUT_READY: "ready",
+                ERR_TIMEOUT_GATHER: "results"}.get(err, f"code {err}")
+        return (f"dp sampling {what}: rank {rank} gave up after {timeout_ms} ms "
+                f"waiting for the {flag} flag of rank {src} (block {blk}, call {epoch}); "
+                f"a peer did not join the same call (or joined it with other arguments). The "
+                f"communicator is unusable: create a new one.")
+    return None
 
 
 class DPOutput(NamedTuple):
@@ -116,7 +171,7 @@ class DPSamplingComm:
     dp_min_rows``. Test hooks of the Triton backend (interpreter only): ``triton_phase`` (the
     kernels' phase mask, 7 = all) and ``triton_max_spins`` (polls before an interpreted wait gives
     up).
-    Memory (symmetric, per rank): ``130 KiB + slots * ceil(max_rows / W) * row_bytes +
+    Memory (symmetric, per rank): ``196 KiB + slots * ceil(max_rows / W) * row_bytes +
     2 * res_bytes`` (``row_bytes = W * shard_width * elt`` rounded up to 16).
     """
 
@@ -151,21 +206,11 @@ class DPSamplingComm:
         """The recorded device-side error (one host sync), or None."""
         if self.state is None:
             return None
-        words = self.state.tolist()
-        for base, what in ((0, "swap"), (GATHER_STATE, "results gather")):
-            err = words[base + STATE_ERR]
-            if err:
-                blk, src, epoch = words[base + STATE_ERR_BLOCK: base + STATE_ERR_EPOCH + 1]
-                flag = {ERR_TIMEOUT_SWAP: "data", ERR_TIMEOUT_READY: "ready",
-                        ERR_TIMEOUT_GATHER: "results"}.get(err, f"code {err}")
-                return (f"dp sampling {what}: rank {self.rank} gave up after {self.timeout_ms} ms "
-                        f"waiting for the {flag} flag of rank {src} (block {blk}, call {epoch}); "
-                        f"a peer did not join the same call. The communicator is unusable: "
-                        f"create a new one.")
-        return None
+        return format_dp_error(self.state.tolist(), self.rank, self.timeout_ms)
 
     def check(self) -> None:
-        """Raise ``CommError`` if a bounded wait gave up (one host sync)."""
+        """Raise ``CommError`` if a bounded wait gave up or a peer called with other arguments
+        (one host sync)."""
         msg = self.error()
         if msg is not None:
             raise CommError(msg)
@@ -496,10 +541,13 @@ def _swap_triton(comm, x, rows_per_rank: int, slot: int) -> torch.Tensor:
     C.check(rows_per_rank * comm.world_size >= x.shape[0] and rows_per_rank <= comm.rows_cap,
             "logits_shard", f"{rows_per_rank} rows per rank do not fit the swap buffer "
             f"({comm.rows_cap} rows)")
+    nb = _num_blocks(comm, rows_per_rank)
+    sig = swap_signature(SIG_DP_SWAP_TRITON, x.shape[0], rows_per_rank,
+                         x.shape[1] * comm.element_size, comm.row_bytes, slot, nb,
+                         comm.world_size)
     tri.swap(x, comm.peer_recv_dev[slot], comm.peer_flags_dev, comm.state, comm.rank,
-             comm.row_bytes, rows_per_rank, _num_blocks(comm, rows_per_rank),
-             comm.timeout_ms * 1_000_000, phase=comm.triton_phase,
-             max_spins=comm.triton_max_spins)
+             comm.row_bytes, rows_per_rank, nb, comm.timeout_ms * 1_000_000,
+             phase=comm.triton_phase, max_spins=comm.triton_max_spins, sig=sig, slot=slot)
     start, n = _range(x.shape[0], rows_per_rank, comm.rank)
     off = FLAG_BYTES + slot * comm.recv_bytes
     pitch = comm.row_bytes // comm.element_size
@@ -562,7 +610,9 @@ def swap_vocab_to_batch(comm: DPSamplingComm, logits_shard: torch.Tensor, *, slo
     stride
     ``comm.row_bytes``): valid for all work enqueued on this rank's stream before the next swap
     into the same slot. Do not write into it. Other backends return fresh tensors. Every rank
-    must pass the same B and slot. CUDA-graph safe (fixed addresses, device call counter).
+    must pass the same B and slot: the CUDA and Triton swaps compare call signatures before they
+    push anything and record a mismatch (``comm.check()`` raises ``CommError`` on every rank).
+    CUDA-graph safe (fixed addresses, device call counter).
     """
     _check_shard(comm, logits_shard)
     C.check(isinstance(slot, int) and 0 <= slot < comm.slots, "slot",
@@ -633,10 +683,12 @@ def _gather_triton(comm, fields, outs, items: int, per_rank: int) -> None:
         C.check(f.shape[0] == n and f.dtype == o.dtype and f.shape[1:] == o.shape[1:], "fields",
                 f"this rank's field must be [{n}, ...] of {o.dtype}, got {tuple(f.shape)} "
                 f"{f.dtype}")
+    sig = gather_signature(items, per_rank, comm.world_size,
+                           [o[0].numel() * o.element_size() for o in outs], offs)
     tri.gather([f.contiguous() for f in fields], outs, offs, comm.peer_res_dev,
                comm.peer_flags_dev, comm.state, comm.rank, comm.res_bytes, items, per_rank,
                comm.timeout_ms * 1_000_000, phase=comm.triton_phase,
-               max_spins=comm.triton_max_spins)
+               max_spins=comm.triton_max_spins, sig=sig)
 
 
 # ---------------------------------------------------------------------------------------------

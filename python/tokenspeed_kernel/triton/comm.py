@@ -7,6 +7,12 @@ with a release atomic at system scope, waits (acquire, bounded by ``%globaltimer
 ``data[b][s] >= epoch`` for every source ``s``, copies chunk ``b`` of every source into the
 caller's output, and the last program advances the device-side call counter.
 
+Before its flag, program ``b`` also stores the call's header word ``(epoch << 32) | sig`` into
+every rank's slot ``hdr[epoch & 1][b][rank]`` (the table the CUDA kernels use; ``sig`` =
+``ops.comm.all_gather_signature``); the wait polls the source's header with its flag, and a header
+of this call with another signature records ``ERR_MISMATCH`` and skips the copy-out (ranks that
+call with different arguments, or with the CUDA backend, fail instead of mixing layouts).
+
 Peer pointers are integers (an int64 table of addresses) turned into typed pointers in the kernel.
 The chunking unit here is a (row, BLOCK-column tile) item, not the CUDA kernel's 16-byte vector,
 so this kernel publishes its data flags in a region of its own (``FLAG_OFFSET``): ranks that
@@ -29,8 +35,13 @@ from .prims import Const
 
 MAX_RANKS = 16        # csrc/comm/all_gather_hidden.cuh kAgMaxRanks (flag slots per block)
 FLAG_OFFSET = 2 * 256 * MAX_RANKS   # kAgTritonOffset: this kernel's data flags (uint64 words)
+HEADER_OFFSET = 3 * 256 * MAX_RANKS  # kAgHeaderOffset: call headers [2][256][MAX_RANKS]
+HEADER_PARITY = 256 * MAX_RANKS      # words per parity of the header table
 STATE_SEQ, STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_SRC, STATE_ERR_EPOCH, STATE_DONE = 0, 1, 2, 3, 4, 8
-ERR_TIMEOUT_DATA = 1
+STATE_ERR_SIG, STATE_ERR_PEER_SIG, STATE_ERR_ROWS = 5, 6, 7
+STATE_ERR_WIDTH, STATE_ERR_TOTAL, STATE_ERR_VARIANT = 9, 10, 11
+ERR_TIMEOUT_DATA, ERR_MISMATCH = 1, 3
+SIG_KIND = 2          # kSigAllGatherTriton (recorded in STATE_ERR_VARIANT as kind << 16)
 BLOCK = 1024          # elements per (row, tile) item
 NUM_WARPS = 4
 
@@ -42,6 +53,15 @@ _ERR_SRC = Const(STATE_ERR_SRC)
 _ERR_EPOCH = Const(STATE_ERR_EPOCH)
 _DONE = Const(STATE_DONE)
 _TIMEOUT_DATA = Const(ERR_TIMEOUT_DATA)
+_MISMATCH = Const(ERR_MISMATCH)
+_ERR_SIG = Const(STATE_ERR_SIG)
+_ERR_PEER_SIG = Const(STATE_ERR_PEER_SIG)
+_ERR_ROWS = Const(STATE_ERR_ROWS)
+_ERR_WIDTH = Const(STATE_ERR_WIDTH)
+_ERR_TOTAL = Const(STATE_ERR_TOTAL)
+_ERR_VARIANT = Const(STATE_ERR_VARIANT)
+_LOW32 = Const(0xFFFFFFFF)
+_KIND_WORD = Const(SIG_KIND << 16)
 
 
 @triton.jit
@@ -50,15 +70,26 @@ def _globaltimer():
                                      is_pure=False, pack=1)
 
 
-@triton.jit(do_not_specialize=["rows", "rank", "timeout_ns"])
+@triton.jit
+def header_state(h, want):
+    """A polled header word against this rank's ``want`` (call_signature.h header_state):
+    0 = not this call's yet, 1 = this call's and equal, -1 = this call's with another
+    signature."""
+    here = ((h ^ want) >> 32) == 0
+    return tl.where(here, tl.where(h == want, 1, -1), 0)
+
+
+@triton.jit(do_not_specialize=["rows", "rank", "timeout_ns", "sig"])
 def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flags_ptr,
-                              state_ptr, offs_ptr, rows, row_vec, buf_vec, rank, timeout_ns,
+                              state_ptr, offs_ptr, rows, row_vec, buf_vec, rank, timeout_ns, sig,
                               W: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr,
-                              MAXR: tl.constexpr, FLAG_OFF: tl.constexpr, PHASE: tl.constexpr,
+                              MAXR: tl.constexpr, FLAG_OFF: tl.constexpr, HDR_OFF: tl.constexpr,
+                              HDR_PAR: tl.constexpr, PHASE: tl.constexpr,
                               USE_TIMER: tl.constexpr, MAX_SPINS: tl.constexpr):
     # x_ptr [rows, w_rank] (row stride ldx elements); out_ptr [rows, H] (row stride ldo);
     # peer_data_ptr / peer_flags_ptr: int64 [W] addresses; offs_ptr: int32 [W + 1] column
-    # offsets in VEC-element vectors; row_vec = H / VEC; buf_vec = one buffer in vectors.
+    # offsets in VEC-element vectors; row_vec = H / VEC; buf_vec = one buffer in vectors;
+    # sig: the call signature (int32 bits).
     b = tl.program_id(0)
     G = tl.num_programs(0)
     ety = x_ptr.dtype.element_ty
@@ -69,6 +100,9 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
         cols = tl.arange(0, BLOCK)
         rows64 = rows + tl.zeros((), tl.int64)
         fail = b * 0
+        sig64 = sig.to(tl.int64) & _LOW32
+        want = ((epoch & _LOW32) << 32) | sig64   # this call's header word
+        hdr = HDR_OFF + (epoch % 2) * HDR_PAR + b * MAXR
         if PHASE % 2 == 1:
             # ---- push chunk b of my slice to every rank's buffer ----
             my_c0 = tl.load(offs_ptr + rank).to(tl.int64)
@@ -92,19 +126,27 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
             tl.debug_barrier()  # all threads' stores precede the release below
             for q in tl.static_range(W):
                 fq = tl.load(peer_flags_ptr + q).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(fq + hdr + rank, want, sem="relaxed", scope="sys")
                 tl.atomic_xchg(fq + FLAG_OFF + b * MAXR + rank, epoch, sem="release",
                                scope="sys")
         if PHASE >= 2:
-            # ---- wait for data[b][s] >= epoch, s = 0..W-1 (bounded) ----
+            # ---- wait for data[b][s] >= epoch and s's header of this call (bounded) ----
             my_flags = tl.load(peer_flags_ptr + rank).to(tl.pointer_type(tl.int64))
             for s in tl.static_range(W):
                 fl = my_flags + FLAG_OFF + b * MAXR + s
+                hp = my_flags + hdr + s
+                h = tl.load(hp, volatile=True)
                 cur = tl.atomic_add(fl, 0, sem="acquire", scope="sys")
+                hs = header_state(h, want)
                 spins = b * 0
+                if hs < 0:
+                    spins = -3
                 if USE_TIMER:
                     t0 = _globaltimer()
-                while (cur < epoch) & (spins >= 0):
+                while ((cur < epoch) | (hs == 0)) & (spins >= 0):
+                    h = tl.load(hp, volatile=True)
                     cur = tl.atomic_add(fl, 0, sem="acquire", scope="sys")
+                    hs = header_state(h, want)
                     spins += 1
                     if USE_TIMER:
                         if timeout_ns > 0:
@@ -115,14 +157,26 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
                             spins = -1
                     if tl.load(state_ptr + _ERR, volatile=True) != 0:
                         spins = -1
+                    if hs < 0:
+                        spins = -3
                 if spins < 0:
                     fail = fail | 1
                     zero = tl.zeros((), tl.int64)
-                    old = tl.atomic_cas(state_ptr + _ERR, zero, zero + _TIMEOUT_DATA)
+                    code = tl.where(spins == -3, _MISMATCH, _TIMEOUT_DATA)
+                    old = tl.atomic_cas(state_ptr + _ERR, zero, zero + code)
                     if old == 0:
                         tl.store(state_ptr + _ERR_BLOCK, b.to(tl.int64))
-                        tl.store(state_ptr + _ERR_SRC, s)
+                        tl.store(state_ptr + _ERR_SRC, s + zero)
                         tl.store(state_ptr + _ERR_EPOCH, epoch)
+                        if spins == -3:
+                            my_c0 = tl.load(offs_ptr + rank).to(tl.int64)
+                            tl.store(state_ptr + _ERR_SIG, sig64)
+                            tl.store(state_ptr + _ERR_PEER_SIG, h & _LOW32)
+                            tl.store(state_ptr + _ERR_ROWS, rows64)
+                            tl.store(state_ptr + _ERR_WIDTH,
+                                     tl.load(offs_ptr + rank + 1).to(tl.int64) - my_c0)
+                            tl.store(state_ptr + _ERR_TOTAL, row_vec + zero)
+                            tl.store(state_ptr + _ERR_VARIANT, zero + _KIND_WORD)
             tl.debug_barrier()
             # ---- copy chunk b of every source out of the local buffer ----
             if fail == 0:
@@ -151,17 +205,23 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
                 tl.store(state_ptr + _SEQ, epoch)
 
 
+def _signed32(v: int) -> int:
+    v = int(v) & 0xFFFFFFFF
+    return v - (1 << 32) if v >= (1 << 31) else v
+
+
 def all_gather_hidden(x: torch.Tensor, out: torch.Tensor, peer_data: torch.Tensor,
                       peer_flags: torch.Tensor, state: torch.Tensor, offs_vec: torch.Tensor,
                       rank: int, buf_bytes: int, num_blocks: int, timeout_ns: int,
-                      phase: int = 3, max_spins: int = 1 << 20) -> None:
+                      phase: int = 3, max_spins: int = 1 << 20, sig: int = 0) -> None:
     """Launch the push all-gather (arguments validated by ``ops.comm``).
 
     x [T, w_rank] and out [T, H]: last dim contiguous, rows 16-byte aligned. peer_data /
     peer_flags: int64 [W] device tensors of addresses (data region = buffer 0, flag region) of
     every rank. state: the communicator's int64 state. offs_vec: int32 [W + 1] column offsets in
-    16-byte vectors. Under ``TRITON_INTERPRET=1`` the spin is bounded by ``max_spins`` instead of
-    ``%globaltimer``.
+    16-byte vectors. sig: the call's signature (``ops.comm.all_gather_signature`` with
+    ``SIG_ALL_GATHER_TRITON``; every rank computes it from its own arguments). Under
+    ``TRITON_INTERPRET=1`` the spin is bounded by ``max_spins`` instead of ``%globaltimer``.
     """
     world = peer_data.numel()
     esz = x.element_size()
@@ -172,7 +232,8 @@ def all_gather_hidden(x: torch.Tensor, out: torch.Tensor, peer_data: torch.Tenso
     _all_gather_hidden_kernel[(num_blocks,)](
         x, x.stride(0) if rows > 1 else x.shape[1], out, out.stride(0) if rows > 1 else out.shape[1],
         peer_data, peer_flags, state, offs_vec, rows, row_vec, buf_bytes // 16, rank,
-        int(timeout_ns),
-        W=world, VEC=vec, BLOCK=BLOCK, MAXR=MAX_RANKS, FLAG_OFF=FLAG_OFFSET, PHASE=phase,
+        int(timeout_ns), _signed32(sig),
+        W=world, VEC=vec, BLOCK=BLOCK, MAXR=MAX_RANKS, FLAG_OFF=FLAG_OFFSET,
+        HDR_OFF=HEADER_OFFSET, HDR_PAR=HEADER_PARITY, PHASE=phase,
         USE_TIMER=not interp,
         MAX_SPINS=max_spins, num_warps=NUM_WARPS)

@@ -26,6 +26,14 @@ outputs) and publishes ``gather[p] = g`` (the CUDA gather's flag words: one flag
 partition) on every rank; then waits for ``gather[s] >= g`` of every ``s``, copies the peers'
 sections out and advances state[16].
 
+Call headers (csrc/comm/call_signature.h): the swap's program ``b`` stores ``(e << 32) | sig``
+into every rank's slot ``hdr[e & 1][b][p]`` before its ready flag and compares every rank's
+header of the call in the handshake wait, before it pushes anything (the CUDA swap's table; the
+kinds differ, so ranks that disagree on the backend of a swap are told so); the gather stores
+``ghdr[g & 1][p]`` before its flag and compares before the copy-out (the CUDA gather's table and
+kind: the two gathers are interchangeable). A header of the call with another signature records
+``ERR_MISMATCH`` with both signatures, B, rows per rank and the slot / field count.
+
 Bounded waits give up after ``timeout_ns`` (``%globaltimer``; under ``TRITON_INTERPRET=1`` after
 ``max_spins`` polls instead), record (code, block, source, call) in the state words 1..4 of the
 kernel's block and poison the communicator: a later call of either kernel (either backend)
@@ -54,8 +62,10 @@ import triton
 import triton.language as tl
 
 # a kernel's state block has the all-gather's layout (csrc/comm/dp_swap.cuh kDpSeq ..): its words
-from .comm import (_DONE, _ERR, _ERR_BLOCK, _ERR_EPOCH, _ERR_SRC, _SEQ, STATE_DONE,  # noqa: F401
-                   STATE_ERR, STATE_ERR_BLOCK, STATE_ERR_EPOCH, STATE_ERR_SRC, STATE_SEQ)
+from .comm import (_DONE, _ERR, _ERR_BLOCK, _ERR_EPOCH, _ERR_PEER_SIG, _ERR_ROWS,  # noqa: F401
+                   _ERR_SIG, _ERR_SRC, _LOW32, _SEQ, STATE_DONE, STATE_ERR, STATE_ERR_BLOCK,
+                   STATE_ERR_EPOCH, STATE_ERR_PEER_SIG, STATE_ERR_ROWS, STATE_ERR_SIG,
+                   STATE_ERR_SRC, STATE_SEQ, _signed32, header_state)
 from .prims import Const
 
 MAX_RANKS = 16
@@ -65,8 +75,11 @@ SLOT_WORDS = MAX_BLOCKS * MAX_RANKS
 TRITON_SWAP_FLAGS = 2 * SLOT_WORDS     # kDpTritonSwapFlags (uint64 words of the flag region)
 TRITON_READY_FLAGS = 3 * SLOT_WORDS    # kDpTritonReadyFlags
 GATHER_FLAGS = 4 * SLOT_WORDS          # kDpGatherFlags
+HEADERS = GATHER_FLAGS + 256           # kDpHeaders: swap call headers [2][256][MAX_RANKS]
+GATHER_HEADERS = HEADERS + 2 * SLOT_WORDS  # kDpGatherHeaders: gather call headers [2][MAX_RANKS]
 GATHER_STATE = 16
-ERR_TIMEOUT_SWAP, ERR_TIMEOUT_READY, ERR_TIMEOUT_GATHER = 1, 2, 3
+STATE_ERR_PER_RANK, STATE_ERR_EXTRA = 9, 10  # kDpErrPerRank, kDpErrExtra
+ERR_TIMEOUT_SWAP, ERR_TIMEOUT_READY, ERR_TIMEOUT_GATHER, ERR_MISMATCH = 1, 2, 3, 4
 BLOCK = 1024          # elements per (row, tile) unit of the swap; bytes per gather tile
 NUM_WARPS = 4
 PHASE_ALL = 7
@@ -78,6 +91,13 @@ _GATHER_FL = Const(GATHER_FLAGS)
 _T_SWAP = Const(ERR_TIMEOUT_SWAP)
 _T_READY = Const(ERR_TIMEOUT_READY)
 _T_GATHER = Const(ERR_TIMEOUT_GATHER)
+_MISMATCH = Const(ERR_MISMATCH)
+_HDR = Const(HEADERS)
+_GHDR = Const(GATHER_HEADERS)
+_SLOTS = Const(SLOT_WORDS)
+_MAXRANKS = Const(MAX_RANKS)
+_ERR_PER_RANK = Const(STATE_ERR_PER_RANK)
+_ERR_EXTRA = Const(STATE_ERR_EXTRA)
 
 
 @triton.jit
@@ -95,17 +115,30 @@ def _poisoned(state_ptr):
 
 
 @triton.jit
-def _wait_ge(flag_ptr, target, state_ptr, st_ptr, code, blk, src, timeout_ns,
-             USE_TIMER: tl.constexpr, MAX_SPINS: tl.constexpr):
-    """Spin until *flag_ptr >= target (acquire, system scope); bounded by timeout_ns
+def _wait_ge(flag_ptr, target, state_ptr, st_ptr, code, blk, src, timeout_ns, hdr_ptr, want,
+             rows, per_rank, extra, USE_TIMER: tl.constexpr, MAX_SPINS: tl.constexpr,
+             CHECK_HDR: tl.constexpr):
+    """Spin until *flag_ptr >= target (acquire, system scope) and, with CHECK_HDR, until
+    *hdr_ptr holds this call's header ``want`` (polled with the flag); bounded by timeout_ns
     (%globaltimer) or MAX_SPINS polls (interpreter), or until this rank recorded an error.
     On giving up, records (code, blk, src, target) in st_ptr[1..4] if no error was recorded
-    yet. Returns 1 on failure, else 0."""
+    yet; a header of this call with another signature records ERR_MISMATCH with both
+    signatures and (rows, per_rank, extra). Returns 1 on failure, else 0."""
     cur = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
     spins = tl.zeros((), tl.int32)
+    hs = tl.zeros((), tl.int32) + 1
+    h = want
+    if CHECK_HDR:
+        h = tl.load(hdr_ptr, volatile=True)
+        hs = header_state(h, want)
+        if hs < 0:
+            spins = -3
     if USE_TIMER:
         t0 = _globaltimer()
-    while (cur < target) & (spins >= 0):
+    while ((cur < target) | (hs == 0)) & (spins >= 0):
+        if CHECK_HDR:
+            h = tl.load(hdr_ptr, volatile=True)
+            hs = header_state(h, want)
         cur = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
         spins += 1
         if USE_TIMER:
@@ -117,20 +150,28 @@ def _wait_ge(flag_ptr, target, state_ptr, st_ptr, code, blk, src, timeout_ns,
                 spins = -1
         if _poisoned(state_ptr) != 0:
             spins = -2
+        if hs < 0:
+            spins = -3
     fail = (spins < 0).to(tl.int32)
-    if spins == -1:
+    if (spins == -1) | (spins == -3):
         zero = tl.zeros((), tl.int64)
-        old = tl.atomic_cas(st_ptr + _ERR, zero, zero + code)
+        old = tl.atomic_cas(st_ptr + _ERR, zero, zero + tl.where(spins == -3, _MISMATCH, code))
         if old == 0:
             tl.store(st_ptr + _ERR_BLOCK, blk.to(tl.int64))
             tl.store(st_ptr + _ERR_SRC, src.to(tl.int64))
             tl.store(st_ptr + _ERR_EPOCH, target)
+            if spins == -3:
+                tl.store(st_ptr + _ERR_SIG, want & _LOW32)
+                tl.store(st_ptr + _ERR_PEER_SIG, h & _LOW32)
+                tl.store(st_ptr + _ERR_ROWS, rows + zero)
+                tl.store(st_ptr + _ERR_PER_RANK, per_rank + zero)
+                tl.store(st_ptr + _ERR_EXTRA, extra + zero)
     return fail
 
 
-@triton.jit(do_not_specialize=["rows", "rows_per_rank", "rank", "timeout_ns"])
+@triton.jit(do_not_specialize=["rows", "rows_per_rank", "rank", "timeout_ns", "sig", "slot"])
 def _dp_swap_kernel(x_ptr, ldx, peer_recv_ptr, peer_flags_ptr, state_ptr, pitch, shard,
-                    rows, rows_per_rank, rank, timeout_ns,
+                    rows, rows_per_rank, rank, timeout_ns, sig, slot,
                     W: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                     PHASE: tl.constexpr, USE_TIMER: tl.constexpr, MAX_SPINS: tl.constexpr,
                     MAXR: tl.constexpr):
@@ -144,20 +185,24 @@ def _dp_swap_kernel(x_ptr, ldx, peer_recv_ptr, peer_flags_ptr, state_ptr, pitch,
         epoch = tl.load(state_ptr + _SEQ, volatile=True) + 1
         rank64 = rank + tl.zeros((), tl.int64)
         fail = b * 0
+        want = ((epoch & _LOW32) << 32) | (sig.to(tl.int64) & _LOW32)  # this call's header
+        hdr = _HDR + (epoch % 2) * _SLOTS + b * MAXR
         if PHASE & 1:
-            # ---- entry handshake, publish: ready'[b][rank] = e on every rank ----
+            # ---- entry handshake, publish: header, then ready'[b][rank] = e on every rank ----
             for q in tl.static_range(W):
                 fq = tl.load(peer_flags_ptr + q).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(fq + hdr + rank, want, sem="relaxed", scope="sys")
                 tl.atomic_xchg(fq + _READY_FL + b * MAXR + rank, epoch, sem="release",
                                scope="sys")
         if PHASE & 2:
             my_flags = tl.load(peer_flags_ptr + rank).to(tl.pointer_type(tl.int64))
-            # ---- entry handshake, wait: ready'[b][d] >= e for every d ----
+            # ---- entry handshake, wait: ready'[b][d] >= e and d's header equal to mine ----
             for d in tl.static_range(W):
                 if fail == 0:
                     fail |= _wait_ge(my_flags + _READY_FL + b * MAXR + d, epoch, state_ptr,
                                      state_ptr, _T_READY, b, d + rank64 * 0, timeout_ns,
-                                     USE_TIMER, MAX_SPINS)
+                                     my_flags + hdr + d, want, rows, rows_per_rank, slot,
+                                     USE_TIMER, MAX_SPINS, True)
             if fail == 0:
                 # ---- push units [chunk(b), chunk(b + 1)) to every destination ----
                 cols = tl.arange(0, BLOCK)
@@ -198,7 +243,8 @@ def _dp_swap_kernel(x_ptr, ldx, peer_recv_ptr, peer_flags_ptr, state_ptr, pitch,
                     if wfail == 0:
                         wfail |= _wait_ge(my_flags2 + _SWAP_FL + b * MAXR + s, epoch,
                                           state_ptr, state_ptr, _T_SWAP, b, s + rank64 * 0,
-                                          timeout_ns, USE_TIMER, MAX_SPINS)
+                                          timeout_ns, my_flags2, want, rows, rows_per_rank,
+                                          slot, USE_TIMER, MAX_SPINS, False)
                 old_done = tl.atomic_add(state_ptr + _DONE, 1, sem="acq_rel", scope="gpu")
                 if old_done == G - 1:
                     tl.store(state_ptr + _DONE, 0)
@@ -263,9 +309,9 @@ def _set_table(tab, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, 
     tl.store(tab + 31, v31)
 
 
-@triton.jit(do_not_specialize=["items", "items_per_rank", "rank", "timeout_ns"])
+@triton.jit(do_not_specialize=["items", "items_per_rank", "rank", "timeout_ns", "sig"])
 def _dp_gather_kernel(src_tab, out_tab, off_tab, ib_tab, peer_res_ptr, peer_flags_ptr,
-                      state_ptr, res_bytes, items, items_per_rank, rank, timeout_ns,
+                      state_ptr, res_bytes, items, items_per_rank, rank, timeout_ns, sig,
                       W: tl.constexpr, NF: tl.constexpr, BLOCK: tl.constexpr,
                       PHASE: tl.constexpr, USE_TIMER: tl.constexpr, MAX_SPINS: tl.constexpr):
     # src_tab / out_tab: int64 [NF] addresses of this rank's items / the outputs of each field;
@@ -278,6 +324,8 @@ def _dp_gather_kernel(src_tab, out_tab, off_tab, ib_tab, peer_res_ptr, peer_flag
         rank64 = rank + tl.zeros((), tl.int64)
         per = items_per_rank + tl.zeros((), tl.int64)
         n_me = tl.minimum(tl.maximum(items - rank64 * per, 0), per)
+        want = ((epoch & _LOW32) << 32) | (sig.to(tl.int64) & _LOW32)  # this call's header
+        ghdr = _GHDR + (epoch % 2) * _MAXRANKS
         if PHASE & 2:
             # ---- push my items of every field to every rank, publish gather[rank] = g ----
             for f in tl.static_range(NF):
@@ -294,6 +342,7 @@ def _dp_gather_kernel(src_tab, out_tab, off_tab, ib_tab, peer_res_ptr, peer_flag
             tl.debug_barrier()
             for q in tl.static_range(W):
                 fq = tl.load(peer_flags_ptr + q).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(fq + ghdr + rank, want, sem="relaxed", scope="sys")
                 tl.atomic_xchg(fq + _GATHER_FL + rank, epoch, sem="release", scope="sys")
         if PHASE & 4:
             # ---- wait gather[s] >= g, copy the peers' sections out, advance ----
@@ -302,7 +351,8 @@ def _dp_gather_kernel(src_tab, out_tab, off_tab, ib_tab, peer_res_ptr, peer_flag
             for s0 in tl.static_range(W):
                 if fail == 0:
                     fail |= _wait_ge(my_flags + _GATHER_FL + s0, epoch, state_ptr, st, _T_GATHER,
-                                     rank * 0, s0 + rank64 * 0, timeout_ns, USE_TIMER, MAX_SPINS)
+                                     rank * 0, s0 + rank64 * 0, timeout_ns, my_flags + ghdr + s0,
+                                     want, items, items_per_rank, NF, USE_TIMER, MAX_SPINS, True)
             tl.debug_barrier()
             if fail == 0:
                 mine = tl.load(peer_res_ptr + rank) + par_off
@@ -325,13 +375,15 @@ def _interpreted() -> bool:
 def swap(x: torch.Tensor, peer_recv: torch.Tensor, peer_flags: torch.Tensor,
          state: torch.Tensor, rank: int, row_bytes: int, rows_per_rank: int, num_blocks: int,
          timeout_ns: int, phase: int = PHASE_ALL, max_spins: int = 1 << 20,
-         block: Optional[int] = None) -> None:
+         block: Optional[int] = None, sig: int = 0, slot: int = 0) -> None:
     """Launch the swap (arguments validated by ``ops.dp``).
 
     x: ``[B, w]`` logits shard (2- or 4-byte elements, last dim contiguous). peer_recv /
     peer_flags: int64 ``[W]`` tensors of addresses (the call's swap buffer, the flag region) of
     every rank, on x's device. state: the communicator's int64[32]. row_bytes: the swap buffer's
-    row pitch (a multiple of 16). ``num_blocks`` (<= 256) must be the same on every rank.
+    row pitch (a multiple of 16). ``num_blocks`` (<= 256) must be the same on every rank. sig:
+    the call's signature (``ops.dp.swap_signature``, kind ``SIG_DP_SWAP_TRITON``); slot: the swap
+    buffer's slot (recorded with a mismatch).
     Under ``TRITON_INTERPRET=1`` a wait gives up after ``max_spins`` polls. ``block``: elements
     per (row, tile) unit (default the module's ``BLOCK``, read at call time).
     """
@@ -350,7 +402,7 @@ def swap(x: torch.Tensor, peer_recv: torch.Tensor, peer_flags: torch.Tensor,
     interp = _interpreted()
     _dp_swap_kernel[(num_blocks,)](
         xi, ldx, peer_recv, peer_flags, state, row_bytes // esz, w, rows, rows_per_rank, rank,
-        int(timeout_ns), W=world, BLOCK=block or BLOCK, ALIGNED=aligned, PHASE=phase,
+        int(timeout_ns), _signed32(sig), int(slot), W=world, BLOCK=block or BLOCK, ALIGNED=aligned, PHASE=phase,
         USE_TIMER=not interp, MAX_SPINS=max_spins, MAXR=MAX_RANKS, num_warps=NUM_WARPS)
 
 
@@ -358,14 +410,14 @@ def gather(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], res_off: Se
            peer_res: torch.Tensor, peer_flags: torch.Tensor, state: torch.Tensor, rank: int,
            res_bytes: int, items: int, items_per_rank: int, timeout_ns: int,
            phase: int = PHASE_ALL, max_spins: int = 1 << 20,
-           block: Optional[int] = None) -> None:
+           block: Optional[int] = None, sig: int = 0) -> None:
     """Launch the results gather (arguments validated by ``ops.dp``).
 
     src[f]: this rank's items of field f (contiguous, ``n_rank`` items); out[f]: ``[items, ...]``
     contiguous outputs; res_off[f]: byte offset of field f in a results buffer (each field's
     region holds ``W items_per_rank`` items). peer_res / peer_flags: int64 ``[W]`` addresses
     (results buffer 0, flag region) of every rank. res_bytes: one results buffer (the parity
-    stride)."""
+    stride). sig: the call's signature (``ops.dp.gather_signature``)."""
     nf = len(src)
     if not 1 <= nf <= MAX_FIELDS or len(out) != nf or len(res_off) != nf:
         raise ValueError(f"fields: 1..{MAX_FIELDS} (src, out, res_off of equal length)")
@@ -385,5 +437,5 @@ def gather(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], res_off: Se
     interp = _interpreted()
     _dp_gather_kernel[(1,)](
         tab[0], tab[1], tab[2], tab[3], peer_res, peer_flags, state, res_bytes, items,
-        items_per_rank, rank, int(timeout_ns), W=world, NF=nf, BLOCK=block or BLOCK,
+        items_per_rank, rank, int(timeout_ns), _signed32(sig), W=world, NF=nf, BLOCK=block or BLOCK,
         PHASE=phase, USE_TIMER=not interp, MAX_SPINS=max_spins, num_warps=NUM_WARPS)
