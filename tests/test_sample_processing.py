@@ -688,3 +688,13 @@ def test_gpu_triton_no_new_variants_without_processing():
     after = _cache_sizes(tri)
     for name in ("_k1_partial", "_k3_finalize"):
         assert after[name] == with_proc[name] + 1, (name, with_proc, after)
+
+
+def test_triton_sampler_compiles_for_sm90():
+    """Every Triton sampler kernel variant of the bench's modes, with and without processing (and
+    with logprobs), compiles ahead of time for sm_90 with the GPU launch configuration
+    (tests/triton_sampling_aot.py): the interpreter does not compile, so this is what catches a
+    kernel that only the GPU build rejects."""
+    import triton_aot
+    import triton_sampling_aot
+    triton_aot.run_script("triton_sampling_aot.py", oks=triton_sampling_aot.expected_oks())
