@@ -828,6 +828,7 @@ def test_triton_verify_loads_vectorize():
     counts = dict(re.findall(r"^(\w+): v4 loads (\d+)", out, re.M))
     assert set(counts) == {"_pass1", "_pass2", "_final"}, out
     assert all(int(n) > 0 for n in counts.values()), out
+    assert out.count("row table (padded=") == 2 and "compiled" in out, out
 
 
 def test_schemas_match_extension():

@@ -43,6 +43,13 @@ def check() -> None:
         n4 = len(re.findall(r"ld\.global(?:\.[a-z0-9_:]+)*\.v4", ptx))
         print(f"{kern.fn.__name__}: v4 loads {n4} (not specialized: {sorted(skip)})",
               flush=True)
+    # the per-row request table (one small kernel, ragged and padded layouts): compiles
+    for padded in (False, True):
+        triton_aot.compile_ptx(tv._row_req_kernel, {"cu_ptr": "*i64", "out_ptr": "*i32",
+                                                    "R_t": "i32", "R_d": "i32", "bs": "i32",
+                                                    "max_n": "i32", "nlog": "i32"},
+                               {"PADDED": padded, "BLOCK": 1024}, num_warps=4)
+        print(f"row table (padded={padded}) compiled", flush=True)
 
 
 if __name__ == "__main__":
