@@ -180,3 +180,80 @@ def test_nothing_allowed_makes_the_row_invalid():
 def test_penalties_need_counts():
     with pytest.raises(ValueError, match="^counts"):
         LP.apply(torch.zeros(1, 4), LP.LogitsInputs(presence_penalty=torch.tensor([1.0])))
+
+
+def test_apply_verify_counts_the_earlier_drafts_per_position():
+    """apply_verify (spec only): position j of a request is processed after its drafts
+    d_0 .. d_{j-1} (penalty counts / seen bits, min_tokens progress), with the request's bias
+    and banned ids, and one allowed mask per target row when given so; equal to ``apply`` of each
+    row with those inputs written out by hand."""
+    g = torch.Generator().manual_seed(3)
+    V, W = 40, LP.mask_words(40)
+    cu = torch.tensor([0, 3, 3, 5])                     # n_i = 3, 0, 2 drafts
+    drafts = torch.tensor([7, 7, 9, 4, 7])
+    R_t = int(cu[-1]) + 3
+    z = torch.randn(R_t, V, generator=g) * 3
+    counts = LP.new_token_counts(4, V)
+    LP.admit(counts, torch.tensor([2, 0, 3]), _csr([[1, 7], [], [9]]))
+    counts.output[2, 1] = 2
+    slots = torch.tensor([2, 0, 3])
+    allowed = torch.randint(-2**31, 2**31, (R_t, W), generator=g).to(torch.int32)
+    inp = LP.LogitsInputs(
+        logit_bias=LP.Csr(torch.tensor([0, 1, 1, 2]), torch.tensor([3, 5]),
+                          torch.tensor([1.5, -2.0])),
+        repetition_penalty=torch.tensor([1.3, 1.1, 1.2]),
+        frequency_penalty=torch.tensor([0.4, 0.2, 0.3]),
+        presence_penalty=torch.tensor([0.1, 0.0, 0.5]), counts=counts, count_slots=slots,
+        allowed_mask=allowed, banned=_csr([[11], [], [12, 13]]),
+        min_tokens=torch.tensor([2, 0, 9]), num_output_tokens=torch.tensor([0, 4, 1]),
+        stop_ids=_csr([[0], [0], [0, 1]]))
+    got = LP.apply_verify(z, inp, cu, drafts)
+    r = 0
+    for i in range(3):
+        for j in range(int(cu[i + 1] - cu[i]) + 1):
+            prev = drafts[int(cu[i]):int(cu[i]) + j]
+            c = LP.TokenCounts(counts.seen[slots[i]][None].clone(),
+                               counts.output[slots[i]][None].clone())
+            for t in prev.tolist():
+                c.output[0, t] += 1
+                c.seen[0, t >> 5] |= (1 << (t & 31)) if (t & 31) < 31 else -2**31
+            one = LP.LogitsInputs(
+                logit_bias=LP.Csr(torch.tensor([0, int(inp.logit_bias.indptr[i + 1]
+                                                       - inp.logit_bias.indptr[i])]),
+                                  inp.logit_bias.ids[inp.logit_bias.indptr[i]:
+                                                     inp.logit_bias.indptr[i + 1]],
+                                  inp.logit_bias.values[inp.logit_bias.indptr[i]:
+                                                        inp.logit_bias.indptr[i + 1]]),
+                repetition_penalty=inp.repetition_penalty[i:i + 1],
+                frequency_penalty=inp.frequency_penalty[i:i + 1],
+                presence_penalty=inp.presence_penalty[i:i + 1], counts=c,
+                allowed_mask=allowed[r:r + 1],
+                banned=LP.Csr(torch.tensor([0, int(inp.banned.indptr[i + 1]
+                                                   - inp.banned.indptr[i])]),
+                              inp.banned.ids[inp.banned.indptr[i]:inp.banned.indptr[i + 1]]),
+                min_tokens=inp.min_tokens[i:i + 1],
+                num_output_tokens=inp.num_output_tokens[i:i + 1] + j,
+                stop_ids=LP.Csr(torch.tensor([0, int(inp.stop_ids.indptr[i + 1]
+                                                     - inp.stop_ids.indptr[i])]),
+                                inp.stop_ids.ids[inp.stop_ids.indptr[i]:
+                                                 inp.stop_ids.indptr[i + 1]]))
+            want = LP.apply(z[r:r + 1], one)
+            assert torch.equal(got[r:r + 1], want), (i, j)
+            r += 1
+    assert r == R_t
+    # the semantics, spelled out: request 0's token 7 (drafts 0 and 1) is penalized by
+    # 0 / 1 / 2 extra output counts at positions 0 / 1 / 2; stop id 0 is masked at positions
+    # 0 and 1 of request 0 (0 + j < 2), not at 2 and 3
+    per_req = LP.apply_verify(z, inp._replace(allowed_mask=None, logit_bias=None), cu, drafts)
+    assert [bool(per_req[j, 0] == float("-inf")) for j in range(4)] == [True, True, False, False]
+    zs = z[0].repeat(R_t, 1)        # every row the same raw logits: only the position differs
+    fp = LP.apply_verify(zs, LP.LogitsInputs(frequency_penalty=torch.tensor([0.5, 0.0, 0.0]),
+                                             counts=counts, count_slots=slots), cu, drafts)
+    f = float(zs[0, 7]), float(inp.counts.output[2, 7])
+    assert [round(float(fp[j, 7]), 4) for j in range(4)] == \
+        [round(f[0] - 0.5 * (f[1] + k), 4) for k in (0, 1, 2, 2)]
+    # an [n, W] allowed mask applies to every position of its request
+    same = LP.apply_verify(z, inp._replace(allowed_mask=allowed[[0, 4, 5]]), cu, drafts)
+    rows = LP.apply_verify(z, inp._replace(allowed_mask=allowed[[0, 0, 0, 0, 4, 5, 5, 5]]), cu,
+                           drafts)
+    assert torch.equal(same, rows)

@@ -201,3 +201,75 @@ def apply(logits: torch.Tensor, inputs: LogitsInputs, tokens_per_request: int = 
         on = active[req].repeat_interleave(tokens_per_request)
         z[rows[on], ids[on]] = float("-inf")
     return z
+
+
+def apply_verify(target_logits: torch.Tensor, inputs: LogitsInputs, cu_num_draft: torch.Tensor,
+                 draft_ids: torch.Tensor) -> torch.Tensor:
+    """**Spec only** (no op takes it yet: ``ops.verify`` has no ``processing``): the processed
+    *target* logits of a chain speculative verify, ragged layout (request ``i`` owns target rows
+    ``cu[i] + i .. cu[i + 1] + i``, position ``j = 0 .. n_i``, and drafts ``cu[i] .. cu[i + 1]``).
+
+    Position ``j`` of request ``i`` is processed as ``apply`` would process the next token after
+    the drafts ``d_0 .. d_{j-1}`` were emitted (the convention of vLLM's rejection sampler, which
+    combines the output tokens with the draft tokens before each position):
+
+    * bias, banned ids, penalty values: the request's;
+    * penalty state: slot ``count_slots[i]``'s counts plus one per occurrence of a token among
+      ``d_0 .. d_{j-1}`` (those tokens are seen);
+    * ``min_tokens``: the stop ids are masked while ``num_output_tokens[i] + j < min_tokens[i]``;
+    * ``allowed_mask``: ``[n, W]`` (every position of a request the same) or ``[R_t, W]`` (one
+      mask per target row, as a grammar gives for each draft prefix).
+
+    The draft logits are the draft distribution as given (not processed here)."""
+    R_t, V = target_logits.shape
+    dev = target_logits.device
+    cu = cu_num_draft.to(torch.int64).to(dev)
+    n = cu.numel() - 1
+    counts_n = cu[1:] - cu[:-1]
+    req = torch.repeat_interleave(torch.arange(n, device=dev), counts_n + 1)
+    assert req.numel() == R_t, "target_logits: sum(n_i + 1) rows expected"
+    pos = torch.arange(R_t, device=dev) - (cu[:-1] + torch.arange(n, device=dev))[req]
+    ids = draft_ids.to(torch.int64).to(dev)
+
+    def rows_of(t):   # [n, ...] -> [R_t, ...]
+        return None if t is None else t.to(dev)[req]
+
+    def csr_rows(csr):   # each request's entries once per target row of the request
+        if csr is None:
+            return None
+        ip = csr.indptr.to(torch.int64).to(dev)
+        lo, hi = ip[req], ip[req + 1]
+        take = torch.cat([torch.arange(int(a), int(b), device=dev) for a, b in zip(lo, hi)]
+                         or [torch.zeros(0, dtype=torch.int64, device=dev)])
+        new_ip = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), (hi - lo).cumsum(0)])
+        return Csr(new_ip, csr.ids.to(dev)[take],
+                   None if csr.values is None else csr.values.to(dev)[take])
+
+    counts = None
+    if inputs.counts is not None:
+        slots = (torch.arange(n, device=dev) if inputs.count_slots is None
+                 else inputs.count_slots.to(torch.int64).to(dev))
+        seen = inputs.counts.seen.to(dev)[slots[req]].clone()
+        output = inputs.counts.output.to(dev)[slots[req]].clone()
+        for r in range(R_t):   # the drafts before each position count as output tokens
+            i, j = int(req[r]), int(pos[r])
+            prev = ids[int(cu[i]):int(cu[i]) + j]
+            if prev.numel():
+                output[r].index_put_((prev,), torch.ones_like(prev, dtype=torch.int32),
+                                     accumulate=True)
+                _set_bits(seen, torch.full_like(prev, r), prev)
+        counts = TokenCounts(seen, output)
+    allowed = inputs.allowed_mask
+    if allowed is not None and allowed.shape[0] != R_t:
+        allowed = rows_of(allowed)
+    nout = inputs.num_output_tokens
+    per_row = LogitsInputs(
+        logit_bias=csr_rows(inputs.logit_bias),
+        repetition_penalty=rows_of(inputs.repetition_penalty),
+        frequency_penalty=rows_of(inputs.frequency_penalty),
+        presence_penalty=rows_of(inputs.presence_penalty),
+        counts=counts, allowed_mask=allowed, banned=csr_rows(inputs.banned),
+        min_tokens=rows_of(inputs.min_tokens),
+        num_output_tokens=None if nout is None else rows_of(nout).to(torch.int64) + pos,
+        stop_ids=csr_rows(inputs.stop_ids), count_slots=None)
+    return apply(target_logits, per_row, 1)
