@@ -473,26 +473,18 @@ def _prep_masks(keep_ptr, hasb_ptr, allowed_ptr, ban_ip_ptr, ban_ids_ptr, min_pt
     tl.debug_barrier()   # the words above are written before the bit updates below
     if BUILD_KEEP:
         if HAS_BAN:
-            _clear_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, BLOCK)
+            _csr_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, False, BLOCK)
         if HAS_STOP:
             if tl.load(nout_ptr + q) < tl.load(min_ptr + q):
-                _clear_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, BLOCK)
+                _csr_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, False, BLOCK)
     if HAS_BIAS:
-        e0 = tl.load(bias_ip_ptr + q)
-        e1 = tl.load(bias_ip_ptr + q + 1)
-        for b in range(e0, e1, BLOCK):
-            e = b + tl.arange(0, BLOCK)
-            em = e < e1
-            t = tl.load(bias_ids_ptr + e, mask=em, other=0).to(tl.int64)
-            ok = em & (t >= 0) & (t < V)
-            t = tl.where(ok, t, 0)
-            bit = (tl.full([BLOCK], 1, tl.int64) << (t & 31)).to(tl.int32)
-            tl.atomic_or(hb_row + (t >> 5), bit, mask=ok, sem="relaxed")
+        _csr_bits(hb_row, bias_ip_ptr, bias_ids_ptr, q, V, True, BLOCK)
 
 
 @triton.jit
-def _clear_bits(row, ip_ptr, ids_ptr, q, V, BLOCK: tl.constexpr):
-    """Clears the bits of request q's CSR ids in its word row (atomic: ids may share a word)."""
+def _csr_bits(row, ip_ptr, ids_ptr, q, V, SET: tl.constexpr, BLOCK: tl.constexpr):
+    """Sets (SET) or clears the bits of request q's CSR ids in its word row (atomic: ids may
+    share a word); ids outside [0, V) are skipped."""
     e0 = tl.load(ip_ptr + q)
     e1 = tl.load(ip_ptr + q + 1)
     for b in range(e0, e1, BLOCK):
@@ -502,7 +494,10 @@ def _clear_bits(row, ip_ptr, ids_ptr, q, V, BLOCK: tl.constexpr):
         ok = em & (t >= 0) & (t < V)
         t = tl.where(ok, t, 0)
         bit = (tl.full([BLOCK], 1, tl.int64) << (t & 31)).to(tl.int32)
-        tl.atomic_and(row + (t >> 5), ~bit, mask=ok, sem="relaxed")
+        if SET:
+            tl.atomic_or(row + (t >> 5), bit, mask=ok, sem="relaxed")
+        else:
+            tl.atomic_and(row + (t >> 5), ~bit, mask=ok, sem="relaxed")
 
 
 # ---------------------------------------------------------------------------------------------
