@@ -37,3 +37,24 @@ def test_render_refuses_mixed_builds(tmp_path):
     report.write_csv(b, [_row("bf16", "ours-cuda", "temp", 1, 9.0, sha="def5678")], CSV_COLUMNS)
     assert main(["render", str(a), str(b), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
     assert not (tmp_path / "o" / "sampling.md").exists()
+
+
+def test_table_ratios_proc_rows_use_the_fused_call_and_eager_when_uncapturable():
+    """In mode "proc", "ours" is the fused call (ours-cuda+proc, else ours-triton+proc) and the
+    torch baseline is the engines' way; a baseline without a graph time is compared eager to
+    eager, never graph to eager."""
+    fused = _row("fp32", "ours-triton+proc", "proc", 64, 100.0)          # eager 200
+    plain = _row("fp32", "ours-cuda", "proc", 64, 40.0)
+    tway = dict(_row("fp32", "torch-proc+ours-cuda", "proc", 64, 0.0), graph_us=None,
+                eager_us=800.0)
+    by = {r["provider"]: r for r in (fused, plain, tway)}
+    ours, r_fi, r_torch = report.table_ratios(by, "proc")
+    assert ours is fused and r_fi is None and r_torch == 200.0 / 800.0
+    by["ours-cuda+proc"] = _row("fp32", "ours-cuda+proc", "proc", 64, 50.0)
+    assert report.table_ratios(by, "proc")[0] is by["ours-cuda+proc"]
+    # other modes: ours-cuda, graph to graph against torch
+    t = {"ours-cuda": _row("fp32", "ours-cuda", "temp", 1, 10.0),
+         "torch": _row("fp32", "torch", "temp", 1, 40.0),
+         "flashinfer": dict(_row("fp32", "flashinfer", "temp", 1, 20.0), status="FAILED: x")}
+    ours, r_fi, r_torch = report.table_ratios(t, "temp")
+    assert ours is t["ours-cuda"] and r_fi is None and r_torch == 0.25

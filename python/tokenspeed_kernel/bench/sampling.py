@@ -192,7 +192,7 @@ def torch_processing(x: torch.Tensor, P: Params) -> torch.Tensor:
     z = torch.where(hit, z - inp.presence_penalty[:, None], z)
     allowed = ((inp.allowed_mask[:, t >> 5] >> (t & 31)) & 1).bool()
     z = z.masked_fill_(~allowed, float("-inf"))
-    z.index_put_((banned_q, inp.banned.ids), torch.tensor(float("-inf"), device=z.device))
+    z.index_put_((banned_q, inp.banned.ids), z.new_full((), float("-inf")))
     active = (inp.num_output_tokens < inp.min_tokens)[stop_q]
     sid = inp.stop_ids.ids
     z.index_put_((stop_q, sid), torch.where(active, float("-inf"), z[stop_q, sid]))
@@ -780,15 +780,17 @@ def _recover() -> None:
 
 
 def _ratios(mode_rows: List[Dict]) -> None:
+    """CSV ratio columns of our rows: vs FlashInfer and vs the torch baseline of the mode (in
+    mode "proc" the engines' way), graph to graph, else eager to eager (report.ratio_of)."""
     def t(name):
-        r = next((r for r in mode_rows if r["provider"] == name and r["status"] == "ok"), None)
-        return None if r is None else r.get("graph_us") or r.get("eager_us")
-    fi, tt = t("flashinfer"), t("torch")
+        return next((r for r in mode_rows if r["provider"] == name and r["status"] == "ok"), None)
+    proc = any(r["mode"] == "proc" for r in mode_rows)
+    fi = t("flashinfer")
+    tt = (t("torch-proc+ours-cuda") or t("torch-proc+ours-triton")) if proc else t("torch")
     for r in mode_rows:
         if r["provider"] in OURS and r["status"] == "ok":
-            mine = r.get("graph_us") or r.get("eager_us")
-            r["ratio_vs_flashinfer"] = mine / fi if (mine and fi) else None
-            r["ratio_vs_torch"] = mine / tt if (mine and tt) else None
+            r["ratio_vs_flashinfer"] = report.ratio_of(r, fi)
+            r["ratio_vs_torch"] = report.ratio_of(r, tt)
 
 
 def _write(rows, env, hbm, notes, args, stem) -> None:
@@ -819,11 +821,9 @@ def summary(rows: List[Dict], max_rows: int = 60) -> None:
     body = []
     for k in keys:
         by = {r["provider"]: r for r in rows if (r["dtype"], r["V"], r["mode"], r["B"]) == k}
-        ours = by.get("ours-cuda") if (by.get("ours-cuda") or {}).get("status") == "ok" \
-            else by.get("ours-triton")
+        _, r_fi, r_torch = report.table_ratios(by, k[2])
         body.append(list(k) + [report._cell(by.get(p)) for p in provs]
-                    + [report._ratio((ours or {}).get("ratio_vs_flashinfer")),
-                       report._ratio((ours or {}).get("ratio_vs_torch"))])
+                    + [report._ratio(r_fi), report._ratio(r_torch)])
     print(f"\nsampling: graph-replay us (eager us), median per call, cold L2{more}")
     report.print_table(["dtype", "V", "mode", "B"] + provs + ["ours/FI", "ours/torch"], body)
 
