@@ -676,7 +676,7 @@ def test_gpu_triton_no_new_variants_without_processing():
     with_proc = _cache_sizes(tri)
     assert sum(with_proc.values()) > sum(before.values())   # processing variants exist
     for name, cnt in with_proc.items():
-        if name not in ("_k1_partial", "_k2_mass", "_k3_finalize", "_prep_masks"):
+        if name not in ("_k1_partial", "_k2_mass", "_k3_finalize", "_prep_words"):
             assert cnt == before.get(name, 0), name
     plain()
     torch.cuda.synchronize()
@@ -698,3 +698,33 @@ def test_triton_sampler_compiles_for_sm90():
     import triton_aot
     import triton_sampling_aot
     triton_aot.run_script("triton_sampling_aot.py", oks=triton_sampling_aot.expected_oks())
+
+
+def test_triton_bias_values_by_rank():
+    """The Triton kernels find an id's bias value by its rank among the request's bias ids
+    (prefix of has-bias bits + the bits below it in its word): ids listed out of order, sharing
+    words, at word edges (0, 31, 32, 63, V - 1) and one request without entries."""
+    skip_unless_backend("triton")
+    V = 200
+    lists = [[63, 5, 32, 0, 31, 199, 36], [], [7, 6, 64, 38, 39, 1]]
+    n = len(lists)
+    gen = _gen(77)
+    z = (torch.randn(n, V, generator=gen) * 0.1).to(DEVICE)
+    bias = _csr(lists, gen, values=True)
+    inp = LP.LogitsInputs(logit_bias=bias)
+    # greedy: each request's winner is its largest bias (|values| ~ 4 >> the logits' spread)
+    s = torch.arange(n, device=DEVICE)
+    want = ops.sample_with_logprobs(z, s, s, temperature=torch.zeros(n, device=DEVICE),
+                                    processing=inp, backend="reference")
+    got = ops.sample_with_logprobs(z, s, s, temperature=torch.zeros(n, device=DEVICE),
+                                   processing=inp, backend="triton")
+    assert torch.equal(got.tokens, want.tokens)
+    vals = bias.values.cpu().tolist()
+    e = 0
+    for q, ids in enumerate(lists):
+        if ids:
+            j = max(range(len(ids)), key=lambda i: vals[e + i])
+            if vals[e + j] > 1.0:
+                assert got.tokens[q].item() == ids[j]
+        e += len(ids)
+    _compare(z, inp, FILTER_SETS["temperature"](n), seeds=(3, 4), tpr=1)
