@@ -676,7 +676,7 @@ def test_gpu_triton_no_new_variants_without_processing():
     with_proc = _cache_sizes(tri)
     assert sum(with_proc.values()) > sum(before.values())   # processing variants exist
     for name, cnt in with_proc.items():
-        if name not in ("_k1_partial", "_k2_mass", "_k3_finalize", "_prep_words"):
+        if name not in ("_k1_partial", "_k2_mass", "_k3_finalize", "_prep_masks"):
             assert cnt == before.get(name, 0), name
     plain()
     torch.cuda.synchronize()
@@ -700,10 +700,9 @@ def test_triton_sampler_compiles_for_sm90():
     triton_aot.run_script("triton_sampling_aot.py", oks=triton_sampling_aot.expected_oks())
 
 
-def test_triton_bias_values_by_rank():
-    """The Triton kernels find an id's bias value by its rank among the request's bias ids
-    (prefix of has-bias bits + the bits below it in its word): ids listed out of order, sharing
-    words, at word edges (0, 31, 32, 63, V - 1) and one request without entries."""
+def test_triton_bias_values_per_id():
+    """Each bias id gets its own value: ids listed out of order, sharing words, at word edges
+    (0, 31, 32, 63, V - 1) and one request without entries."""
     skip_unless_backend("triton")
     V = 200
     lists = [[63, 5, 32, 0, 31, 199, 36], [], [7, 6, 64, 38, 39, 1]]

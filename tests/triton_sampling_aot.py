@@ -20,13 +20,10 @@ _PTR = {
     "tok_ptr": "*i64", "valid_ptr": "*u8", "lp_ptr": "*fp32", "plp_ptr": "*fp32",
     "stats_ptr": "*i32", "bias_ip_ptr": "*i64", "bias_ids_ptr": "*i64", "bias_val_ptr": "*fp32",
     "rep_ptr": "*fp32", "freq_ptr": "*fp32", "pres_ptr": "*fp32", "seen_ptr": "*i32",
-    "cnt_ptr": "*i32", "slots_ptr": "*i64", "keep_ptr": "*i64", "hasb_ptr": "*i64",
+    "cnt_ptr": "*i32", "slots_ptr": "*i64", "keep_ptr": "*i32", "hasb_ptr": "*i32",
     "pr_ptr": "*fp32", "allowed_ptr": "*i32", "ban_ip_ptr": "*i64", "ban_ids_ptr": "*i64",
     "min_ptr": "*i64", "nout_ptr": "*i64", "stop_ip_ptr": "*i64", "stop_ids_ptr": "*i64",
-    "pw_ptr": "*i64", "hbp_ptr": "*i64", "bvs_ptr": "*fp32",
 }
-# the prep kernel's int32 scratch words (the samplers' keep_ptr / hasb_ptr are its int64 words)
-_PREP_PTR = {"keep_ptr": "*i32", "hasb_ptr": "*i32"}
 
 # (name, HAS_T, HAS_K, HAS_P, HAS_MINP, WANT_LP, PROC): the modes of the bench, processing off
 # and with every input (P_BIAS | P_PEN | P_KEEP = 31), logprobs with processing
@@ -41,7 +38,7 @@ CASES = [
 ]
 
 
-def _compile(kern, consts: dict, vals: dict, ptr_types: dict = None) -> str:
+def _compile(kern, consts: dict, vals: dict) -> str:
     """Pointers and the 16-divisible ints (V = 151936, row stride, chunk) get the JIT's
     divisibility hint unless the kernel excludes them from specialization; other ints are i32."""
     names = [p.name for p in kern.params]
@@ -51,7 +48,7 @@ def _compile(kern, consts: dict, vals: dict, ptr_types: dict = None) -> str:
         if n in consts:
             const[n] = consts[n]
             continue
-        sig[n] = (ptr_types or {}).get(n) or _PTR.get(n, "i32")
+        sig[n] = _PTR.get(n, "i32")
         if (n in _PTR or n in ("V", "stride_row", "chunk", "chunk2")) and n not in skip:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return triton_aot.compile_ptx(kern, sig, const, attrs, num_warps=vals["num_warps"],
@@ -90,9 +87,9 @@ def check() -> None:
         ptx = _compile(TS._k3_finalize, k3, {"num_warps": cfg["warps"]})
         print(f"{name}: _k3_finalize {len(ptx)} bytes of PTX; triton-aot ok", flush=True)
     prep = dict(BUILD_KEEP=True, HAS_ALLOWED=True, HAS_BAN=True, HAS_STOP=True, HAS_BIAS=True,
-                HAS_PEN=True, BLOCK=TS._PREP_BLOCK)
-    ptx = _compile(TS._prep_words, prep, {"num_warps": 4}, _PREP_PTR)
-    print(f"_prep_words {len(ptx)} bytes of PTX; triton-aot ok", flush=True)
+                BLOCK=TS._PREP_BLOCK)
+    ptx = _compile(TS._prep_masks, prep, {"num_warps": 4})
+    print(f"_prep_masks {len(ptx)} bytes of PTX; triton-aot ok", flush=True)
 
 
 def expected_oks() -> int:

@@ -135,15 +135,12 @@ or the exact pass; greedy rows 0; invalid rows NaN (float sums: ~1e-6 relative, 
 Logits processing (``processing=``; spec ``reference/logits_processing.py``): z above is then the
 processed logit, computed wherever a kernel reads the logits (``_zload``: K1's four modes, K2,
 the exact pass's searches and Gumbel pass, the extension's count / mass and collection passes,
-K3's read of the token's logit), never materialized. ``_prep_words`` (one launch, one program per
-request) first builds the request's int64 prep words, one per 32 tokens: keep bits (allowed mask
-AND NOT banned AND NOT active stop ids) | touch bits << 32 (has-bias OR seen), and with a bias
-the has-bias words with the count of has-bias bits before each word (so an id's rank among the
-request's bias ids is that prefix + the bits below it) and the bias values in rank order. A read
-then loads one prep word per element; only on touched lanes does it read the has-bias word and
-the bias value at the id's rank (no scan of the bias list), the seen word (repetition) and the
-output count where the seen bit is set (frequency / presence); the steps are single IEEE
-float32 operations (``div_rn``; no FMA). K1 also keeps the raw logits'
+K3's read of the token's logit), never materialized. ``_prep_masks`` (one launch, one program per
+request) first builds the request's keep words (allowed mask AND NOT banned AND NOT active stop
+ids; an allowed mask alone is read directly) and has-bias words; a read then loads the words per
+element, scans the request's bias entries only in tiles with a has-bias bit, reads the seen bit
+(repetition) and the output count only where it is set (frequency / presence), and applies the
+steps as single IEEE float32 operations (``div_rn``; no FMA). K1 also keeps the raw logits'
 running max / exp-sum per lane (raw logprobs stay over the unprocessed row). The constexpr
 ``PROC`` (bits P_BIAS, P_PEN: all three penalties, absent ones neutral, P_KEEP) gates all of it:
 ``PROC = 0`` compiles the kernels exactly as without processing.
@@ -345,21 +342,22 @@ def _ex2(x, FAST: tl.constexpr):
 @triton.jit
 def _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
               pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, PROC: tl.constexpr):
-    """Per-row processing context (request q = row // tpr): the start of its rank-ordered bias
-    values, its penalties, and the rows of its prep words / seen words / counts (penalty state:
-    slot count_slots[q]). ``keep_ptr`` / ``hasb_ptr`` are the prep kernel's int64 words
-    (``_prep_words``); ``bias_val_ptr`` its rank-ordered bias values."""
+    """Per-row processing context (request q = row // tpr): its bias entries [b0, b1), its
+    penalties, and the rows of its bitmask words / counts (penalty state: slot count_slots[q])."""
     q = (row // tpr).to(tl.int64)
     W = (V + 31) // 32
     b0 = tl.full([], 0, tl.int64)
+    b1 = tl.full([], 0, tl.int64)
     r = tl.full([], 1.0, tl.float32)
     f = tl.full([], 0.0, tl.float32)
     pp = tl.full([], 0.0, tl.float32)
     hb_row = hasb_ptr
     seen_row = seen_ptr
     cnt_row = cnt_ptr
+    keep_row = keep_ptr
     if P_BIAS & PROC:
         b0 = tl.load(bias_ip_ptr + q).to(tl.int64)
+        b1 = tl.load(bias_ip_ptr + q + 1).to(tl.int64)
         hb_row = hasb_ptr + q * W
     if P_PEN & PROC:
         slot = tl.load(slots_ptr + q).to(tl.int64)
@@ -371,18 +369,16 @@ def _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, fre
             f = tl.load(freq_ptr + q).to(tl.float32)
         if P_PRES & PROC:
             pp = tl.load(pres_ptr + q).to(tl.float32)
-    pw_row = keep_ptr + q * W
-    return (b0, r, f, pp, bias_val_ptr, hb_row, seen_row, cnt_row, pw_row)
+    if P_KEEP & PROC:
+        keep_row = keep_ptr + q * W
+    return (b0, b1, r, f, pp, bias_ids_ptr, bias_val_ptr, hb_row, seen_row, cnt_row, keep_row)
 
 
 @triton.jit
-def _popc32(x):
-    """Population count of int32 / uint32 words (SWAR: the interpreter has no popc)."""
-    x = x.to(tl.uint32, bitcast=True)
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F
-    return ((x * 0x01010101) >> 24).to(tl.int32)
+def _bit(words_row, offs, m):
+    """Bit ``offs & 31`` of word ``offs >> 5`` (xgrammar layout), False where not ``m``."""
+    w = tl.load(words_row + (offs >> 5), mask=m, other=0)
+    return m & (((w >> (offs & 31)) & 1) != 0)
 
 
 @triton.jit
@@ -390,38 +386,31 @@ def _process(z, offs, m, pc, PROC: tl.constexpr):
     """The processed logits of the raw float32 ``z`` at ids ``offs`` (lanes with ``m`` False
     are don't-care): bias, repetition, frequency, presence, masks, one IEEE float32 operation
     per step (no FMA: the kernels run with ``enable_fp_fusion=False``; IEEE division), exactly
-    ``reference.logits_processing.apply``. One int64 prep word per element (keep bits | touch
-    bits << 32, touch = has-bias OR seen); the has-bias / seen words, the bias value (by its
-    rank among the request's bias ids) and the output count are read only on touched lanes."""
-    b0, r, f, pp, bvs, hb_row, seen_row, cnt_row, pw_row = pc
-    wi = offs >> 5
-    sh = (offs & 31).to(tl.int64)
-    pw = tl.load(pw_row + wi, mask=m, other=0)
-    if (P_BIAS | P_PEN) & PROC:
-        touch = m & (((pw >> (sh + 32)) & 1) != 0)
-        if P_BIAS & PROC:
-            hbp = tl.load(hb_row + wi, mask=touch, other=0)     # has-bias bits | prefix << 32
-            hb = touch & (((hbp >> sh) & 1) != 0)
-            below = (hbp & ((tl.full(hbp.shape, 1, tl.int64) << sh) - 1)).to(tl.int32)
-            rank = (hbp >> 32).to(tl.int32) + _popc32(below)
-            bv = tl.load(bvs + b0 + rank, mask=hb, other=0.0)
+    ``reference.logits_processing.apply``. Reads the bitmask words per element (1/32 of the
+    logits' bytes) and the counts / bias entries only where a bit says they matter."""
+    b0, b1, r, f, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row = pc
+    if P_BIAS & PROC:
+        hb = _bit(hb_row, offs, m)
+        if tl.max(hb.to(tl.int32), axis=0) > 0:
+            bv = tl.zeros(z.shape, tl.float32)
+            for e in range(b0, b1):
+                bv = tl.where(offs == tl.load(bids + e), tl.load(bvals + e), bv)
             z = tl.where(hb, z + bv, z)
-        if P_PEN & PROC:
-            sw = tl.load(seen_row + wi, mask=touch, other=0)
-            sn = touch & (((sw >> (offs & 31)) & 1) != 0)
-            if P_REP & PROC:
-                z = tl.where(sn, tl.where(z > 0.0, tl.math.div_rn(z, r), z * r), z)
-            if (P_FREQ | P_PRES) & PROC:
-                # output tokens are always seen (the token-count ops keep it so): gather the
-                # counts only there
-                c = tl.load(cnt_row + offs, mask=sn, other=0)
-                hit = c > 0
-                if P_FREQ & PROC:
-                    z = tl.where(hit, z - f * c.to(tl.float32), z)
-                if P_PRES & PROC:
-                    z = tl.where(hit, z - pp, z)
+    if P_PEN & PROC:
+        sn = _bit(seen_row, offs, m)
+        if P_REP & PROC:
+            z = tl.where(sn, tl.where(z > 0.0, tl.math.div_rn(z, r), z * r), z)
+        if (P_FREQ | P_PRES) & PROC:
+            # output tokens are always seen (the token-count ops keep it so): gather the
+            # counts only there
+            c = tl.load(cnt_row + offs, mask=sn, other=0)
+            hit = c > 0
+            if P_FREQ & PROC:
+                z = tl.where(hit, z - f * c.to(tl.float32), z)
+            if P_PRES & PROC:
+                z = tl.where(hit, z - pp, z)
     if P_KEEP & PROC:
-        z = tl.where(((pw >> sh) & 1) != 0, z, NEG_INF)
+        z = tl.where(_bit(keep_row, offs, m), z, NEG_INF)
     return z
 
 
@@ -459,87 +448,37 @@ def _raw_store(rm, rs, pr_ptr, pidx, WANT_LP: tl.constexpr, PROC: tl.constexpr):
 
 
 @triton.jit
-def _prep_words(pw_ptr, hbp_ptr, bvs_ptr, keep_ptr, hasb_ptr, allowed_ptr, ban_ip_ptr,
-                ban_ids_ptr, min_ptr, nout_ptr, stop_ip_ptr, stop_ids_ptr, bias_ip_ptr,
-                bias_ids_ptr, bias_val_ptr, seen_ptr, slots_ptr, V,
+def _prep_masks(keep_ptr, hasb_ptr, allowed_ptr, ban_ip_ptr, ban_ids_ptr, min_ptr, nout_ptr,
+                stop_ip_ptr, stop_ids_ptr, bias_ip_ptr, bias_ids_ptr, V,
                 BUILD_KEEP: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_BAN: tl.constexpr,
-                HAS_STOP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PEN: tl.constexpr,
-                BLOCK: tl.constexpr):
-    """Program q: request q's int64 prep words, one per 32 tokens (xgrammar layout):
-    ``pw`` = keep bits (allowed mask or all ones, then the banned ids and, while
-    num_output_tokens < min_tokens, the stop ids cleared) | touch bits << 32 (has-bias OR seen:
-    the lanes where the bias / penalty words need a look); with a bias also ``hbp`` = has-bias
-    bits | (has-bias bits in the words before) << 32 and ``bvs``, the request's bias values
-    in id order (the rank of an id = that prefix + the bits below it in its word). Int32
-    scratch ``keep`` / ``hasb`` holds the bits while the CSR lists are applied (atomics: ids
-    may share a word). Scratch of the call, one row per request."""
+                HAS_STOP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program q: request q's keep words (allowed mask or all ones, then the banned ids and,
+    while num_output_tokens < min_tokens, the stop ids cleared) and has-bias words (the bias
+    entries' bits). Scratch of the call, one row per request."""
     q = tl.program_id(0).to(tl.int64)
     W = (V + 31) // 32
     keep_row = keep_ptr + q * W
     hb_row = hasb_ptr + q * W
-    if BUILD_KEEP or HAS_BIAS:
-        for w0 in range(0, W, BLOCK):
-            ww = w0 + tl.arange(0, BLOCK)
-            wm = ww < W
-            if BUILD_KEEP:
-                if HAS_ALLOWED:
-                    a = tl.load(allowed_ptr + q * W + ww, mask=wm, other=0)
-                else:
-                    a = tl.full([BLOCK], -1, tl.int32)
-                tl.store(keep_row + ww, a, mask=wm)
-            if HAS_BIAS:
-                tl.store(hb_row + ww, tl.zeros([BLOCK], tl.int32), mask=wm)
-        tl.debug_barrier()   # the words above are written before the bit updates below
-        if BUILD_KEEP:
-            if HAS_BAN:
-                _csr_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, False, BLOCK)
-            if HAS_STOP:
-                if tl.load(nout_ptr + q) < tl.load(min_ptr + q):
-                    _csr_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, False, BLOCK)
-        if HAS_BIAS:
-            _csr_bits(hb_row, bias_ip_ptr, bias_ids_ptr, q, V, True, BLOCK)
-        tl.debug_barrier()
-    if HAS_PEN:
-        seen_row = seen_ptr + tl.load(slots_ptr + q).to(tl.int64) * W
-    carry = tl.full([], 0, tl.int32)
     for w0 in range(0, W, BLOCK):
         ww = w0 + tl.arange(0, BLOCK)
         wm = ww < W
         if BUILD_KEEP:
-            kw = tl.load(keep_row + ww, mask=wm, other=0)
-        elif HAS_ALLOWED:
-            kw = tl.load(allowed_ptr + q * W + ww, mask=wm, other=0)
-        else:
-            kw = tl.full([BLOCK], -1, tl.int32)
-        touch = tl.zeros([BLOCK], tl.int32)
+            if HAS_ALLOWED:
+                a = tl.load(allowed_ptr + q * W + ww, mask=wm, other=0)
+            else:
+                a = tl.full([BLOCK], -1, tl.int32)
+            tl.store(keep_row + ww, a, mask=wm)
         if HAS_BIAS:
-            hw = tl.load(hb_row + ww, mask=wm, other=0)
-            touch = touch | hw
-            pc = _popc32(hw)
-            pre = carry + tl.cumsum(pc, axis=0) - pc
-            carry += tl.sum(pc, axis=0)
-            hbp = hw.to(tl.uint32, bitcast=True).to(tl.int64) | (pre.to(tl.int64) << 32)
-            tl.store(hbp_ptr + q * W + ww, hbp, mask=wm)
-        if HAS_PEN:
-            touch = touch | tl.load(seen_row + ww, mask=wm, other=0)
-        pw = (kw.to(tl.uint32, bitcast=True).to(tl.int64)
-              | (touch.to(tl.uint32, bitcast=True).to(tl.int64) << 32))
-        tl.store(pw_ptr + q * W + ww, pw, mask=wm)
+            tl.store(hb_row + ww, tl.zeros([BLOCK], tl.int32), mask=wm)
+    tl.debug_barrier()   # the words above are written before the bit updates below
+    if BUILD_KEEP:
+        if HAS_BAN:
+            _csr_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, False, BLOCK)
+        if HAS_STOP:
+            if tl.load(nout_ptr + q) < tl.load(min_ptr + q):
+                _csr_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, False, BLOCK)
     if HAS_BIAS:
-        tl.debug_barrier()   # hbp is written before the ranks below read it
-        e0 = tl.load(bias_ip_ptr + q)
-        e1 = tl.load(bias_ip_ptr + q + 1)
-        for b in range(e0, e1, BLOCK):
-            e = b + tl.arange(0, BLOCK)
-            em = e < e1
-            t = tl.load(bias_ids_ptr + e, mask=em, other=0).to(tl.int64)
-            ok = em & (t >= 0) & (t < V)
-            t = tl.where(ok, t, 0)
-            hbp = tl.load(hbp_ptr + q * W + (t >> 5), mask=ok, other=0)
-            below = (hbp & ((tl.full([BLOCK], 1, tl.int64) << (t & 31)) - 1)).to(tl.int32)
-            rank = (hbp >> 32).to(tl.int32) + _popc32(below)
-            v = tl.load(bias_val_ptr + e, mask=ok, other=0.0)
-            tl.store(bvs_ptr + e0 + rank, v, mask=ok)
+        _csr_bits(hb_row, bias_ip_ptr, bias_ids_ptr, q, V, True, BLOCK)
 
 
 @triton.jit
@@ -1421,23 +1360,21 @@ def _make_config(rows: int, V: int, dev: torch.device, topr_possible: bool,
     return cfg
 
 
-_PREP_BLOCK = 1024
+_PREP_BLOCK = 256
 
 
 def _processing_args(proc: Optional[list], n: int, V: int, dummy: torch.Tensor):
     """The processing list of ``ops`` (``ops.sampling.PROC_FIELDS``: [] or 16 entries) ->
-    (PROC constexpr, the kernels' 11 processing pointers). One ``_prep_words`` launch (one
-    program per request) builds the int64 prep words ([n, ceil(V / 32)]: keep | touch << 32;
-    with a bias also the has-bias words with their rank prefix and the rank-ordered values),
-    which take the ``keep`` / ``hasb`` / ``bias_val`` pointer slots."""
+    (PROC constexpr, the kernels' 11 processing pointers). Builds the keep / has-bias words
+    (``_prep_masks``: one launch, [n, ceil(V / 32)] int32 scratch each) when banned ids,
+    min_tokens stop ids or a bias are given; an allowed mask alone is read directly."""
     if not proc:
         return 0, (dummy,) * 11
     (bias_ip, bias_ids, bias_val, rep, freq, pres, seen, outc, slots, allowed, ban_ip, ban_ids,
      min_t, n_out, stop_ip, stop_ids) = proc
     dev = dummy.device
     W = (V + 31) // 32
-    has_bias = bias_ip is not None
-    PROC = P_BIAS.value if has_bias else 0
+    PROC = P_BIAS.value if bias_ip is not None else 0
     if seen is not None:
         # one kernel variant for every penalty combination: an absent penalty is its neutral
         # value (z / 1 = z * 1 = z, z - 0 * c = z - 0 = z exactly, NaN / -0.0 included)
@@ -1446,30 +1383,27 @@ def _processing_args(proc: Optional[list], n: int, V: int, dummy: torch.Tensor):
         freq = freq if freq is not None else torch.zeros(n, dtype=torch.float32, device=dev)
         pres = pres if pres is not None else torch.zeros(n, dtype=torch.float32, device=dev)
     has_ban, has_stop = ban_ip is not None, min_t is not None
-    if allowed is not None or has_ban or has_stop:
+    build_keep = has_ban or has_stop
+    if allowed is not None or build_keep:
         PROC |= P_KEEP.value
-    # scratch: pw [n, W] int64; with banned / stop ids the int32 keep words; with a bias the
-    # int32 has-bias words, hbp [n, W] int64 and the rank-ordered values (one allocation each)
-    pw = torch.empty(n, W, dtype=torch.int64, device=dev)
-    keep32 = torch.empty(n, W, dtype=torch.int32, device=dev) if (has_ban or has_stop) else dummy
-    hasb = hbp = bvs = dummy
-    if has_bias:
-        hasb = torch.empty(n, W, dtype=torch.int32, device=dev)
-        hbp = torch.empty(n, W, dtype=torch.int64, device=dev)
-        bvs = torch.empty_like(bias_val)
+    keep = allowed if (allowed is not None and not build_keep) else dummy
+    hasb = dummy
+    if build_keep or bias_ip is not None:
+        if build_keep:
+            keep = torch.empty(n, W, dtype=torch.int32, device=dev)
+        if bias_ip is not None:
+            hasb = torch.empty(n, W, dtype=torch.int32, device=dev)
 
-    def d(t):
-        return t if t is not None else dummy
-    _prep_words[(n,)](pw, hbp, bvs, keep32, hasb, d(allowed), d(ban_ip), d(ban_ids), d(min_t),
-                      d(n_out), d(stop_ip), d(stop_ids), d(bias_ip), d(bias_ids), d(bias_val),
-                      d(seen), d(slots), V,
-                      BUILD_KEEP=has_ban or has_stop, HAS_ALLOWED=allowed is not None,
-                      HAS_BAN=has_ban, HAS_STOP=has_stop,
-                      HAS_BIAS=has_bias, HAS_PEN=seen is not None, BLOCK=_PREP_BLOCK)
+        def d(t):
+            return t if t is not None else dummy
+        _prep_masks[(n,)](keep, hasb, d(allowed), d(ban_ip), d(ban_ids), d(min_t), d(n_out),
+                          d(stop_ip), d(stop_ids), d(bias_ip), d(bias_ids), V,
+                          BUILD_KEEP=build_keep, HAS_ALLOWED=allowed is not None,
+                          HAS_BAN=has_ban, HAS_STOP=has_stop, HAS_BIAS=bias_ip is not None,
+                          BLOCK=_PREP_BLOCK)
     ptrs = tuple(t if t is not None else dummy
-                 for t in (bias_ip, bias_ids, bvs if has_bias else None, rep, freq, pres, seen,
-                           outc, slots))
-    return PROC, ptrs + (pw, hbp)
+                 for t in (bias_ip, bias_ids, bias_val, rep, freq, pres, seen, outc, slots))
+    return PROC, ptrs + (keep, hasb)
 
 
 def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
