@@ -30,7 +30,7 @@ const T* opt_ptr(const std::optional<at::Tensor>& t, at::ScalarType st, const ch
 // The raw op's `processing` list (ops/sampling.py PROC_FIELDS: [] or 16 entries, None = that
 // input off) -> the kernels' ProcParams and the prep's arguments; checks dtypes, shapes, devices
 // and the inputs' dependencies (values are ops.sample's `validate`). The scratch of the prep
-// (keep / has-bias words, bias hash) is allocated into *scratch.
+// (keep / has-bias words, bias hash) is allocated into `scratch`.
 struct ProcList {
   const c10::List<std::optional<at::Tensor>>& l;
   const at::Tensor& like;
