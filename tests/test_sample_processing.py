@@ -773,12 +773,12 @@ def test_gpu_cuda_processing_dtypes_and_rows():
     ids = [torch.randperm(V, generator=gen)[:3000].tolist() for _ in range(B)]
     inp = inp._replace(logit_bias=_csr(ids, gen, values=True),
                        banned=_csr([list(range(V))] + [[7, 8, 9]] * (B - 1)))
-    big = torch.randn(B, V + 41, generator=gen) * 3
-    flat = torch.randn(B, V, generator=gen) * 0.05
+    big = (torch.randn(B, V + 41, generator=gen) * 3).to(DEVICE)   # (sliced on the device)
+    flat = (torch.randn(B, V, generator=gen) * 0.05).to(DEVICE)
     T = torch.full((B,), 0.9, device=DEVICE)
-    for z in (big[:, :V], big[:, 1:V + 1], big[:, :V].to(torch.bfloat16),
-              big[:, 1:V + 1].to(torch.float16), flat):
-        z = z.to(DEVICE)
+    for z in (big[:, :V], big[:, 1:V + 1], big.to(torch.bfloat16)[:, :V],
+              big.to(torch.float16)[:, 1:V + 1], flat):
+        assert z is flat or z.stride(0) == V + 41
         for kw in (dict(temperature=T), dict(temperature=T, top_k=torch.full(
                 (B,), 40, dtype=torch.int32, device=DEVICE), top_p=torch.full(
                 (B,), 0.9, device=DEVICE)), dict(temperature=T, top_p=torch.full(
