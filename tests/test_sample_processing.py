@@ -15,7 +15,10 @@ valid, processed logprobs; raw logprobs from the unprocessed logits). Checked he
   masked position does not invalidate the row;
 * argument errors name ``processing.<field>``;
 * calls without processing are unchanged (and on a GPU, compile no new Triton variants);
-* GPU only (skipped here): CUDA == Triton == reference at V = 151936 and a small V.
+* GPU only (skipped here): CUDA == Triton == reference at V = 151936 and a small V; every CUDA
+  sampler path (forced with the ``sampler_flags`` knob: generic radix thresholds, the exact pass,
+  streamed chunks, the cluster launch instead of the split launch) with each input kind, at
+  batch sizes that take clusters of 16 / a few / one CTA, fp32 / bf16, unaligned rows.
 
 Shapes: V = 200 / 203 (odd, not a multiple of 32: the last bitmask word is partial), n = 3-4
 requests: small enough for the Triton interpreter, large enough that every request has
@@ -41,6 +44,16 @@ ALPHA = 1e-3
 
 def _gen(seed):
     return torch.Generator().manual_seed(seed)
+
+
+def _skip_unless(backend):
+    """skip_unless_backend, and for "cuda" also unless the CUDA sampler applies processing."""
+    skip_unless_backend(backend)
+    if backend == "cuda":
+        from tokenspeed_kernel.ops import sampling as S
+        if not S.cuda_takes_processing():
+            pytest.skip("the CUDA sampler does not apply processing (ops.sampling."
+                        "CUDA_PROCESSING)")
 
 
 def _csr(lists, gen=None, values=False, device=DEVICE):
@@ -272,12 +285,13 @@ def _replicated(inp, n):
         stop_ids=rep_csr(inp.stop_ids), count_slots=rep(inp.count_slots))
 
 
-@pytest.mark.parametrize("backend,n", [("reference", 40_000), ("triton", 150)])
+@pytest.mark.parametrize("backend,n", [("reference", 40_000), ("triton", 150),
+                                       ("cuda", 400_000)])
 def test_distribution_matches_processed_softmax(backend, n):
     """Tokens drawn with processing follow softmax(apply(z) / T) over the kept set (Triton:
     few draws in the interpreter, its tokens are also compared with the reference's draw for
     draw; 400k on a GPU)."""
-    skip_unless_backend(backend)
+    _skip_unless(backend)
     if backend == "triton" and HAS_CUDA:
         n = 400_000
     gen = _gen(50)
@@ -306,9 +320,9 @@ def test_distribution_matches_processed_softmax(backend, n):
 # ---------------------------------------------------------------------------------------------
 # NaN policy on the processed row
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "triton", "cuda"])
 def test_nothing_allowed_is_invalid(backend):
-    skip_unless_backend(backend)
+    _skip_unless(backend)
     n, V = 3, 70
     z = torch.randn(n, V, generator=_gen(60)).to(DEVICE)
     mask = torch.full((n, 3), -1, dtype=torch.int32)
@@ -325,12 +339,12 @@ def test_nothing_allowed_is_invalid(backend):
         assert not torch.isnan(out.logprobs[0])
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "triton", "cuda"])
 def test_nan_raw_logit_at_masked_position(backend):
     """A NaN (or +inf) raw logit where the mask / banned list puts -inf: the row is valid and
     samples as if that logit were -inf; its raw logprob is NaN (log_softmax of the raw row). A
     NaN at an unmasked position still makes the row invalid."""
-    skip_unless_backend(backend)
+    _skip_unless(backend)
     n, V = 4, 70
     z = torch.randn(n, V, generator=_gen(61)) * 2
     mask = torch.full((n, 3), -1, dtype=torch.int32)
@@ -358,9 +372,9 @@ def test_nan_raw_logit_at_masked_position(backend):
 # ---------------------------------------------------------------------------------------------
 # unchanged without processing; neutral processing changes nothing
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "triton", "cuda"])
 def test_without_processing_unchanged(backend):
-    skip_unless_backend(backend)
+    _skip_unless(backend)
     gen = _gen(70)
     n, V = 4, 203
     z = (torch.randn(n, V, generator=gen) * 3).to(DEVICE)
@@ -647,6 +661,131 @@ def test_gpu_cuda_processing():
         pytest.skip("the CUDA sampler does not apply processing (ops.sampling.CUDA_PROCESSING)")
     for B, V in ((1, 151936), (33, 151936), (512, 151936), (5, 1000)):
         _gpu_compare(["reference", "triton", "cuda"], B, V)
+
+
+# the CUDA sampler's paths, forced (tests/test_sampling_cuda.py): "default" takes the split
+# launch for the temperature rows at B <= SMs / 4, clusters with chunks in shared memory at small
+# B, one streamed CTA per row at large B; "generic" the radix thresholds + exact pass for every
+# filtered row, "exact" the exact pass instead of the gap test, "stream" no shared-memory copy,
+# "nosplit" the cluster launch for small temperature batches
+def _cuda_flag_sets():
+    from tokenspeed_kernel.ops import sampling as S
+    return {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
+            "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
+            "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT}
+
+
+def _kind_only(inp, kind):
+    """The inputs of one kind (``KINDS``) out of engine-like inputs with all of them."""
+    if kind == "all":
+        return inp
+    pen = {"repetition": "repetition_penalty", "frequency": "frequency_penalty",
+           "presence": "presence_penalty"}
+    if kind in pen:
+        return LP.LogitsInputs(**{pen[kind]: getattr(inp, pen[kind])}, counts=inp.counts,
+                               count_slots=inp.count_slots)
+    if kind == "bias":
+        return LP.LogitsInputs(logit_bias=inp.logit_bias)
+    if kind == "allowed":
+        return LP.LogitsInputs(allowed_mask=inp.allowed_mask)
+    if kind == "banned":
+        return LP.LogitsInputs(banned=inp.banned)
+    return LP.LogitsInputs(min_tokens=inp.min_tokens, num_output_tokens=inp.num_output_tokens,
+                           stop_ids=inp.stop_ids)
+
+
+def _cycled(n, **cols):
+    """Per-request parameter tensors: each column's values repeated over n requests."""
+    out = {}
+    for k, vals in cols.items():
+        t = torch.tensor(vals)
+        out[k] = t.repeat((n + len(vals) - 1) // len(vals))[:n].to(DEVICE)
+    return out
+
+
+def _gpu_cuda_check(z, inp, kw, tpr, flags, seed=0):
+    """CUDA with the forced path == the reference (tokens, valid bit for bit; logprobs)."""
+    from tokenspeed_kernel import testing
+    n = z.shape[0] // tpr
+    s = torch.arange(n, device=DEVICE) * 13 + seed
+    want = ops.sample_with_logprobs(z, s, s * 3, tokens_per_request=tpr, processing=inp,
+                                    backend="reference", **kw)
+    with testing.knobs(sampler_flags=flags):
+        got = ops.sample_with_logprobs(z, s, s * 3, tokens_per_request=tpr, processing=inp,
+                                       backend="cuda", **kw)
+        plain = ops.sample(z, s, s * 3, tokens_per_request=tpr, processing=inp, backend="cuda",
+                           **kw)
+    torch.cuda.synchronize()
+    bad = (got.tokens != want.tokens).nonzero()[:, 0]
+    assert bad.numel() == 0, (f"{bad.numel()} rows differ, first {bad[:5].tolist()}: "
+                              f"{got.tokens[bad[:5]].tolist()} vs {want.tokens[bad[:5]].tolist()}")
+    assert torch.equal(plain.tokens, want.tokens) and torch.equal(plain.valid, want.valid)
+    assert torch.equal(got.valid, want.valid)
+    v = want.valid
+    torch.testing.assert_close(got.logprobs[v], want.logprobs[v], atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(got.processed_logprobs[v], want.processed_logprobs[v], atol=1e-3,
+                               rtol=1e-4)
+    assert torch.isnan(got.logprobs[~v]).all() and torch.isnan(got.processed_logprobs[~v]).all()
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("flags", ["default", "generic", "exact", "stream", "nosplit",
+                                   "nosplit_exact"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_cuda_paths_with_processing(kind, flags):
+    """Every read of the logits by the CUDA sampler applies the processing: each input kind on
+    each forced path, at B = 1 / 3 (clusters of up to 16 CTAs with the chunk in shared memory;
+    temperature rows: the split launch), 40 rows of 2 tokens per request (small clusters), 300
+    (one streamed CTA per row), greedy / temperature rows and mixed top-k (50 and 1000: the
+    candidates and the radix thresholds) / top-p / min-p rows: == the reference."""
+    _skip_unless("cuda")
+    flag = _cuda_flag_sets()[flags]
+    for B, V, tpr in ((1, 151936, 1), (3, 151936, 1), (40, 32000, 2), (300, 4099, 1)):
+        if flags.startswith("nosplit") and B > 3:
+            continue   # (the split launch only takes small temperature batches)
+        if flags == "stream" and B == 300:
+            continue   # (already streams)
+        gen = _gen(B * 31 + KINDS.index(kind))
+        n = B // tpr
+        inp = _kind_only(_gpu_inputs(n, V, gen), kind)
+        z = _peak_on(torch.randn(B, V, generator=gen) * 4, inp, tpr).to(DEVICE)
+        combos = [_cycled(n, temperature=[0.0, 0.7, 1.0, 1.6]),
+                  _cycled(n, temperature=[0.9, 1.0, 0.7, 1.2, 0.8], top_k=[50, 0, 1000, 0, 7],
+                          top_p=[0.9, 0.8, 1.0, 1.0, 0.95], min_p=[0.0, 0.05, 0.1, 0.2, 0.0])]
+        combos[1]["top_k"] = combos[1]["top_k"].to(torch.int32)
+        if flags.startswith("nosplit"):
+            combos = combos[:1]
+        for kw in combos:
+            _gpu_cuda_check(z, inp, kw, tpr, flag, seed=B)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_cuda_processing_dtypes_and_rows():
+    """bf16 / fp16 logits (8 elements per 16-byte vector), rows with a stride larger than V and
+    unaligned row starts (scalar loads), a long bias list (3000 entries: hash collisions), a
+    request with every token banned (invalid), flat rows (top-p / min-p kept sets beyond the
+    candidates): CUDA == the reference on several paths."""
+    _skip_unless("cuda")
+    flags = _cuda_flag_sets()
+    gen = _gen(95)
+    B, V = 6, 32003
+    inp = _gpu_inputs(B, V, gen)
+    ids = [torch.randperm(V, generator=gen)[:3000].tolist() for _ in range(B)]
+    inp = inp._replace(logit_bias=_csr(ids, gen, values=True),
+                       banned=_csr([list(range(V))] + [[7, 8, 9]] * (B - 1)))
+    big = (torch.randn(B, V + 41, generator=gen) * 3).to(DEVICE)   # (sliced on the device)
+    flat = (torch.randn(B, V, generator=gen) * 0.05).to(DEVICE)
+    T = torch.full((B,), 0.9, device=DEVICE)
+    for z in (big[:, :V], big[:, 1:V + 1], big.to(torch.bfloat16)[:, :V],
+              big.to(torch.float16)[:, 1:V + 1], flat):
+        assert z is flat or z.stride(0) == V + 41
+        for kw in (dict(temperature=T), dict(temperature=T, top_k=torch.full(
+                (B,), 40, dtype=torch.int32, device=DEVICE), top_p=torch.full(
+                (B,), 0.9, device=DEVICE)), dict(temperature=T, top_p=torch.full(
+                (B,), 0.95, device=DEVICE)), dict(temperature=T, min_p=torch.full(
+                (B,), 0.3, device=DEVICE))):
+            for f in ("default", "generic", "stream", "nosplit_exact"):
+                _gpu_cuda_check(z, inp, kw, 1, flags[f])
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

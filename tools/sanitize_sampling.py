@@ -2,8 +2,10 @@
 every row mode (greedy, temperature, top-k, top-p, min-p, all filters) at batch sizes that take
 the split launch (B = 2: temperature / greedy), clusters of 16 and of 2-4 CTAs (B = 2 / 24 with
 filters), chunks in shared memory and streamed, the forced exact / generic paths, with logprobs;
-fp32 and bf16, aligned and unaligned rows. Each result is compared with the reference (token
-identity), so the run fails on a wrong token as well as on a sanitizer error.
+fp32 and bf16, aligned and unaligned rows; each also with logits processing (bias, penalties,
+an allowed mask, banned ids, min_tokens stop ids: the prep kernel and the processing kernels).
+Each result is compared with the reference (token identity), so the run fails on a wrong token
+as well as on a sanitizer error.
 
     compute-sanitizer --tool memcheck --error-exitcode 3 python tools/sanitize_sampling.py
     compute-sanitizer --tool racecheck --error-exitcode 3 python tools/sanitize_sampling.py --quick
@@ -15,10 +17,38 @@ import torch
 
 from tokenspeed_kernel import ops, testing
 from tokenspeed_kernel.ops import sampling as S
-from tokenspeed_kernel.reference import sampling as ref
+from tokenspeed_kernel.reference import logits_processing as LP
 
 MODES = {"greedy": dict(T=0.0), "temperature": dict(), "top_k": dict(k=50),
          "top_p": dict(p=0.9), "min_p": dict(mp=0.1), "all": dict(k=200, p=0.8, mp=0.05)}
+
+
+def processing(B: int, V: int, g: torch.Generator, dev) -> LP.LogitsInputs:
+    """Every processing input for B requests (count slots permuted, one request all banned)."""
+    N = B + 2
+    counts = ops.new_token_counts(N, V, device=dev)
+    slots = torch.randperm(N, generator=g)[:B].to(dev)
+    ops.admit_requests(counts, slots, torch.randint(0, V, (300 * B,), generator=g).to(dev),
+                       (torch.arange(B + 1) * 300).to(dev))
+    ops.add_output_tokens(counts, torch.randint(0, V, (B, 30), generator=g).to(dev), slots=slots)
+
+    def csr(lists, values=False):
+        ip = torch.tensor([0] + [len(x) for x in lists]).cumsum(0).to(dev)
+        ids = torch.tensor([t for x in lists for t in x], dtype=torch.int64).to(dev)
+        return LP.Csr(ip, ids, (torch.randn(ids.numel(), generator=g) * 4).to(dev)
+                      if values else None)
+
+    def picks(k):
+        return [torch.randperm(V, generator=g)[:k].tolist() for _ in range(B)]
+
+    W = (V + 31) // 32
+    return LP.LogitsInputs(
+        logit_bias=csr(picks(40), values=True), repetition_penalty=torch.full((B,), 1.2, device=dev),
+        frequency_penalty=torch.full((B,), 0.3, device=dev),
+        presence_penalty=torch.full((B,), 0.2, device=dev), counts=counts, count_slots=slots,
+        allowed_mask=torch.randint(-2**31, 2**31, (B, W), generator=g).to(torch.int32).to(dev),
+        banned=csr([list(range(V))] + picks(10)[1:]), min_tokens=torch.full((B,), 3, device=dev),
+        num_output_tokens=(torch.arange(B) % 5).to(dev), stop_ids=csr(picks(3)))
 
 
 def run(quick: bool) -> int:
@@ -35,7 +65,8 @@ def run(quick: bool) -> int:
                 z = (full[:, 1:] if unaligned else full[:, :V]).to(dtype).to(dev)
                 seed = torch.arange(B, device=dev) + 11
                 offset = torch.zeros(B, dtype=torch.int64, device=dev)
-                for mode, m in MODES.items():
+                proc = processing(B, V, g, dev)
+                for (mode, m), pr in [(x, pr) for x in MODES.items() for pr in (None, proc)]:
                     kw = {"temperature": torch.full((B,), m.get("T", 0.8), device=dev)}
                     if "k" in m:
                         kw["top_k"] = torch.full((B,), m["k"], dtype=torch.int32, device=dev)
@@ -43,13 +74,15 @@ def run(quick: bool) -> int:
                         kw["top_p"] = torch.full((B,), m["p"], device=dev)
                     if "mp" in m:
                         kw["min_p"] = torch.full((B,), m["mp"], device=dev)
-                    want = ref.sample(z, seed, offset, kw.get("temperature"), kw.get("top_k"),
-                                      kw.get("top_p"), kw.get("min_p"), 1)[0]
+                    want = ops.sample(z, seed, offset, backend="reference", processing=pr,
+                                      **kw).tokens
                     for fl in flag_sets:
                         with testing.knobs(sampler_flags=fl):
-                            got = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+                            got = ops.sample_with_logprobs(z, seed, offset, backend="cuda",
+                                                           processing=pr, **kw)
                         torch.cuda.synchronize()
-                        assert torch.equal(got.tokens, want), (dtype, B, unaligned, mode, fl)
+                        assert torch.equal(got.tokens, want), (dtype, B, unaligned, mode, fl,
+                                                               pr is not None)
                         n += 1
     print(f"sanitize_sampling: {n} calls, tokens = reference: OK")
     return 0

@@ -37,6 +37,11 @@
 // counts for top-k, fixed-point masses for top-p), then the exact pass over the kept set.
 // Exact pass: scores fl32(y + G) of the kept elements, a conservative filter against the
 // thread's best exact score (or the max token's score), argmax with ties to the lowest id.
+// Logits processing (Params::proc, sampling/processing.cuh): the kProc instantiations apply it
+// in every read of the logits (for_each_vec through a ProcBody, the split launch's own loop, the
+// token's logit for its logprob): z above is then the processed logit, except in the raw
+// log-sum-exp that the raw logprobs use. Without processing the kernels are those of kProc =
+// false, compiled exactly as before the processing existed.
 #pragma once
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -53,6 +58,7 @@
 #include "common/device.cuh"
 #include "common/param_flags.h"
 #include "common/softmath.cuh"
+#include "sampling/processing.cuh"
 
 namespace tokenspeed_kernel::sampler {
 
@@ -115,6 +121,7 @@ struct Params {
   float* lp;
   float* plp;
   unsigned int* stats;  // optional [4] counters (tests): exact plain passes, generic rows, -, -
+  ProcParams proc;      // logits processing (sampling/processing.cuh); all null: none
 };
 
 // ------------------------------------------------------------------------------------------
@@ -191,11 +198,17 @@ __device__ __forceinline__ void unpack(const uint4& v, float (&z)[VecOf<T>::n]) 
 // an all -inf vector), so f may use warp-wide votes and shuffles. With `store`, each loaded
 // vector is also written to smem slot (vector index); `from_smem` reads the slots instead of
 // global memory. Unaligned rows use scalar loads.
+// Logits processing: f a ProcBody (below) also loads each vector's bitmask words together with
+// the vector and hands the processed values to its body (the staged copy holds the raw
+// vectors). Other functors compile exactly as without it (the hook is `if constexpr`).
+template <typename F>
+concept VecHook = requires(F& g) { g.shift(); };
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_vec(const T* __restrict__ rowp, int c0, int c1,
                                              bool aligned, uint4* sdata, bool store, bool from_smem,
                                              F&& f) {
   constexpr int VEC = VecOf<T>::n;
+  constexpr bool kHook = VecHook<std::remove_reference_t<F>>;
   const int nvec = (c1 - c0 + VEC - 1) / VEC;
   const int lane = threadIdx.x & 31;
   for (int w0 = threadIdx.x - lane; w0 < nvec; w0 += kThreads * kUnroll) {
@@ -218,6 +231,7 @@ __device__ __forceinline__ void for_each_vec(const T* __restrict__ rowp, int c0,
         }
         if (store) sdata[v] = raw[u];
       }
+      if constexpr (kHook) f.prefetch(u, i, v < nvec);
     }
     // one copy of the body (code size: the small-batch path runs it once, from a cold
     // instruction cache); the loaded vectors shift down through registers
@@ -236,7 +250,55 @@ __device__ __forceinline__ void for_each_vec(const T* __restrict__ rowp, int c0,
       }
 #pragma unroll
       for (int q = 0; q + 1 < kUnroll; ++q) raw[q] = raw[q + 1];
+      if constexpr (kHook) f.shift();
     }
+  }
+}
+
+// for_each_vec's processing hook: for each vector, fr(i, z) sees the raw values (the raw
+// logprobs' sums), then f(i, z) the processed ones; the processing bits of the kUnroll vectors
+// in flight (one word of each given mask per vector, packed: load_bits) are loaded with them.
+struct NoRaw {
+  template <int VEC>
+  __device__ __forceinline__ void operator()(int, const float (&)[VEC]) const {}
+};
+template <int VEC, typename F, typename FR>
+struct ProcBody {
+  const ProcParams& pp;
+  const RowProc rp;
+  const int c1;
+  F& f;
+  FR& fr;
+  uint32_t bits[kUnroll];
+  __device__ __forceinline__ ProcBody(const ProcParams& pp_, RowProc rp_, int c1_, F& f_, FR& fr_)
+      : pp(pp_), rp(rp_), c1(c1_), f(f_), fr(fr_) {}
+  // vector u of the next step starts at element i (valid: i < c1; else padding)
+  __device__ __forceinline__ void prefetch(int u, int i, bool valid) {
+    bits[u] = valid ? load_bits<VEC>(pp, rp, i, c1) : kKeepAll;
+  }
+  __device__ __forceinline__ void shift() {
+#pragma unroll
+    for (int q = 0; q + 1 < kUnroll; ++q) bits[q] = bits[q + 1];
+  }
+  __device__ __forceinline__ void operator()(int i, float (&z)[VEC]) {
+    fr(i, z);
+    proc_vec<VEC>(pp, rp, bits[0], i, z);
+    f(i, z);
+  }
+};
+// for_each_vec over [c0, c1) with or without processing (f: the body on processed values; fr:
+// the raw values, processing only)
+template <bool kProc, typename T, typename F, typename FR = NoRaw>
+__device__ __forceinline__ void for_each_pvec(const T* __restrict__ rowp, int c0, int c1,
+                                              bool aligned, uint4* sdata, bool store,
+                                              bool from_smem, const ProcParams& pp,
+                                              const RowProc& rp, F&& f, FR&& fr = FR{}) {
+  if constexpr (kProc) {
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, store, from_smem,
+                    ProcBody<VecOf<T>::n, std::remove_reference_t<F>, std::remove_reference_t<FR>>(
+                        pp, rp, c1, f, fr));
+  } else {
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, store, from_smem, f);
   }
 }
 
@@ -764,8 +826,9 @@ __device__ __forceinline__ void block_top2(const PlainAcc& pa, Smem& s, Summary&
 // CTA's (s.bar_key: the float <= the second best h of some warp, i.e. two tokens of the row
 // have h >= it). Elements that pass are evaluated in rounds: each round every lane with a
 // pending element evaluates one, so the warp pays for the exact noise once per round, not once
-// per element slot.
-template <int VEC>
+// per element slot. kProc: -inf values (masked tokens) are skipped outright (their h is -inf:
+// they change nothing), so a mostly masked row costs no Philox.
+template <int VEC, bool kProc = false>
 __device__ __forceinline__ void plain_vec(PlainAcc& a, Smem& s, int i0, const float (&z)[VEC],
                                           float inv_t, double inv_t_d, uint64_t seed,
                                           uint64_t offset) {
@@ -783,7 +846,7 @@ __device__ __forceinline__ void plain_vec(PlainAcc& a, Smem& s, int i0, const fl
     unsigned pend = 0;
     uint32_t w[4] = {0, 0, 0, 0};
     const int ib = i0 + 4 * g;
-    if (!(fmaf(fabsf(xm), kRel, xm + kGumbelHi) < bar)) {
+    if ((!kProc || xm > -INFINITY) && !(fmaf(fabsf(xm), kRel, xm + kGumbelHi) < bar)) {
       const Philox4 r = philox_block(seed, offset, uint32_t(ib) >> 2, kStreamSample);
       w[0] = r.x;
       w[1] = r.y;
@@ -791,7 +854,7 @@ __device__ __forceinline__ void plain_vec(PlainAcc& a, Smem& s, int i0, const fl
       w[3] = r.w;
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        if (!skip_elem(x[j], bar, barc, w[j])) pend |= 1u << j;
+        if ((!kProc || x[j] > -INFINITY) && !skip_elem(x[j], bar, barc, w[j])) pend |= 1u << j;
     }
     while (__any_sync(0xffffffffu, pend != 0)) {
       any = true;
@@ -922,11 +985,12 @@ __device__ __forceinline__ void cluster_sync(int cs) {
 }
 
 // The exact pass over this CTA's chunk; rank 0 returns the row's (token, processed kept exp
-// sum). Every CTA of the cluster calls it.
-template <typename T>
+// sum). Every CTA of the cluster calls it. kProc: over the processed logits (rp: the row's
+// processing context).
+template <typename T, bool kProc = false>
 __device__ void exact_pass(const Params& p, const Row& r, Smem& s, const T* rowp, int c0, int c1,
                            bool aligned, uint4* sdata, float zmax, int zid, unsigned long long thr,
-                           int& tok, float& psum) {
+                           int& tok, float& psum, RowProc rp = {}) {
   constexpr int VEC = VecOf<T>::n;
   const int cs = p.cs;
   const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
@@ -941,10 +1005,13 @@ __device__ void exact_pass(const Params& p, const Row& r, Smem& s, const T* rowp
   const bool from_smem = p.resident;
   auto run = [&](auto thr_tag, auto lp_tag) {
     constexpr bool kThr = decltype(thr_tag)::value, kLp = decltype(lp_tag)::value;
-    for_each_vec<T>(
-        rowp, c0, c1, aligned, sdata, false, from_smem, [&](int i, const float (&z)[VEC]) {
-          exact_step<VEC, kThr, kLp>(a, s, i, z, zmax, r.inv_t, thr, r.L, r.seed, r.offset);
-        });
+    auto step = [&](int i, const float (&z)[VEC]) {
+      exact_step<VEC, kThr, kLp>(a, s, i, z, zmax, r.inv_t, thr, r.L, r.seed, r.offset);
+    };
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, c1, aligned, sdata, false, from_smem, p.proc, rp, step);
+    else
+      for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, from_smem, step);
   };
   if (thr) {
     if (lp)
@@ -1000,13 +1067,13 @@ __device__ __forceinline__ void smem_add_u64(unsigned long long* a, unsigned lon
 // [lo, hi] (count mode: from the row's min to its max; mass mode: from the value below which
 // the mass is provably 0), so the bits above their highest differing one are common and the
 // first digit is the 8 bits from there down (an informative first level, spread over the bins).
-// Every CTA calls; all return t.
-template <typename T, bool kMass>
+// Every CTA calls; all return t. kProc: keys of the processed logits.
+template <typename T, bool kMass, bool kProc = false>
 __device__ unsigned long long cluster_select(const Params& p, const Row& r, Smem& s, const T* rowp,
                                              int c0, int c1, bool aligned, uint4* sdata, float zmax,
                                              unsigned long long lo, unsigned long long hi,
                                              unsigned long long floor, unsigned long long target,
-                                             unsigned long long* cbuf) {
+                                             unsigned long long* cbuf, RowProc rp = {}) {
   constexpr int VEC = VecOf<T>::n;
   const int cs = p.cs;
   const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
@@ -1029,23 +1096,26 @@ __device__ unsigned long long cluster_select(const Params& p, const Row& r, Smem
       s.hmin[tid] = ~0ull;
     }
     __syncthreads();
-    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident,
-                    [&](int i, const float (&z)[VEC]) {
+    auto body = [&](int i, const float (&z)[VEC]) {
 #pragma unroll
-                      for (int j = 0; j < VEC; ++j) {
-                        if (i + j >= c1 || z[j] != z[j]) continue;
-                        const unsigned long long key = key_of(z[j], i + j);
-                        if (key < lo || (key & pmask) != prefix) continue;
-                        const unsigned d = unsigned(key >> shift) & dmask;
-                        if (kMass) {
-                          const int64_t e = mass_fixed_nonpos(centered(z[j], zmax, r.inv_t));
-                          if (!e) continue;
-                          smem_add_u64(&s.hmass[d], (unsigned long long)e);
-                        }
-                        atomicAdd(&s.hist[d], 1u);
-                        atomicMin(&s.hmin[d], key);
-                      }
-                    });
+      for (int j = 0; j < VEC; ++j) {
+        if (i + j >= c1 || z[j] != z[j]) continue;
+        const unsigned long long key = key_of(z[j], i + j);
+        if (key < lo || (key & pmask) != prefix) continue;
+        const unsigned d = unsigned(key >> shift) & dmask;
+        if (kMass) {
+          const int64_t e = mass_fixed_nonpos(centered(z[j], zmax, r.inv_t));
+          if (!e) continue;
+          smem_add_u64(&s.hmass[d], (unsigned long long)e);
+        }
+        atomicAdd(&s.hist[d], 1u);
+        atomicMin(&s.hmin[d], key);
+      }
+    };
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, c1, aligned, sdata, false, p.resident, p.proc, rp, body);
+    else
+      for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident, body);
     __syncthreads();
     // push this CTA's histograms to rank 0 (cbuf [cs][3][256])
     if (tid < 256) {
@@ -1126,24 +1196,28 @@ __device__ unsigned long long cluster_select(const Params& p, const Row& r, Smem
 }
 
 // Sum of the fixed-point masses of the row's keys >= floor (cluster-wide; every CTA gets it).
-template <typename T>
+// kProc: of the processed logits.
+template <typename T, bool kProc = false>
 __device__ unsigned long long cluster_mass(const Params& p, const Row& r, Smem& s, const T* rowp,
                                            int c0, int c1, bool aligned, uint4* sdata, float zmax,
-                                           unsigned long long floor) {
+                                           unsigned long long floor, RowProc rp = {}) {
   constexpr int VEC = VecOf<T>::n;
   const int cs = p.cs;
   const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
   unsigned long long acc = 0;
-  for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident,
-                  [&](int i, const float (&z)[VEC]) {
+  auto body = [&](int i, const float (&z)[VEC]) {
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) {
-                      const float y = centered(z[j], zmax, r.inv_t);
-                      if (!(y >= -27.0f)) continue;  // mass_fixed(y) == 0 below -26.34
-                      if (floor && key_of(z[j], i + j) < floor) continue;
-                      acc += (unsigned long long)mass_fixed_nonpos(y);
-                    }
-                  });
+    for (int j = 0; j < VEC; ++j) {
+      const float y = centered(z[j], zmax, r.inv_t);
+      if (!(y >= -27.0f)) continue;  // mass_fixed(y) == 0 below -26.34
+      if (floor && key_of(z[j], i + j) < floor) continue;
+      acc += (unsigned long long)mass_fixed_nonpos(y);
+    }
+  };
+  if constexpr (kProc)
+    for_each_pvec<true, T>(rowp, c0, c1, aligned, sdata, false, p.resident, p.proc, rp, body);
+  else
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident, body);
   acc = block_sum_u64(acc, s);
   if (threadIdx.x < cs) {
     unsigned long long* dst = cs > 1 ? peer(&s.cl_u64[rank][0], int(threadIdx.x)) : &s.cl_u64[0][0];
@@ -1270,7 +1344,12 @@ __device__ int cand_finish(const Row& r, Smem& s, Fin& f, int n, int vocab, floa
 // ------------------------------------------------------------------------------------------
 // FILT = false: no row has a top-k / top-p filter (greedy / PLAIN rows only, min-p included);
 // true: any mode. Two instantiations keep each one's registers to its own paths.
-template <typename T, bool FILT>
+// kProc: logits processing (p.proc, processing.cuh) applied wherever the logits are read; z
+// below is then the processed logit everywhere (order, max, filters, scores, processed
+// logprobs) except in the raw log-sum-exp (raw logprobs) and the raw logit of the token. The
+// NaN / +inf flag is that of the processed row; a NaN / +inf raw logit (at a masked position)
+// only makes the raw logprob NaN (bit 1 of `bad`).
+template <typename T, bool FILT, bool kProc = false>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   constexpr int VEC = VecOf<T>::n;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1286,6 +1365,8 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
   const int tid = threadIdx.x;
   const Row r = row_params(p, row);
+  RowProc rp;
+  if constexpr (kProc) rp = row_proc(p.proc, row / p.tpr);
   const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
   const int c0 = rank * p.chunk;
@@ -1321,8 +1402,19 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     if (lp) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        raw.add(z[j], 1.0f);
+        if constexpr (!kProc) raw.add(z[j], 1.0f);
         if (r.mode == kPlain) proc.add(z[j], r.inv_t);
+      }
+    }
+  };
+  // kProc: the raw values' sums (raw logprobs) and NaN / +inf flag, in the same passes
+  unsigned rawbad = 0;
+  auto rawf = [&](int, const float (&z)[VEC]) {
+    if (lp) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        raw.add(z[j], 1.0f);
+        rawbad |= z[j] < INFINITY ? 0u : 1u;
       }
     }
   };
@@ -1332,22 +1424,26 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     // two largest keys (K distinct elements are >= it; 0 when fewer than K keys were seen)
     const int head_end = min(c1, c0 + max(kHeadElems, ((c1 - c0) / 4 + 31) / 32 * 32));
     unsigned long long tkey = 0, tkey2 = 0;
-    for_each_vec<T>(rowp, c0, head_end, aligned, sdata, resident, false,
-                    [&](int i, const float (&z)[VEC]) {
-                      common(i, z);
+    auto head = [&](int i, const float (&z)[VEC]) {
+      common(i, z);
 #pragma unroll
-                      for (int j = 0; j < VEC; ++j) {
-                        if (z[j] > -INFINITY) {
-                          const unsigned long long k = key_of(z[j], i + j);
-                          if (k > tkey) {
-                            tkey2 = tkey;
-                            tkey = k;
-                          } else if (k > tkey2) {
-                            tkey2 = k;
-                          }
-                        }
-                      }
-                    });
+      for (int j = 0; j < VEC; ++j) {
+        if (z[j] > -INFINITY) {
+          const unsigned long long k = key_of(z[j], i + j);
+          if (k > tkey) {
+            tkey2 = tkey;
+            tkey = k;
+          } else if (k > tkey2) {
+            tkey2 = k;
+          }
+        }
+      }
+    };
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, head_end, aligned, sdata, resident, false, p.proc, rp, head,
+                             rawf);
+    else
+      for_each_vec<T>(rowp, c0, head_end, aligned, sdata, resident, false, head);
     unsigned long long keys1[2] = {tkey, tkey2};
     int nvalid = 0;
     th0 = block_select<2>(keys1, r.K, s, &nvalid);
@@ -1355,24 +1451,43 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     if (tid == 0) s.ncb = 0;
     __syncthreads();
     // the whole chunk (the head again, from L2 / shared memory): append the keys >= th0
-    for_each_vec<T>(rowp, c0, c1, aligned, sdata, resident && head_end < c1, false,
-                    [&](int i, const float (&z)[VEC]) {
-                      if (i >= head_end) common(i, z);
-                      cand_append<VEC>(s, cand, i, z, th0);
-                    });
+    auto append = [&](int i, const float (&z)[VEC]) {
+      if (i >= head_end) common(i, z);
+      cand_append<VEC>(s, cand, i, z, th0);
+    };
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, c1, aligned, sdata, resident && head_end < c1, false, p.proc,
+                             rp, append, [&](int i, const float (&z)[VEC]) {
+                               if (i >= head_end) rawf(i, z);
+                             });
+    else
+      for_each_vec<T>(rowp, c0, c1, aligned, sdata, resident && head_end < c1, false, append);
   } else if (!FILT && plain_stream) {
-    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, false, [&](int i, const float (&z)[VEC]) {
+    auto plain = [&](int i, const float (&z)[VEC]) {
       common(i, z);
-      plain_vec<VEC>(pa, s, i, z, r.inv_t, inv_t_d, r.seed, r.offset);
-    });
+      plain_vec<VEC, kProc>(pa, s, i, z, r.inv_t, inv_t_d, r.seed, r.offset);
+    };
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, c1, aligned, sdata, false, false, p.proc, rp, plain, rawf);
+    else
+      for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, false, plain);
   } else {
-    for_each_vec<T>(rowp, c0, c1, aligned, sdata, resident && r.mode != kGreedy, false,
-                    [&](int i, const float (&z)[VEC]) { common(i, z); });
+    auto base = [&](int i, const float (&z)[VEC]) { common(i, z); };
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, c1, aligned, sdata, resident && r.mode != kGreedy, false,
+                             p.proc, rp, base, rawf);
+    else
+      for_each_vec<T>(rowp, c0, c1, aligned, sdata, resident && r.mode != kGreedy, false, base);
   }
 
   // ---------------- CTA summary ----------------
   block_argmax(zm, zi, s);
-  bad = block_sum_int(int(bad), s) ? 1u : 0u;
+  if constexpr (kProc) {
+    const int b = block_sum_int(int(bad) + int(rawbad << 16), s);
+    bad = ((b & 0xffff) ? 1u : 0u) | ((b >> 16) ? 2u : 0u);
+  } else {
+    bad = block_sum_int(int(bad), s) ? 1u : 0u;
+  }
   if (lp) {
     raw = block_lse(raw, 1.0f, s, 0);
     if (r.mode == kPlain) proc = block_lse(proc, r.inv_t, s, 1);
@@ -1451,9 +1566,12 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   const double h1 = s.row.h1, h2 = s.row.h2;
   const float z1 = s.row.z1;
   const int w1 = s.row.w1;
-  const bool ok = !rbad && zmax > -INFINITY;
+  const bool ok = (kProc ? !(rbad & 1u) : !rbad) && zmax > -INFINITY;
   auto raw_lp = [&](int tok) -> float {
     if (!lp) return 0.0f;
+    if constexpr (kProc) {
+      if (rbad & 2u) return __int_as_float(0x7fc00000);  // a NaN / +inf raw logit
+    }
     const float zt = to_f(rowp[tok]);
     return (zt - rraw.m) - logf(rraw.s);  // not zt - (m + log s): exact at |z| ~ 1e30
   };
@@ -1483,10 +1601,15 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     if (plain_stream && p.stats && rank == 0 && tid == 0) atomicAdd(&p.stats[0], 1u);
     int tok = 0;
     float ps = 0.0f;
-    exact_pass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, zid, 0ull, tok, ps);
-    if (rank == 0 && tid == 0)
-      write_row(p, row, tok, true, raw_lp(tok),
-                centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+    exact_pass<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, zid, 0ull, tok, ps, rp);
+    if (rank == 0 && tid == 0) {
+      if constexpr (kProc)  // the token's processed logit
+        write_row(p, row, tok, true, raw_lp(tok),
+                  centered(proc_one(p.proc, rp, tok, to_f(rowp[tok])), zmax, r.inv_t) - logf(ps));
+      else
+        write_row(p, row, tok, true, raw_lp(tok),
+                  centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+    }
     return;
   }
 
@@ -1496,7 +1619,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   if (r.mode == kCand && !rovf) {
     unsigned long long S_row = 0;
     if (!r.k_on && r.p_on)
-      S_row = cluster_mass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, 0ull);
+      S_row = cluster_mass<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, 0ull, rp);
     int need_generic = 0;
     Fin& fin = *reinterpret_cast<Fin*>(cand);
     if (rank == 0) {
@@ -1559,24 +1682,31 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   const unsigned long long khi = key56(key32(zmax), 0u);
   if (r.k_on) {
     const unsigned long long klo = key56(key32(s.row.zmin), uint32_t(p.vocab - 1));
-    thr = cluster_select<T, false>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, klo, khi, 0ull,
-                                   (unsigned long long)r.k, cbuf);
+    thr = cluster_select<T, false, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, klo, khi,
+                                          0ull, (unsigned long long)r.k, cbuf, rp);
   }
   if (r.p_on) {
-    const unsigned long long S = cluster_mass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, thr);
+    const unsigned long long S =
+        cluster_mass<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, thr, rp);
     const unsigned long long P = (unsigned long long)top_p_limit(r.top_p, int64_t(S));
     // below zcut the mass is 0: y <= fl(fl(z - zmax) / T') < -26.9 < -26.34 (margins: 0.1 %)
     const double zcut = double(zmax) - 27.0 / double(r.inv_t) * 1.001 - fabs(double(zmax)) * 1e-6;
     const unsigned long long mlo = key56(key32(__double2float_rd(zcut)), uint32_t(p.vocab - 1));
-    const unsigned long long tp = cluster_select<T, true>(p, r, s, rowp, c0, c1, aligned, sdata,
-                                                          zmax, mlo, khi, thr, P, cbuf);
+    const unsigned long long tp = cluster_select<T, true, kProc>(
+        p, r, s, rowp, c0, c1, aligned, sdata, zmax, mlo, khi, thr, P, cbuf, rp);
     thr = tp > thr ? tp : thr;
   }
   int tok = 0;
   float ps = 0.0f;
-  exact_pass<T>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, zid, thr, tok, ps);
-  if (rank == 0 && tid == 0)
-    write_row(p, row, tok, true, raw_lp(tok), centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+  exact_pass<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, zid, thr, tok, ps, rp);
+  if (rank == 0 && tid == 0) {
+    if constexpr (kProc)  // the token's processed logit
+      write_row(p, row, tok, true, raw_lp(tok),
+                centered(proc_one(p.proc, rp, tok, to_f(rowp[tok])), zmax, r.inv_t) - logf(ps));
+    else
+      write_row(p, row, tok, true, raw_lp(tok),
+                centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1598,6 +1728,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
 // huge |z t|, t = +inf, F_FORCE_EXACT) the whole CTA runs the exact pass over the row.
 // Lean on purpose: at B = 1 the call is latency-bound (ncu: each warp's serial instruction
 // chain, not bandwidth), so phase 1 uses small CTAs, one read and float32 scores.
+// kProc (logits processing): z is the processed logit (max, flag, scores, processed sums); the
+// raw sums are kept relative to the chunk's raw max (SplitSum::rm) for the raw logprobs, and a
+// NaN / +inf raw logit sets bit 1 of `bad` (raw logprob NaN; bit 0: the processed row's flag).
 constexpr int kSplitThreads = 256;
 constexpr int kSplitWarps = kSplitThreads / 32;
 constexpr float kPruneC = 0.03f, kPruneMargin = 0.02f, kPruneDelta = 1.9073486328125e-06f;  // 2^-19
@@ -1612,9 +1745,10 @@ struct SplitSum {
   float z1;      // raw logit of the best
   float ls, ps;  // sum exp(z - zmax), sum exp((z - zmax) t)   (logprobs)
   unsigned bad;  // a NaN or +inf was seen
-  unsigned pad;
+  unsigned rm;   // kProc + logprobs: the raw max (float bits; ls is relative to it), else 0
 };
 
+template <bool kProc = false>
 __device__ __forceinline__ SplitSum split_empty() {
   SplitSum u;
   u.zmax = -INFINITY;
@@ -1626,7 +1760,7 @@ __device__ __forceinline__ SplitSum split_empty() {
   u.ls = 0.0f;
   u.ps = 0.0f;
   u.bad = 0;
-  u.pad = 0;
+  u.rm = kProc ? __float_as_uint(-INFINITY) : 0u;
   return u;
 }
 
@@ -1636,12 +1770,22 @@ __device__ __forceinline__ float lse_factor(float m1, float m, float scale) {
 }
 
 // u <- u merged with v (order-free but for the float sums; ties: lowest id)
+template <bool kProc = false>
 __device__ __forceinline__ void split_merge(SplitSum& u, const SplitSum& v, bool lp, float inv_t) {
   if (lp) {
     const float m = fmaxf(u.zmax, v.zmax);
     if (m > -INFINITY) {
-      u.ls = u.ls * lse_factor(u.zmax, m, 1.0f) + v.ls * lse_factor(v.zmax, m, 1.0f);
+      if constexpr (!kProc)
+        u.ls = u.ls * lse_factor(u.zmax, m, 1.0f) + v.ls * lse_factor(v.zmax, m, 1.0f);
       u.ps = u.ps * lse_factor(u.zmax, m, inv_t) + v.ps * lse_factor(v.zmax, m, inv_t);
+    }
+    if constexpr (kProc) {  // the raw sums, relative to the raw max
+      const float um = __uint_as_float(u.rm), vm = __uint_as_float(v.rm);
+      const float rm = fmaxf(um, vm);
+      if (rm > -INFINITY) {
+        u.ls = u.ls * lse_factor(um, rm, 1.0f) + v.ls * lse_factor(vm, rm, 1.0f);
+        u.rm = __float_as_uint(rm);
+      }
     }
   }
   if (v.zmax > u.zmax || (v.zmax == u.zmax && v.zid < u.zid)) {
@@ -1659,6 +1803,7 @@ __device__ __forceinline__ void split_merge(SplitSum& u, const SplitSum& v, bool
   }
 }
 
+template <bool kProc = false>
 __device__ __forceinline__ SplitSum split_shfl(const SplitSum& u, int o) {
   SplitSum v;
   v.zmax = shfl_x(u.zmax, o);
@@ -1670,16 +1815,17 @@ __device__ __forceinline__ SplitSum split_shfl(const SplitSum& u, int o) {
   v.ls = shfl_x(u.ls, o);
   v.ps = shfl_x(u.ps, o);
   v.bad = shfl_x(u.bad, o);
-  v.pad = 0;
+  v.rm = kProc ? shfl_x(u.rm, o) : 0u;
   return v;
 }
 
+template <bool kProc = false>
 __device__ __forceinline__ void split_warp_merge(SplitSum& u, bool lp, float inv_t) {
 #pragma unroll
-  for (int o = 16; o; o >>= 1) split_merge(u, split_shfl(u, o), lp, inv_t);
+  for (int o = 16; o; o >>= 1) split_merge<kProc>(u, split_shfl<kProc>(u, o), lp, inv_t);
 }
 
-template <typename T>
+template <typename T, bool kProc = false>
 __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   // phase 2 (launched with PDL) may be scheduled now; it waits for this grid's completion
@@ -1706,12 +1852,16 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
   const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
   const float c1f = fmul(inv_t, kLog2e);
-  SplitSum me = split_empty();
+  SplitSum me = split_empty<kProc>();
   Lse raw, proc;
   bool pruned = false;
+  RowProc rp;
+  if constexpr (kProc) rp = row_proc(p.proc, q);
+  unsigned rawbad = 0;  // kProc: a NaN / +inf raw logit
   const int nvec = (c1 - c0 + VEC - 1) / VEC;
   for (int v0 = threadIdx.x; v0 < nvec; v0 += kSplitThreads * U) {
     uint4 buf[U];
+    uint32_t pb[kProc ? U : 1];  // kProc: the vectors' processing bits (load_bits)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * kSplitThreads;
@@ -1727,6 +1877,7 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
             if (i + j < c1) e[j] = rowp[i + j];
         }
       }
+      if constexpr (kProc) pb[u] = v < nvec ? load_bits<VEC>(p.proc, rp, i, c1) : kKeepAll;
     }
 #pragma unroll 1
     for (int u = 0; u < U; ++u) {
@@ -1737,6 +1888,21 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
       unpack<T>(buf[0], z);
 #pragma unroll
       for (int q2 = 0; q2 + 1 < U; ++q2) buf[q2] = buf[q2 + 1];
+      if constexpr (kProc) {  // raw sums, then the processed values
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          if (i + j >= c1) z[j] = -INFINITY;
+        if (lp) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            raw.add(z[j], 1.0f);
+            rawbad |= z[j] < INFINITY ? 0u : 1u;
+          }
+        }
+        proc_vec<VEC>(p.proc, rp, pb[0], i, z);
+#pragma unroll
+        for (int q2 = 0; q2 + 1 < U; ++q2) pb[q2] = pb[q2 + 1];
+      }
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if (i + j >= c1) z[j] = -INFINITY;
@@ -1749,11 +1915,17 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
       if (lp) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          raw.add(z[j], 1.0f);
+          if constexpr (!kProc) raw.add(z[j], 1.0f);
           if (!greedy) proc.add(z[j], inv_t);
         }
       }
-      if (stream) {
+      bool live = true;  // kProc: a vector of masked (-inf) tokens needs no noise
+      if constexpr (kProc) {
+        live = false;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) live |= z[j] > -INFINITY;
+      }
+      if (stream && live) {
         // every element of the vector is tested against the same beta (the thread's best h
         // before this vector): independent tests, then the updates
         const float bterm = fmul(fsub(me.h1, kPruneC), kLog2e);
@@ -1799,17 +1971,24 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
   }
   if (pruned) me.h2 = fmaxf(me.h2, fsub(me.h1, kPruneMargin));
   if (lp) {
-    me.ls = raw.m == me.zmax ? raw.s : 0.0f;
+    if constexpr (kProc) {
+      me.ls = raw.s;
+      me.rm = __float_as_uint(raw.m);
+      me.bad |= rawbad ? 2u : 0u;
+    } else {
+      me.ls = raw.m == me.zmax ? raw.s : 0.0f;
+    }
     me.ps = proc.m == me.zmax ? proc.s : 0.0f;
   }
-  split_warp_merge(me, lp, inv_t);
+  split_warp_merge<kProc>(me, lp, inv_t);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) red[warp] = me;
   __syncthreads();
   if (warp == 0) {
-    SplitSum u = lane < kSplitWarps ? red[lane] : split_empty();
+    SplitSum u = lane < kSplitWarps ? red[lane] : split_empty<kProc>();
 #pragma unroll
-    for (int o = kSplitWarps / 2; o; o >>= 1) split_merge(u, split_shfl(u, o), lp, inv_t);
+    for (int o = kSplitWarps / 2; o; o >>= 1)
+      split_merge<kProc>(u, split_shfl<kProc>(u, o), lp, inv_t);
     if (lane == 0) static_cast<SplitSum*>(p.ws)[blockIdx.x] = u;
   }
 }
@@ -1818,7 +1997,7 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
 // greedy, the gap test); when that fails, or with F_FORCE_EXACT, the whole CTA runs the exact
 // pass over the row. Launched with PDL: the row's parameters are read before
 // griddepcontrol.wait (written before phase 1 started), the summaries after it.
-template <typename T>
+template <typename T, bool kProc = false>
 __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
   __shared__ Smem s;
   const int row = blockIdx.x;
@@ -1826,6 +2005,13 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
   const Row r = row_params(p, row);
   const bool lp = p.flags & F_LOGPROBS;
   const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
+  RowProc rp;
+  if constexpr (kProc) rp = row_proc(p.proc, row / p.tpr);
+  // kProc: the raw logprob of token tok from the raw sums (NaN after a NaN / +inf raw logit)
+  auto raw_lp = [&](int tok, unsigned bad, unsigned rm, float ls) -> float {
+    if (bad & 2u) return __int_as_float(0x7fc00000);
+    return (to_f(rowp[tok]) - __uint_as_float(rm)) - logf(ls);
+  };
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -1833,30 +2019,34 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
   __shared__ SplitSum red[kWarps];
   {
     const SplitSum* ws = static_cast<const SplitSum*>(p.ws) + int64_t(row) * S;
-    SplitSum u = split_empty();
-    for (int j = threadIdx.x; j < S; j += kThreads) split_merge(u, ws[j], lp, r.inv_t);
+    SplitSum u = split_empty<kProc>();
+    for (int j = threadIdx.x; j < S; j += kThreads) split_merge<kProc>(u, ws[j], lp, r.inv_t);
     if (threadIdx.x < ((S + 31) & ~31)) {  // warps past the summaries hold nothing
-      split_warp_merge(u, lp, r.inv_t);
+      split_warp_merge<kProc>(u, lp, r.inv_t);
       if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = u;
     }
   }
   __syncthreads();
   if (threadIdx.x < 32) {
-    SplitSum u = threadIdx.x < (S + 31) / 32 ? red[threadIdx.x] : split_empty();
-    split_warp_merge(u, lp, r.inv_t);
+    SplitSum u = threadIdx.x < (S + 31) / 32 ? red[threadIdx.x] : split_empty<kProc>();
+    split_warp_merge<kProc>(u, lp, r.inv_t);
     if (threadIdx.x == 0) {
-      const bool ok = !u.bad && u.zmax > -INFINITY;
+      const bool ok = (kProc ? !(u.bad & 1u) : !u.bad) && u.zmax > -INFINITY;
       unsigned done = 1;
       if (!ok) {
         write_row(p, row, 0, false, 0.0f, 0.0f);
       } else if (r.mode == kGreedy) {
         // raw logprob of the max token: (zmax - zmax) - ln(sum exp(z - zmax))
-        write_row(p, row, u.zid, true, lp ? -logf(u.ls) : 0.0f, 0.0f);
+        float lpv = 0.0f;
+        if (lp) lpv = kProc ? raw_lp(u.zid, u.bad, u.rm, u.ls) : -logf(u.ls);
+        write_row(p, row, u.zid, true, lpv, 0.0f);
       } else {
         const float A = fabsf(fmul(u.zmax, r.inv_t));
         if (!(p.flags & F_FORCE_EXACT) && A <= kGapAMax &&
             fsub(u.h1, u.h2) > fmul(fadd(A, kGapAPad), kGapScale)) {
-          write_row(p, row, u.i1, true, lp ? fsub(u.z1, u.zmax) - logf(u.ls) : 0.0f,
+          float lpv = 0.0f;
+          if (lp) lpv = kProc ? raw_lp(u.i1, u.bad, u.rm, u.ls) : fsub(u.z1, u.zmax) - logf(u.ls);
+          write_row(p, row, u.i1, true, lpv,
                     lp ? centered(u.z1, u.zmax, r.inv_t) - logf(u.ps) : 0.0f);
         } else {
           done = 0;
@@ -1865,6 +2055,10 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
       s.row.zmax = u.zmax;
       s.row.zid = u.zid;
       s.row.ls = u.ls;
+      if constexpr (kProc) {
+        s.row.bad = u.bad;
+        s.row.lm = __uint_as_float(u.rm);
+      }
       s.counter = done;
     }
   }
@@ -1878,11 +2072,17 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
   if (p.stats && threadIdx.x == 0) atomicAdd(&p.stats[0], 1u);
   int tok = 0;
   float ps = 0.0f;
-  exact_pass<T>(p, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, 0ull, tok, ps);
+  exact_pass<T, kProc>(p, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, 0ull, tok, ps, rp);
   if (threadIdx.x == 0) {
     const float zt = to_f(rowp[tok]);
-    write_row(p, row, tok, true, lp ? (zt - zmax) - logf(ls) : 0.0f,
-              centered(zt, zmax, r.inv_t) - logf(ps));
+    if constexpr (kProc) {
+      write_row(p, row, tok, true,
+                lp ? raw_lp(tok, s.row.bad, __float_as_uint(s.row.lm), ls) : 0.0f,
+                centered(proc_one(p.proc, rp, tok, zt), zmax, r.inv_t) - logf(ps));
+    } else {
+      write_row(p, row, tok, true, lp ? (zt - zmax) - logf(ls) : 0.0f,
+                centered(zt, zmax, r.inv_t) - logf(ps));
+    }
   }
 }
 
@@ -1984,7 +2184,7 @@ inline size_t split_ws_bytes(const Params& p, int S) {
   return sizeof(SplitSum) * size_t(p.rows) * S;
 }
 
-template <typename T>
+template <typename T, bool kProc>
 cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
   p.cs = 1;
   p.split = S;
@@ -1995,7 +2195,7 @@ cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
   cfg.gridDim = dim3(unsigned(int64_t(p.rows) * S), 1, 1);
   cfg.blockDim = dim3(kSplitThreads, 1, 1);
   cfg.stream = stream;
-  cudaError_t err = cudaLaunchKernelEx(&cfg, split1_kernel<T>, p);
+  cudaError_t err = cudaLaunchKernelEx(&cfg, split1_kernel<T, kProc>, p);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -2004,23 +2204,24 @@ cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, split2_kernel<T>, p);
+  return cudaLaunchKernelEx(&cfg, split2_kernel<T, kProc>, p);
 }
 
 // Fills p.cs / p.chunk / p.resident (cs_override > 0 forces the cluster size) and launches:
-// the split launch when p.ws is set and split_ctas(p) > 0, else one (cluster) launch.
-template <typename T>
-cudaError_t launch(Params p, cudaStream_t stream, int cs_override = 0) {
+// the split launch when p.ws is set and split_ctas(p) > 0, else one (cluster) launch. kProc:
+// the kernels that apply p.proc (the same launch policy; the caller ran launch_proc_prep).
+template <typename T, bool kProc>
+cudaError_t launch_kernels(Params p, cudaStream_t stream, int cs_override) {
   if (p.rows == 0) return cudaSuccess;
   if (p.ws && cs_override == 0) {
     const int S = split_ctas<T>(p);
-    if (S) return launch_split<T>(p, stream, S);
+    if (S) return launch_split<T, kProc>(p, stream, S);
   }
   p.split = 0;
   // min-p alone runs on the PLAIN path (the kernel without the candidate machinery) when the
   // chunks are staged in shared memory, on the CAND path when they stream
   bool filt = p.flags & (F_TOPK | F_TOPP | F_FORCE_GENERIC);
-  auto kernel = filt ? sample_kernel<T, true> : sample_kernel<T, false>;
+  auto kernel = filt ? sample_kernel<T, true, kProc> : sample_kernel<T, false, kProc>;
   DeviceInfo d = device_info(kernel);
   constexpr int VEC = VecOf<T>::n;
   // CTAs per row (cluster size): the largest cs whose clusters all run in one wave (measured on
@@ -2055,7 +2256,7 @@ cudaError_t launch(Params p, cudaStream_t stream, int cs_override = 0) {
   int cs = pick_cs();
   if (!filt && (p.flags & F_MINP) && !resident_ok(cs)) {
     filt = true;
-    kernel = sample_kernel<T, true>;
+    kernel = sample_kernel<T, true, kProc>;
     d = device_info(kernel);
     cs = pick_cs();
   }
@@ -2084,9 +2285,15 @@ cudaError_t launch(Params p, cudaStream_t stream, int cs_override = 0) {
   if (err != cudaSuccess && cs > 1) {
     // a cluster this large could not be scheduled here (shared GPU, MPS, ...): half the size
     (void)cudaGetLastError();
-    return launch<T>(p, stream, cs / 2);
+    return launch_kernels<T, kProc>(p, stream, cs / 2);
   }
   return err;
+}
+
+template <typename T>
+cudaError_t launch(const Params& p, cudaStream_t stream, int cs_override = 0) {
+  return proc_on(p.proc) ? launch_kernels<T, true>(p, stream, cs_override)
+                         : launch_kernels<T, false>(p, stream, cs_override);
 }
 
 }  // namespace tokenspeed_kernel::sampler

@@ -1,7 +1,9 @@
 // Torch adapter of the sampling kernel: checks, device guard, current stream, dtype dispatch.
 // The Python wrapper (ops/sampling.py) validates user input; these checks guard the raw op
 // (torch.ops.tokenspeed_kernel.sample) against misuse. One launch per call (two, PDL-overlapped,
-// for the split launch of small temperature / greedy batches, with a per-call workspace).
+// for the split launch of small temperature / greedy batches, with a per-call workspace), plus
+// the processing prep (sampling/processing.cuh) before it when banned / stop ids or a logit
+// bias are given.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/all.h>
@@ -24,6 +26,136 @@ const T* opt_ptr(const std::optional<at::Tensor>& t, at::ScalarType st, const ch
   TS_CHECK(t->device() == like.device(), name, ": must be on ", like.device());
   return t->data_ptr<T>();
 }
+
+// The raw op's `processing` list (ops/sampling.py PROC_FIELDS: [] or 16 entries, None = that
+// input off) -> the kernels' ProcParams and the prep's arguments; checks dtypes, shapes, devices
+// and the inputs' dependencies (values are ops.sample's `validate`). The scratch of the prep
+// (keep / has-bias words, bias hash) is allocated into `scratch`.
+struct ProcList {
+  const c10::List<std::optional<at::Tensor>>& l;
+  const at::Tensor& like;
+  int64_t n;
+  std::optional<at::Tensor> get(int i, const char* name, at::ScalarType st,
+                                std::initializer_list<int64_t> shape) const {
+    std::optional<at::Tensor> t = l.get(i);
+    if (!t.has_value()) return t;
+    TS_CHECK(t->scalar_type() == st, "processing.", name, ": expected dtype ", st, ", got ",
+             t->scalar_type());
+    TS_CHECK(t->device() == like.device(), "processing.", name, ": must be on ", like.device());
+    TS_CHECK(t->is_contiguous(), "processing.", name, ": must be contiguous");
+    TS_CHECK(t->dim() == int64_t(shape.size()), "processing.", name, ": expected ",
+             int64_t(shape.size()), " dimensions, got ", t->dim());
+    int d = 0;
+    for (int64_t s : shape) {
+      TS_CHECK(s < 0 || t->size(d) == s, "processing.", name, ": expected shape ",
+               c10::IntArrayRef(shape), " (-1: any), got ", t->sizes());
+      ++d;
+    }
+    return t;
+  }
+};
+
+template <typename T>
+T* ptr(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? static_cast<T*>(t->data_ptr()) : nullptr;
+}
+
+void prepare_processing(const c10::List<std::optional<at::Tensor>>& list, const at::Tensor& logits,
+                        int64_t n, sampler::ProcParams& pp, sampler::ProcPrep& prep,
+                        at::Tensor& scratch) {
+  using namespace sampler;
+  TS_CHECK(list.size() == 16, "processing: expected [] or the 16 inputs of ops.sampling.",
+           "PROC_FIELDS, got ", int64_t(list.size()));
+  const int64_t V = logits.size(1), W = (V + 31) / 32;
+  const ProcList L{list, logits, n};
+  const auto kL = at::kLong, kI = at::kInt, kF = at::kFloat;
+  auto bias_ip = L.get(0, "bias_indptr", kL, {n + 1});
+  auto bias_ids = L.get(1, "bias_ids", kL, {-1});
+  auto bias_val = L.get(2, "bias_values", kF, {bias_ids ? bias_ids->size(0) : -1});
+  TS_CHECK(
+      bias_ip.has_value() == bias_ids.has_value() && bias_ids.has_value() == bias_val.has_value(),
+      "processing.logit_bias: indptr, ids and values go together");
+  auto rep = L.get(3, "repetition_penalty", kF, {n});
+  auto freq = L.get(4, "frequency_penalty", kF, {n});
+  auto pres = L.get(5, "presence_penalty", kF, {n});
+  auto seen = L.get(6, "seen", kI, {-1, W});
+  const int64_t N = seen ? seen->size(0) : 0;
+  auto counts = L.get(7, "output_counts", kI, {N, V});
+  auto slots = L.get(8, "count_slots", kL, {n});
+  const bool pen = rep || freq || pres;
+  TS_CHECK(!pen || (seen && counts && slots), "processing.counts: the repetition / frequency / ",
+           "presence penalties need seen, output_counts and count_slots");
+  auto allowed = L.get(9, "allowed_mask", kI, {n, W});
+  auto ban_ip = L.get(10, "banned_indptr", kL, {n + 1});
+  auto ban_ids = L.get(11, "banned_ids", kL, {-1});
+  TS_CHECK(ban_ip.has_value() == ban_ids.has_value(),
+           "processing.banned: indptr and ids go together");
+  auto min_t = L.get(12, "min_tokens", kL, {n});
+  auto nout = L.get(13, "num_output_tokens", kL, {n});
+  auto stop_ip = L.get(14, "stop_indptr", kL, {n + 1});
+  auto stop_ids = L.get(15, "stop_ids", kL, {-1});
+  TS_CHECK(min_t.has_value() == nout.has_value() && nout.has_value() == stop_ip.has_value() &&
+               stop_ip.has_value() == stop_ids.has_value(),
+           "processing.min_tokens: num_output_tokens, stop_indptr and stop_ids go with it");
+  const int64_t bias_nnz = bias_ids ? bias_ids->size(0) : 0;
+  TS_CHECK(bias_nnz < (int64_t(1) << 31), "processing.logit_bias: fewer than 2^31 entries");
+  const bool build_keep = ban_ip.has_value() || min_t.has_value();
+  const bool has_bias = bias_nnz > 0;  // (an empty bias list changes nothing)
+  // scratch: keep words, has-bias words (int32 [n, W] each), bias hash (u64 [2 nnz])
+  const int64_t words = n * W;
+  const int64_t keep_off = 0, hasb_off = build_keep ? words * 4 : 0;
+  const int64_t tab_off = ((hasb_off + (has_bias ? words * 4 : 0)) + 7) / 8 * 8;
+  const int64_t bytes = tab_off + (has_bias ? 16 * bias_nnz : 0);
+  if (bytes > 0)
+    scratch = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(logits.device()));
+  auto* base = bytes > 0 ? static_cast<unsigned char*>(scratch.data_ptr()) : nullptr;
+
+  pp = ProcParams{};
+  pp.vocab = int(V);
+  pp.words = int(W);
+  if (build_keep)
+    pp.keep = reinterpret_cast<const uint32_t*>(base + keep_off);
+  else if (allowed)
+    pp.keep = ptr<const uint32_t>(allowed);  // an allowed mask alone: read directly
+  if (has_bias) {
+    pp.hasb = reinterpret_cast<const uint32_t*>(base + hasb_off);
+    pp.btab = reinterpret_cast<const unsigned long long*>(base + tab_off);
+    pp.bias_indptr = ptr<const int64_t>(bias_ip);
+    pp.bias_values = ptr<const float>(bias_val);
+    pp.bias_nnz = bias_nnz;
+  }
+  if (pen) {
+    pp.rep = ptr<const float>(rep);
+    pp.freq = ptr<const float>(freq);
+    pp.pres = ptr<const float>(pres);
+    pp.seen = ptr<const uint32_t>(seen);
+    pp.counts = ptr<const int32_t>(counts);
+    pp.slots = ptr<const int64_t>(slots);
+    pp.nslots = N;
+  }
+  prep = ProcPrep{};
+  prep.vocab = int(V);
+  prep.words = int(W);
+  if (build_keep) {
+    prep.keep = reinterpret_cast<uint32_t*>(base + keep_off);
+    prep.allowed = ptr<const uint32_t>(allowed);
+    prep.ban_indptr = ptr<const int64_t>(ban_ip);
+    prep.ban_ids = ptr<const int64_t>(ban_ids);
+    prep.ban_nnz = ban_ids ? ban_ids->size(0) : 0;
+    prep.min_tokens = ptr<const int64_t>(min_t);
+    prep.num_output = ptr<const int64_t>(nout);
+    prep.stop_indptr = ptr<const int64_t>(stop_ip);
+    prep.stop_ids = ptr<const int64_t>(stop_ids);
+    prep.stop_nnz = stop_ids ? stop_ids->size(0) : 0;
+  }
+  if (has_bias) {
+    prep.hasb = reinterpret_cast<uint32_t*>(base + hasb_off);
+    prep.btab = reinterpret_cast<unsigned long long*>(base + tab_off);
+    prep.bias_indptr = ptr<const int64_t>(bias_ip);
+    prep.bias_ids = ptr<const int64_t>(bias_ids);
+    prep.bias_nnz = bias_nnz;
+  }
+}
 }  // namespace
 
 void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperature,
@@ -35,11 +167,6 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
             const std::optional<at::Tensor>& processed_logprobs,
             const std::optional<c10::List<std::optional<at::Tensor>>>& processing) {
   using namespace tokenspeed_kernel::sampler;
-  // logits processing (the trailing list: [] or the 16 inputs of ops/sampling.py's
-  // PROC_FIELDS) is applied by the Triton and reference backends; these kernels do not take it
-  TS_CHECK(!processing.has_value() || processing->size() == 0,
-           "processing: the CUDA sampler does not apply logits processing; use "
-           "backend='triton' (backend='auto' takes Triton for calls with processing)");
   TS_CHECK(logits.is_cuda() && logits.dim() == 2, "logits: expected a 2-D CUDA tensor");
   TS_CHECK(logits.stride(1) == 1 || logits.size(1) == 1,
            "logits: last dimension must be contiguous");
@@ -90,10 +217,21 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   p.out64 = tokens.scalar_type() == at::kLong;
   p.valid = valid.data_ptr<bool>();
   p.stats = nullptr;
+  // logits processing (the trailing list: [] or the 16 inputs of ops/sampling.py's
+  // PROC_FIELDS), applied inside the kernels' reads of the logits
+  at::Tensor proc_scratch;
+  ProcPrep prep{};
+  if (processing.has_value() && processing->size() > 0)
+    prepare_processing(*processing, logits, n, p.proc, prep, proc_scratch);
   if (rows == 0) return;
   TS_CHECK(p.seed && p.offset, "seed/offset: required");
 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(logits.get_device());
+  if (proc_on(p.proc)) {
+    const cudaError_t e = launch_proc_prep(prep, int(n), stream);
+    TS_CHECK(e == cudaSuccess,
+             "tokenspeed_kernel.sample: CUDA error (processing prep): ", cudaGetErrorString(e));
+  }
   // small batches of temperature / greedy rows: the split launch's workspace, one per call from
   // the caching allocator (stream-ordered; inside a CUDA graph, from the graph's pool)
   int split = 0;

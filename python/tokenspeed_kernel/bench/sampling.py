@@ -23,8 +23,8 @@ per request, repetition 1.1 / frequency 0.2 / presence 0.1 over token counts of 
 200 output tokens, an allowed-token bitmask allowing ~half the vocabulary, 10 banned ids,
 min_tokens active with 2 stop ids): ``ours-cuda`` / ``ours-triton`` = the same sampler call
 without processing; ``ours-triton+proc`` = ``ops.sample(processing=...)`` (fused; an
-``ours-cuda+proc`` row only when ``ops.sampling.cuda_takes_processing()``: the CUDA kernels do
-not take processing); ``torch-proc+ours-cuda`` / ``torch-proc+ours-triton`` = the engines' way: graph-safe
+``ours-cuda+proc`` row when ``ops.sampling.cuda_takes_processing()``: the loaded extension's
+CUDA kernels apply it); ``torch-proc+ours-cuda`` / ``torch-proc+ours-triton`` = the engines' way: graph-safe
 torch passes computing ``reference.logits_processing.apply`` (a float32 copy of the logits,
 index_put for bias / banned / stop ids, dense seen / count gathers for the penalties, the
 bitmask unpacked), then ``ops.sample`` on the processed copy; ``torch`` = those passes + the
@@ -482,7 +482,7 @@ def _proc_providers(n: str) -> List[Provider]:
     from ..ops import sampling as S
     be = {"ours-cuda": "cuda", "ours-triton": "triton", "reference": "reference"}[n]
     out = []
-    if be != "cuda" or S.cuda_takes_processing():   # (the CUDA kernels do not take it)
+    if be != "cuda" or S.cuda_takes_processing():   # (an older extension does not take it)
         out.append(Provider(n + "+proc", f'ops.sample(backend="{be}", processing=...)',
                             _ours_call(be, proc=True), True, processed=True))
     if n != "reference":

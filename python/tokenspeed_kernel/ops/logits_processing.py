@@ -7,8 +7,8 @@ exact semantics are ``reference/logits_processing.py``'s (the spec of the penalt
 
 The sampler reads this state: ``ops.sample(..., processing=LogitsInputs(counts=counts,
 count_slots=..., repetition_penalty=..., ...))`` applies the penalties (with logit bias and
-the grammar / banned / min_tokens masks) inside its reads of the logits (Triton and reference
-backends; ``auto`` takes Triton for such calls: ``ops/sampling.py``). After each step, count the step's tokens with ``add_output_tokens``.
+the grammar / banned / min_tokens masks) inside its reads of the logits (every backend:
+``ops/sampling.py``). After each step, count the step's tokens with ``add_output_tokens``.
 
 Backends: ``"triton"`` (the device path: fixed-shape in-place kernels, no host sync with
 ``validate=False``, CUDA-graph safe) and ``"reference"`` (plain PyTorch; boolean indexing, so

@@ -303,23 +303,26 @@ def _prepare(logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_
         C.check_int(top_k_max, "top_k_max", lo=1)
     proc = prepare_processing(processing, n, vocab, logits.device, validate)
     if proc and backend == "cuda" and not cuda_takes_processing():
-        # documented (docs/DESIGN.md): the CUDA kernels do not apply processing; "auto" takes
-        # the Triton kernels for such calls, an explicit "cuda" is refused
-        C.check(requested == "auto", "processing", "backend='cuda' does not apply logits "
-                "processing: use backend='triton' (backend='auto' takes Triton for calls with "
-                "processing inputs)")
+        # an extension built from sources whose sample op predates the processing argument:
+        # "auto" takes the Triton kernels for such calls, an explicit "cuda" is refused
+        C.check(requested == "auto", "processing", "the loaded CUDA extension does not apply "
+                "logits processing (built from older sources): rebuild it, or use "
+                "backend='triton' (backend='auto' takes Triton for calls with processing "
+                "inputs)")
         backend = C.pick_backend("triton", logits.device, "sample")
     return params, tokens_per_request, backend, param_flags(params), proc
 
 
-# Whether the CUDA sampler kernels apply the ``processing`` inputs. They do not: the raw op
-# takes the argument (its schema is final) and refuses a non-empty list.
-CUDA_PROCESSING = False
+# Whether the CUDA sampler kernels apply the ``processing`` inputs (csrc/sampling/processing.cuh:
+# inside every read of the logits, same float32 values as the reference / Triton).
+CUDA_PROCESSING = True
 
 
 def cuda_takes_processing() -> bool:
-    """Whether ``backend="cuda"`` applies ``processing`` (the kernels and the loaded op)."""
-    return CUDA_PROCESSING and _op_has_processing()
+    """Whether ``backend="cuda"`` applies ``processing``: the kernels do and the loaded
+    extension's ``sample`` op takes the argument (False without the extension)."""
+    from .. import _library
+    return CUDA_PROCESSING and _library.extension_available() and _op_has_processing()
 
 
 def param_flags(params: C.SamplingParams) -> int:
@@ -418,9 +421,9 @@ def sample(logits: torch.Tensor, seed, offset, *, temperature=None, top_k=None, 
         ``count_slots[q]``, default q), an allowed-token bitmask (``[n, ceil(V / 32)]`` int32,
         xgrammar layout), banned ids (``Csr``) and ``min_tokens`` (with ``num_output_tokens``
         and ``stop_ids``: stop ids are masked while the output is shorter). Applied in that
-        order, bit-exactly as ``reference.logits_processing.apply``, inside the Triton kernels'
-        reads of the logits (nothing is materialized; the CUDA kernels do not take it:
-        ``backend="auto"`` uses Triton for such calls, ``"cuda"`` raises); then the filters
+        order, bit-exactly as ``reference.logits_processing.apply``, inside the CUDA and Triton
+        kernels' reads of the logits (nothing is materialized; a small per-request prep kernel
+        builds bitmask words when banned / stop ids or a bias are given); then the filters
         above run on the processed row. The NaN policy applies to the processed row (a NaN logit at a masked position is
         harmless; a row the masks empty is invalid). Read only, never modified.
 

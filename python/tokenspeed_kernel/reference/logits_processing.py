@@ -2,11 +2,10 @@
 logits before sampling (penalties, logit bias, grammar masks, banned tokens, ``min_tokens``).
 
 **Status: applied by ``ops.sample`` / ``ops.sample_with_logprobs``** (``processing=LogitsInputs(...)``)
-the reference backend runs ``apply`` below and then the reference sampler; the Triton sampler
-applies the same steps inside its reads of the logits (no processed copy of the logits is
-materialized) and gives the same float32 values as this file, bit for bit, so the sampled token
-is the same on both (the CUDA kernels do not take processing: ``backend="auto"`` uses Triton for
-such calls). The token-count state and its updates
+the reference backend runs ``apply`` below and then the reference sampler; the CUDA and Triton
+samplers apply the same steps inside their reads of the logits (no processed copy of the logits
+is materialized) and give the same float32 values as this file, bit for bit, so the sampled
+token is the same on every backend. The token-count state and its updates
 (below) are ops too (``ops/logits_processing.py``).
 
 Per request ``q`` (rows map to requests as in sampling: ``q = row // tokens_per_request``; every
