@@ -132,8 +132,9 @@ __device__ __forceinline__ void put(float (&z)[VEC], int j, float x) {
 #pragma unroll
   for (int jj = 0; jj < VEC; ++jj) z[jj] = j == jj ? x : z[jj];
 }
+// z[j] for a run-time j (a select chain: no local-memory array)
 template <int VEC>
-__device__ __forceinline__ float get(const float (&z)[VEC], int j) {
+__device__ __forceinline__ float pick(const float (&z)[VEC], int j) {
   float r = z[0];
 #pragma unroll
   for (int jj = 1; jj < VEC; ++jj) r = j == jj ? z[jj] : r;
@@ -151,13 +152,13 @@ __device__ __forceinline__ void proc_vec(const ProcParams& pp, const RowProc& rp
     const int j = __ffs(hb) - 1;
     hb &= hb - 1;
     float b;
-    if (bias_lookup(pp, rp.q, i + j, b)) put<VEC>(z, j, fadd(get<VEC>(z, j), b));
+    if (bias_lookup(pp, rp.q, i + j, b)) put<VEC>(z, j, fadd(pick<VEC>(z, j), b));
   }
   uint32_t sn = (bits >> 8) & 0xffu;
   while (sn) {  // penalties on the seen tokens (rare)
     const int j = __ffs(sn) - 1;
     sn &= sn - 1;
-    float x = get<VEC>(z, j);
+    float x = pick<VEC>(z, j);
     if (pp.rep != nullptr) {
       const float r = __ldg(pp.rep + rp.q);
       x = x > 0.0f ? __fdiv_rn(x, r) : fmul(x, r);

@@ -302,14 +302,6 @@ __device__ __forceinline__ void for_each_pvec(const T* __restrict__ rowp, int c0
   }
 }
 
-// z[j] for a run-time j (a select chain: no local-memory array)
-template <int VEC>
-__device__ __forceinline__ float pick(const float (&z)[VEC], int j) {
-  float r = z[0];
-#pragma unroll
-  for (int jj = 1; jj < VEC; ++jj) r = j == jj ? z[jj] : r;
-  return r;
-}
 __device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], int j) {
   return j == 0 ? w[0] : j == 1 ? w[1] : j == 2 ? w[2] : w[3];
 }
@@ -1233,6 +1225,15 @@ __device__ unsigned long long cluster_mass(const Params& p, const Row& r, Smem& 
 // ------------------------------------------------------------------------------------------
 // outputs
 // ------------------------------------------------------------------------------------------
+// The (processed, with kProc) logit of token tok of a row.
+template <bool kProc, typename T>
+__device__ __forceinline__ float tok_logit(const Params& p, const RowProc& rp, const T* rowp,
+                                           int tok) {
+  const float z = to_f(rowp[tok]);
+  if constexpr (kProc) return proc_one(p.proc, rp, tok, z);
+  return z;
+}
+
 __device__ __forceinline__ void write_row(const Params& p, int row, int tok, bool ok, float lp,
                                           float plp) {
   if (p.out64)
@@ -1602,14 +1603,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     int tok = 0;
     float ps = 0.0f;
     exact_pass<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, zid, 0ull, tok, ps, rp);
-    if (rank == 0 && tid == 0) {
-      if constexpr (kProc)  // the token's processed logit
-        write_row(p, row, tok, true, raw_lp(tok),
-                  centered(proc_one(p.proc, rp, tok, to_f(rowp[tok])), zmax, r.inv_t) - logf(ps));
-      else
-        write_row(p, row, tok, true, raw_lp(tok),
-                  centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
-    }
+    if (rank == 0 && tid == 0)
+      write_row(p, row, tok, true, raw_lp(tok),
+                centered(tok_logit<kProc>(p, rp, rowp, tok), zmax, r.inv_t) - logf(ps));
     return;
   }
 
@@ -1699,14 +1695,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   int tok = 0;
   float ps = 0.0f;
   exact_pass<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, zid, thr, tok, ps, rp);
-  if (rank == 0 && tid == 0) {
-    if constexpr (kProc)  // the token's processed logit
-      write_row(p, row, tok, true, raw_lp(tok),
-                centered(proc_one(p.proc, rp, tok, to_f(rowp[tok])), zmax, r.inv_t) - logf(ps));
-    else
-      write_row(p, row, tok, true, raw_lp(tok),
-                centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
-  }
+  if (rank == 0 && tid == 0)
+    write_row(p, row, tok, true, raw_lp(tok),
+              centered(tok_logit<kProc>(p, rp, rowp, tok), zmax, r.inv_t) - logf(ps));
 }
 
 // ------------------------------------------------------------------------------------------
