@@ -58,3 +58,17 @@ def test_table_ratios_proc_rows_use_the_fused_call_and_eager_when_uncapturable()
          "flashinfer": dict(_row("fp32", "flashinfer", "temp", 1, 20.0), status="FAILED: x")}
     ours, r_fi, r_torch = report.table_ratios(t, "temp")
     assert ours is t["ours-cuda"] and r_fi is None and r_torch == 0.25
+
+
+def test_bench_ratio_columns_use_the_modes_torch_baseline():
+    """The CSV ratio columns (bench.sampling._ratios) pick the same torch baseline as the
+    table: in mode "proc" the engines' way, eager to eager when it has no graph time."""
+    from tokenspeed_kernel.bench import sampling as S
+    rows = [_row("fp32", "ours-cuda+proc", "proc", 4, 50.0),                   # eager 100
+            dict(_row("fp32", "torch-proc+ours-cuda", "proc", 4, 0.0), graph_us=None,
+                 eager_us=400.0),
+            _row("fp32", "torch", "proc", 4, 1000.0),
+            _row("fp32", "flashinfer", "proc", 4, 10.0)]
+    S._ratios(rows)
+    assert rows[0]["ratio_vs_torch"] == 100.0 / 400.0
+    assert rows[0]["ratio_vs_flashinfer"] == 5.0

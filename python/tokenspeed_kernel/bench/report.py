@@ -198,15 +198,18 @@ def ratio_of(mine: Optional[Dict], base: Optional[Dict]) -> Optional[float]:
     return None
 
 
-def table_ratios(by: Dict[str, Dict], mode: str):
-    """(ours row, ours/FlashInfer, ours/torch) of one table line. In mode "proc" the torch
-    baseline is the engines' way (torch processing passes + ours-cuda, else + ours-triton)."""
-    ours = ours_row(by, mode)
+def torch_baseline(by: Dict[str, Dict], mode: str) -> Optional[Dict]:
+    """The torch row "ours" is compared with: in mode "proc" the engines' way (torch processing
+    passes + ours-cuda, else + ours-triton), else vLLM's torch path."""
     if mode == "proc":
-        tb = by.get("torch-proc+ours-cuda") or by.get("torch-proc+ours-triton")
-    else:
-        tb = by.get("torch")
-    return ours, ratio_of(ours, by.get("flashinfer")), ratio_of(ours, tb)
+        return by.get("torch-proc+ours-cuda") or by.get("torch-proc+ours-triton")
+    return by.get("torch")
+
+
+def table_ratios(by: Dict[str, Dict], mode: str):
+    """(ours row, ours/FlashInfer, ours/torch) of one table line."""
+    ours = ours_row(by, mode)
+    return ours, ratio_of(ours, by.get("flashinfer")), ratio_of(ours, torch_baseline(by, mode))
 
 
 def sampling_markdown(rows: List[Dict], env: Dict[str, str], hbm_gbps: Optional[float],

@@ -782,11 +782,9 @@ def _recover() -> None:
 def _ratios(mode_rows: List[Dict]) -> None:
     """CSV ratio columns of our rows: vs FlashInfer and vs the torch baseline of the mode (in
     mode "proc" the engines' way), graph to graph, else eager to eager (report.ratio_of)."""
-    def t(name):
-        return next((r for r in mode_rows if r["provider"] == name and r["status"] == "ok"), None)
-    proc = any(r["mode"] == "proc" for r in mode_rows)
-    fi = t("flashinfer")
-    tt = (t("torch-proc+ours-cuda") or t("torch-proc+ours-triton")) if proc else t("torch")
+    by = {r["provider"]: r for r in mode_rows if r["status"] == "ok"}
+    fi = by.get("flashinfer")
+    tt = report.torch_baseline(by, mode_rows[0]["mode"]) if mode_rows else None
     for r in mode_rows:
         if r["provider"] in OURS and r["status"] == "ok":
             r["ratio_vs_flashinfer"] = report.ratio_of(r, fi)
