@@ -352,10 +352,12 @@ def test_triton_swap_mismatch_is_detected_before_any_push(what):
 
 @needs_interp
 @pytest.mark.parametrize("what", ["fields", "items", "dtype"])
-def test_triton_gather_mismatch_keeps_peer_sections(what):
+def test_triton_gather_mismatch_zeroes_peer_sections(what):
     """Ranks whose results gathers differ (logprobs on one rank only, B, out_dtype): every rank
-    records ERR_MISMATCH and copies nothing out of its results buffer (the peers' sections of
-    the outputs keep their sentinel; its own items were stored before the wait)."""
+    records ERR_MISMATCH and copies nothing out of its results buffer: the peers' sections of
+    the outputs are zeroed (token 0, valid false: never a peer's bytes of another layout, never
+    what the output held before); its own items were stored before the wait. A later call on the
+    poisoned communicator zeroes every output, its own items included."""
     W = 2
     comms = _sim_comms(W, 8, 64, torch.float32, max_spins=8)
     B = [5, 5]
@@ -384,8 +386,16 @@ def test_triton_gather_mismatch_keeps_peer_sections(what):
         for o, t in zip(outs[r], wants[r]):
             assert torch.equal(o[s:s + n], t[s:s + n])      # own items
             rest = torch.cat([o[:s], o[s + n:]])
-            assert bool((rest == (-7 if o.dtype != torch.bool else 0)).all()), (what, r)
+            assert rest.numel() > 0 and bool((rest == 0).all()), (what, r, rest)
         assert "results gather" in c.error() and f"{nf[r]} fields" in c.error()
+    # poisoned: the next gather moves nothing and zeroes every output (own items included)
+    for r, c in enumerate(comms):
+        outs[r] = [torch.full_like(t, -7 if t.dtype != torch.bool else 1) for t in wants[r]]
+        seq = c.state.tolist()[D.GATHER_STATE + D.STATE_SEQ]
+        run(r, c)
+        for o in outs[r]:
+            assert bool((o == 0).all()), (what, r, o)
+        assert c.state.tolist()[D.GATHER_STATE + D.STATE_SEQ] == seq
 
 
 def test_signatures_and_messages():
@@ -442,12 +452,18 @@ def test_triton_missing_rank_gives_up_and_poisons():
     assert st[D.STATE_ERR_EPOCH] == 1 and st[D.STATE_SEQ] == 0, st
     with pytest.raises(CommError, match="ready flag of rank 1"):
         comms[0].check()
-    # poisoned: a later gather returns at once (no flag, no output written)
+    # poisoned: a later gather returns at once (no flag, nothing moved) with every output
+    # zeroed (token 0, valid false), its own items included
     flags1 = comms[1].symm[: D.FLAG_BYTES].clone()
-    outs = D._gather(comms[0], [torch.arange(2)], B, 2, "triton", [()], [torch.int64])
+    outs = [torch.full((B,), -7), torch.ones(B, dtype=torch.bool)]
+    D._gather_triton(comms[0], [torch.arange(2) + 5, torch.ones(2, dtype=torch.bool)], outs, B, 2)
     assert comms[0].state[D.GATHER_STATE].item() == 0
     assert torch.equal(comms[1].symm[: D.FLAG_BYTES], flags1)
-    del outs
+    assert outs[0].tolist() == [0] * B and outs[1].tolist() == [False] * B
+    # dp_sample on the poisoned communicator: every row invalid, never a stale token
+    res = ops.dp_sample(comms[0], x0, 1, 0, temperature=1.0, backend="triton",
+                        sample_backend="reference")
+    assert res.tokens.tolist() == [0] * B and res.valid.tolist() == [False] * B
     # data flags: rank 1 enters (phase 1) but never pushes -> rank 0's data wait gives up
     comms = _sim_comms(W, 8, V, torch.float32, max_spins=8)
     comms[1].triton_phase = 1
@@ -459,11 +475,13 @@ def test_triton_missing_rank_gives_up_and_poisons():
     assert comms[0].error() is not None and "data flag of rank 1" in comms[0].error()
     # results gather: rank 1 never joins -> rank 0 gives up, the swap is poisoned too
     comms = _sim_comms(W, 8, V, torch.float32, max_spins=8)
-    out, = D._gather(comms[0], [torch.arange(2)], B, 2, "triton", [()], [torch.int64])
+    out = torch.full((B,), -7)
+    D._gather_triton(comms[0], [torch.arange(2)], [out], B, 2)
     st = comms[0].state.tolist()
     assert st[D.GATHER_STATE + D.STATE_ERR] == D.ERR_TIMEOUT_GATHER, st
     assert st[D.GATHER_STATE + D.STATE_ERR_SRC] == 1, st
     assert out[:2].tolist() == [0, 1]    # own items were stored before the wait
+    assert out[2:].tolist() == [0] * (B - 2)   # the missing peer's section: zeroed
     with pytest.raises(CommError, match="results gather.*results flag of rank 1"):
         comms[0].check()
     before = comms[1].symm[: D.FLAG_BYTES].clone()

@@ -308,6 +308,20 @@ __device__ __forceinline__ void cta_copy(uint8_t* dst, const uint8_t* src, int64
   }
 }
 
+// Zeroes nbytes at dst with this CTA's threads (16- / 4- / 1-byte stores as alignment allows).
+__device__ __forceinline__ void cta_zero(uint8_t* dst, int64_t nbytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(nbytes);
+  if ((a & 15u) == 0) {
+    for (int64_t i = threadIdx.x; i < (nbytes >> 4); i += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[i] = make_uint4(0u, 0u, 0u, 0u);
+  } else if ((a & 3u) == 0) {
+    for (int64_t i = threadIdx.x; i < (nbytes >> 2); i += blockDim.x)
+      reinterpret_cast<unsigned int*>(dst)[i] = 0u;
+  } else {
+    for (int64_t i = threadIdx.x; i < nbytes; i += blockDim.x) dst[i] = 0;
+  }
+}
+
 __host__ __device__ __forceinline__ int32_t rows_of(int32_t rows, int32_t per_rank, int32_t d) {
   const int64_t n = int64_t(rows) - int64_t(d) * per_rank;
   return n <= 0 ? 0 : (n < per_rank ? static_cast<int32_t>(n) : per_rank);
@@ -394,7 +408,9 @@ __global__ void __launch_bounds__(kDpThreads, 1)
 
 // One CTA: stores this rank's items of every field into every peer's res buffer (g & 1) at the
 // rank's section (its own straight into the outputs), publishes gather[rank] = g on every rank,
-// waits for gather[s] >= g of every s, then copies the peers' sections into the outputs.
+// waits for gather[s] >= g of every s, then copies the peers' sections into the outputs. A
+// failed wait zeroes the peers' sections instead; on a poisoned communicator the kernel
+// zeroes every output and moves nothing (zero bytes: token 0, valid false, logprob 0).
 __global__ void __launch_bounds__(kDpThreads, 1)
     dp_gather_kernel(const __grid_constant__ DpGatherParams p) {
   __shared__ uint64_t s_epoch;
@@ -408,7 +424,11 @@ __global__ void __launch_bounds__(kDpThreads, 1)
     s_fail = 0;
   }
   __syncthreads();
-  if (s_abort) return;
+  if (s_abort) {  // poisoned (this call's swap or an earlier call failed): every item invalid
+    for (int f = 0; f < p.nfields; ++f)
+      dp::cta_zero(p.out[f], static_cast<int64_t>(p.items) * p.item_bytes[f]);
+    return;
+  }
   const uint64_t epoch = s_epoch;
   const int64_t par_off = static_cast<int64_t>(epoch & 1) * p.res_bytes;
   const int32_t n_me = dp::rows_of(p.items, p.items_per_rank, p.rank);
@@ -435,7 +455,9 @@ __global__ void __launch_bounds__(kDpThreads, 1)
       atomicOr(&s_fail, 1);
   }
   __syncthreads();
-  if (s_fail) return;
+  // Copy the peers' sections out; after a failed wait (timeout, mismatch) zero them instead:
+  // the outputs never hold a peer's stale or foreign bytes (tokens 0, valid false).
+  const bool fail = s_fail != 0;
   const uint8_t* mine = p.peer_res[p.rank] + par_off;
   for (int s = 0; s < p.world; ++s) {
     if (s == p.rank) continue;
@@ -443,7 +465,10 @@ __global__ void __launch_bounds__(kDpThreads, 1)
     for (int f = 0; f < p.nfields; ++f) {
       const int64_t ib = p.item_bytes[f];
       const int64_t sec = static_cast<int64_t>(s) * p.items_per_rank * ib;
-      dp::cta_copy(p.out[f] + sec, mine + p.res_off[f] + sec, ns * ib, true);
+      if (fail)
+        dp::cta_zero(p.out[f] + sec, ns * ib);
+      else
+        dp::cta_copy(p.out[f] + sec, mine + p.res_off[f] + sec, ns * ib, true);
     }
   }
 }

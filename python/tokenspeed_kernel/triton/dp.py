@@ -24,7 +24,8 @@ Gather, call ``g`` (= state[16] + 1), one program: pushes this rank's items of e
 every peer's results buffer ``g & 1`` at section ``p Bl item_bytes`` (its own straight into the
 outputs) and publishes ``gather[p] = g`` (the CUDA gather's flag words: one flag per source, no
 partition) on every rank; then waits for ``gather[s] >= g`` of every ``s``, copies the peers'
-sections out and advances state[16].
+sections out (zeroes them after a failed wait) and advances state[16]. On a poisoned
+communicator it zeroes every output and moves nothing (token 0, valid false, logprob 0).
 
 Call headers (csrc/comm/call_signature.h): the swap's program ``b`` stores ``(e << 32) | sig``
 into every rank's slot ``hdr[e & 1][b][p]`` before its ready flag and compares every rank's
@@ -268,6 +269,17 @@ def _copy_bytes(dst_addr, src_addr, nbytes, BLOCK: tl.constexpr, REMOTE: tl.cons
         i += BLOCK
 
 
+@triton.jit
+def _zero_bytes(dst_addr, nbytes, BLOCK: tl.constexpr):
+    dst = dst_addr.to(tl.pointer_type(tl.uint8))
+    cols = tl.arange(0, BLOCK)
+    i = nbytes * 0
+    while i < nbytes:
+        o = i + cols
+        tl.store(dst + o, tl.zeros([BLOCK], tl.uint8), mask=o < nbytes)
+        i += BLOCK
+
+
 _TABLE_MAX = 4 * MAX_FIELDS
 
 
@@ -354,18 +366,26 @@ def _dp_gather_kernel(src_tab, out_tab, off_tab, ib_tab, peer_res_ptr, peer_flag
                                      rank * 0, s0 + rank64 * 0, timeout_ns, my_flags + ghdr + s0,
                                      want, items, items_per_rank, NF, USE_TIMER, MAX_SPINS, True)
             tl.debug_barrier()
-            if fail == 0:
-                mine = tl.load(peer_res_ptr + rank) + par_off
-                for s in tl.static_range(W):
-                    if s != rank:
-                        ns = tl.minimum(tl.maximum(items - s * per, 0), per)
-                        for f2 in tl.static_range(NF):
-                            ib2 = tl.load(ib_tab + f2)
-                            sec2 = s * per * ib2
+            # copy the peers' sections out; after a failed wait zero them instead (the outputs
+            # never hold a peer's stale or foreign bytes: token 0, valid false)
+            mine = tl.load(peer_res_ptr + rank) + par_off
+            for s in tl.static_range(W):
+                if s != rank:
+                    ns = tl.minimum(tl.maximum(items - s * per, 0), per)
+                    for f2 in tl.static_range(NF):
+                        ib2 = tl.load(ib_tab + f2)
+                        sec2 = s * per * ib2
+                        if fail == 0:
                             _copy_bytes(tl.load(out_tab + f2) + sec2,
                                         mine + tl.load(off_tab + f2) + sec2, ns * ib2, BLOCK,
                                         True)
+                        else:
+                            _zero_bytes(tl.load(out_tab + f2) + sec2, ns * ib2, BLOCK)
             tl.store(st + _SEQ, epoch)
+    elif PHASE & 4:
+        # poisoned (this call's swap or an earlier call failed): every item invalid
+        for f3 in tl.static_range(NF):
+            _zero_bytes(tl.load(out_tab + f3), items * tl.load(ib_tab + f3), BLOCK)
 
 
 def _interpreted() -> bool:
