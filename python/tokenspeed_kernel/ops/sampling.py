@@ -75,6 +75,9 @@ class SampleLogprobsOutput(NamedTuple):
 def _proc_int_tensor(t, name: str, shape: tuple, dev) -> torch.Tensor:
     """An integer tensor of ``shape`` on ``dev`` -> int64, contiguous (ArgumentTypeError /
     ValueError naming ``name``)."""
+    if (isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.shape == shape
+            and t.device == dev and t.is_contiguous()):
+        return t   # already normalized (every eager call): skip formatting the messages below
     C.check_type(isinstance(t, torch.Tensor), name,
                  f"must be an integer tensor, got {type(t).__name__}")
     C.check(not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool,
@@ -87,17 +90,22 @@ def _proc_int_tensor(t, name: str, shape: tuple, dev) -> torch.Tensor:
 
 def _proc_csr(csr, name: str, n: int, dev, with_values: bool):
     """A ``Csr`` argument -> (indptr int64 [n + 1], ids int64 [nnz], values float32 | None)."""
-    C.check_type(isinstance(csr, tuple) and len(csr) == 3, name,
-                 f"must be a Csr(indptr, ids, values), got {type(csr).__name__}")
-    C.check_type(isinstance(csr[1], torch.Tensor), f"{name}.ids",
-                 f"must be an integer tensor, got {type(csr[1]).__name__}")
-    C.check(csr[1].dim() == 1, f"{name}.ids", f"must be 1-D, got shape {list(csr[1].shape)}")
+    if not (isinstance(csr, tuple) and len(csr) == 3):
+        C.check_type(False, name, f"must be a Csr(indptr, ids, values), got {type(csr).__name__}")
+    if not isinstance(csr[1], torch.Tensor):
+        C.check_type(False, f"{name}.ids", f"must be an integer tensor, got "
+                     f"{type(csr[1]).__name__}")
+    if csr[1].dim() != 1:
+        C.check(False, f"{name}.ids", f"must be 1-D, got shape {list(csr[1].shape)}")
     nnz = csr[1].shape[0]
     indptr = _proc_int_tensor(csr[0], f"{name}.indptr", (n + 1,), dev)
     ids = _proc_int_tensor(csr[1], f"{name}.ids", (nnz,), dev)
     values = None
     if with_values:
         v = csr[2]
+        if (isinstance(v, torch.Tensor) and v.dtype == torch.float32 and v.shape == (nnz,)
+                and v.device == dev and v.is_contiguous()):
+            return indptr, ids, v
         C.check_type(isinstance(v, torch.Tensor), f"{name}.values",
                      f"must be a floating tensor [{nnz}], got {type(v).__name__}")
         C.check(v.dtype.is_floating_point, f"{name}.values",
@@ -184,17 +192,18 @@ def prepare_processing(processing, n: int, V: int, dev: torch.device, validate: 
                      f"must be a TokenCounts (from ops.new_token_counts), got "
                      f"{type(counts).__name__}")
         seen, output = counts
-        C.check(output.dim() == 2 and output.shape[1] == V and output.dtype == torch.int32
-                and output.is_contiguous(), "processing.counts",
-                f"output must be a contiguous [N, V = {V}] int32 tensor, got "
-                f"{list(output.shape)} {output.dtype}")
+        # (messages are formatted only when a check fails)
+        if not (output.dim() == 2 and output.shape[1] == V and output.dtype == torch.int32
+                and output.is_contiguous()):
+            C.check(False, "processing.counts", f"output must be a contiguous [N, V = {V}] "
+                    f"int32 tensor, got {list(output.shape)} {output.dtype}")
         N = output.shape[0]
-        C.check(tuple(seen.shape) == (N, W) and seen.dtype == torch.int32
-                and seen.is_contiguous(), "processing.counts",
-                f"seen must be a contiguous [{N}, {W}] int32 tensor (V = {V}), got "
-                f"{list(seen.shape)} {seen.dtype}")
-        C.check(seen.device == dev and output.device == dev, "processing.counts",
-                f"must be on {dev} (the logits' device), got {seen.device} / {output.device}")
+        if not (seen.shape == (N, W) and seen.dtype == torch.int32 and seen.is_contiguous()):
+            C.check(False, "processing.counts", f"seen must be a contiguous [{N}, {W}] int32 "
+                    f"tensor (V = {V}), got {list(seen.shape)} {seen.dtype}")
+        if not (seen.device == dev and output.device == dev):
+            C.check(False, "processing.counts", f"must be on {dev} (the logits' device), got "
+                    f"{seen.device} / {output.device}")
         out[6], out[7] = seen, output
         if pi.count_slots is not None:
             slots = _proc_int_tensor(pi.count_slots, "processing.count_slots", (n,), dev)
@@ -202,23 +211,27 @@ def prepare_processing(processing, n: int, V: int, dev: torch.device, validate: 
                 checks.append(("processing.count_slots", f"must be in [0, {N}) (rows of counts)",
                                ((slots < 0) | (slots >= N)).any()))
         else:
-            C.check(n <= N, "processing.counts", f"holds {N} slots but there are {n} requests: "
-                    f"pass count_slots")
+            if n > N:
+                C.check(False, "processing.counts", f"holds {N} slots but there are {n} "
+                        f"requests: pass count_slots")
             slots = torch.arange(n, dtype=torch.int64, device=dev)
         out[8] = slots
     elif pi.count_slots is not None:
         _proc_int_tensor(pi.count_slots, "processing.count_slots", (n,), dev)
     if pi.allowed_mask is not None:
         m = pi.allowed_mask
-        C.check_type(isinstance(m, torch.Tensor), "processing.allowed_mask",
-                     f"must be an int32 tensor [{n}, {W}], got {type(m).__name__}")
-        C.check(not m.dtype.is_floating_point and not m.dtype.is_complex
-                and m.dtype != torch.bool, "processing.allowed_mask",
-                f"must be an int32 bitmask (xgrammar layout), got {m.dtype}")
-        C.check(tuple(m.shape) == (n, W), "processing.allowed_mask",
-                f"must have shape [{n}, {W}] (ceil(V / 32) words per request), got "
-                f"{list(m.shape)}")
-        C.check(m.device == dev, "processing.allowed_mask", f"must be on {dev}, got {m.device}")
+        if not (isinstance(m, torch.Tensor) and m.dtype == torch.int32 and m.shape == (n, W)
+                and m.device == dev and m.is_contiguous()):   # (else already normalized)
+            C.check_type(isinstance(m, torch.Tensor), "processing.allowed_mask",
+                         f"must be an int32 tensor [{n}, {W}], got {type(m).__name__}")
+            C.check(not m.dtype.is_floating_point and not m.dtype.is_complex
+                    and m.dtype != torch.bool, "processing.allowed_mask",
+                    f"must be an int32 bitmask (xgrammar layout), got {m.dtype}")
+            C.check(tuple(m.shape) == (n, W), "processing.allowed_mask",
+                    f"must have shape [{n}, {W}] (ceil(V / 32) words per request), got "
+                    f"{list(m.shape)}")
+            C.check(m.device == dev, "processing.allowed_mask",
+                    f"must be on {dev}, got {m.device}")
         out[9] = m.to(torch.int32).contiguous()   # other integer dtypes: the low 32 bits
     if pi.banned is not None:
         ip, ids, _ = _proc_csr(pi.banned, "processing.banned", n, dev, False)
