@@ -263,6 +263,44 @@ def dp_dead_peer_worker(rank: int, world: int, backend: str = "auto") -> None:
             raise AssertionError("no CommError")
 
 
+def dp_late_peer_worker(rank: int, world: int, backend: str = "cuda") -> None:
+    """Rank 1 joins a call after rank 0's bounded wait has given up (as a peer still
+    JIT-compiling would): both ranks raise CommError, every row of that call and of a later call
+    on the poisoned communicator reads as invalid (token 0, valid false), never uninitialized
+    memory; a new communicator works."""
+    dev = torch.device("cuda", rank)
+    V = 4096
+    sb = "triton" if backend == "triton" else "auto"
+    full = full_logits(12, V, torch.float32, dev, nan_row=False)
+    ops.sample(full, 1, 0, temperature=0.8, backend=sb)       # compile / load first
+    torch.cuda.synchronize()
+    comm = ops.create_dp_sampling_comm(max_rows=16, vocab_size=V, dtype=torch.float32,
+                                       timeout_ms=1500)
+    x = shard_of(full, world, rank, comm.shard_width)
+    for call in range(2):      # the late call, then a call on the poisoned communicator
+        if rank == 1 and call == 0:
+            time.sleep(4.0)
+        # outputs come from the caching allocator: fill the pool with non-zero bytes first
+        junk = torch.full((1 << 16,), -1, dtype=torch.int64, device=dev)
+        del junk
+        out = ops.dp_sample(comm, x, 1, 0, temperature=0.8, backend=backend,
+                            sample_backend=sb, logprobs=True)
+        torch.cuda.synchronize()
+        err = comm.error()
+        assert err is not None and "gave up" in err, f"rank {rank} call {call}: {err}"
+        assert not out.valid.any() and not out.tokens.any(), \
+            f"rank {rank} call {call}: {out.tokens.tolist()} {out.valid.tolist()}"
+        assert not out.logprobs.any(), f"rank {rank} call {call}: logprobs"
+    torch.distributed.barrier()
+    comm.close()
+    comm = ops.create_dp_sampling_comm(max_rows=16, vocab_size=V, dtype=torch.float32)
+    out = ops.dp_sample(comm, x, 1, 0, temperature=0.8, backend=backend, sample_backend=sb)
+    ref = ops.sample(full, 1, 0, temperature=0.8, backend=sb)
+    torch.cuda.synchronize()
+    comm.check()
+    assert torch.equal(out.tokens, ref.tokens) and bool(out.valid.all())
+
+
 def _gather_into(comm, fields, outs, items: int, per_rank: int, backend: str) -> None:
     """The results gather of ``backend`` ("cuda" / "triton") into the caller's ``outs``."""
     D = ops.dp

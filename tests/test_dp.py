@@ -603,6 +603,19 @@ def test_multigpu_dead_peer_commerror(world, backend):
 
 
 @pytest.mark.multigpu
+@pytest.mark.parametrize("world", [2])
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_multigpu_late_peer_outputs_read_invalid(world, backend):
+    """A peer that arrives after the bounded wait gave up: CommError on both ranks, and the
+    outputs of that call and of the next (poisoned) call are all invalid rows, zeros
+    (dp_helpers.dp_late_peer_worker)."""
+    needs_ext = backend == "cuda"
+    if _ngpu() < world or (needs_ext and not _library.extension_available()):
+        pytest.skip(f"needs {world} GPUs" + (" and the extension" if needs_ext else ""))
+    H.run_workers("dp_late_peer_worker", world, "nccl", args=(backend,), timeout_s=600)
+
+
+@pytest.mark.multigpu
 @pytest.mark.parametrize("world", [2, 4, 8])
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_multigpu_per_call_mismatch_commerror(world, backend):
