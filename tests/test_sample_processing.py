@@ -866,3 +866,63 @@ def test_triton_bias_values_per_id():
                 assert got.tokens[q].item() == ids[j]
         e += len(ids)
     _compare(z, inp, FILTER_SETS["temperature"](n), seeds=(3, 4), tpr=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# unvalidated bad inputs (validate=False: what a wrong value inside a CUDA graph reaches)
+# ---------------------------------------------------------------------------------------------
+def _t(v, dt=torch.int64):
+    return torch.tensor(v, dtype=dt, device=DEVICE)
+
+
+def _bad_inputs_cases():
+    """(name, LogitsInputs, expected greedy tokens) on logits ``1 - 0.01 t`` (token 0 is the
+    argmax, then 1, 2, ...): the rules every backend follows for unvalidated values (request q
+    owns CSR entries [clamp(indptr[q], 0, nnz), clamp(indptr[q + 1], that, nnz)), ids outside
+    [0, V) are skipped, a repeated bias id keeps its last entry, a count slot outside [0, N)
+    turns the request's penalties off). Each case's expectation differs from the other rules'
+    (no clamp, first entry, sum of entries, penalties on slot 0). The last flag: whether the
+    CUDA backend gives the same tokens (with overlapping bias ranges its per-request bias
+    tables overlap: in bounds, values unspecified)."""
+    f32 = torch.float32
+    counts = ops.new_token_counts(2, 64, device=DEVICE)
+    counts.seen[:, 0] = 1                     # token 0 seen in both slots
+    return [
+        ("bias ranges clamped", LP.LogitsInputs(logit_bias=LP.Csr(
+            _t([-4, 1, 1, 9, 9]), _t([10, 20, 30]), _t([5.0, 6.0, 7.0], f32))),
+         [10, 0, 30, 0], True),
+        ("bias ranges overlapping", LP.LogitsInputs(logit_bias=LP.Csr(
+            _t([-4, 1, 0, 9, 2]), _t([10, 20, 30]), _t([5.0, 6.0, 7.0], f32))),
+         [10, 0, 30, 0], False),
+        ("bias ids outside V, repeated ids", LP.LogitsInputs(logit_bias=LP.Csr(
+            _t([0, 2, 4, 7, 10]), _t([70, 5, -1, 6, 7, 8, 7, 9, 8, 9]),
+            _t([9.0, 1.0, 9.0, 2.0, 2.0, 2.5, 3.0, 3.0, 2.0, 1.0], f32))), [5, 6, 7, 8], True),
+        ("banned ranges clamped, ids outside V", LP.LogitsInputs(banned=LP.Csr(
+            _t([-1, 1, 5, 2, 9]), _t([0, 64, 0, -2, 1]))), [1, 2, 0, 2], True),
+        ("count slots outside [0, N)", LP.LogitsInputs(
+            repetition_penalty=_t([100.0] * 4, f32), counts=counts,
+            count_slots=_t([0, 2, -1, 1])), [1, 0, 0, 1], True),
+        ("stop ids outside V", LP.LogitsInputs(
+            min_tokens=_t([5, 0, 5, 0]), num_output_tokens=_t([0, 0, 0, 0]),
+            stop_ids=LP.Csr(_t([0, 2, 2, 3, 3]), _t([70, 0, -5]))), [1, 0, 0, 0], True),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton", "cuda"])
+def test_unvalidated_bad_inputs_follow_the_kernels_rules(backend):
+    """validate=False with malformed CSR offsets, ids outside [0, V), repeated bias ids and
+    count slots outside [0, N): no error, no out-of-bounds access, and the same documented
+    tokens on every backend (docs/DESIGN.md, error table); with validate=True each raises."""
+    _skip_unless(backend)
+    V = 64
+    x = (1.0 - 0.01 * torch.arange(V, dtype=torch.float32, device=DEVICE)).repeat(4, 1)
+    for name, inp, want, cuda_exact in _bad_inputs_cases():
+        out = ops.sample(x, 1, 0, temperature=0.0, processing=inp, backend=backend,
+                         validate=False)
+        if backend != "cuda" or cuda_exact:
+            assert out.tokens.tolist() == want, (name, out.tokens.tolist())
+        else:
+            torch.cuda.synchronize()   # (a launch error would surface here)
+        assert out.valid.all(), name
+        with pytest.raises(ValueError, match="processing"):
+            ops.sample(x, 1, 0, temperature=0.0, processing=inp, backend=backend)

@@ -12,6 +12,8 @@ Cases:
     invalid (token 0, 0 accepted), the others exact; probabilistic and strict, with logprobs.
   verify, padded: num_draft outside [0, max_n] (5 and -1 with max_n = 3) -> invalid requests.
   sample: huge top_k (2**40, saturates to "off"), temperature 1e-39, rows of NaN / -inf.
+  sample with processing: malformed CSR offsets, ids outside [0, V), repeated bias ids, count
+    slots outside [0, N) (the documented rules; tests/test_sample_processing.py's cases).
   token counts: tokens >= V and < 0 with validate=False -> skipped.
 """
 import os
@@ -90,6 +92,22 @@ def main(backends):
             sync()
             good &= same(got.tokens, want.tokens, f"sample {sorted(kw)} tokens")
             good &= same(got.valid, want.valid, f"sample {sorted(kw)} valid")
+        # sample with processing: malformed CSR offsets, ids outside [0, V), repeated bias ids,
+        # count slots outside [0, N) (tests/test_sample_processing.py's cases, V = 64)
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                        "tests"))
+        import conftest
+        conftest.DEVICE = dev
+        import test_sample_processing as TP
+        TP.DEVICE = dev
+        xp = (1.0 - 0.01 * torch.arange(64, dtype=torch.float32, device=dev)).repeat(4, 1)
+        for name, inp, want_tok, cuda_exact in TP._bad_inputs_cases():
+            got = ops.sample(xp, 1, 0, temperature=0.0, processing=inp, backend=be,
+                             validate=False)
+            sync()
+            if be != "cuda" or cuda_exact:
+                good &= same(got.tokens, torch.tensor(want_tok), f"processing: {name}")
+            good &= same(got.valid, torch.ones(4, dtype=torch.bool), f"processing: {name} valid")
     # token counts (Triton kernels): out-of-range tokens skipped
     c = ops.new_token_counts(3, V, device=dev)
     ops.add_output_tokens(c, torch.tensor([[V, 1], [-5, 2**40], [V - 1, -1]], device=dev),

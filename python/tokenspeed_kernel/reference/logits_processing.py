@@ -101,12 +101,39 @@ def bit_is_set(words: torch.Tensor, vocab: int) -> torch.Tensor:
     return ((words.to(torch.int64)[:, t >> 5] >> (t & 31)) & 1).bool()
 
 
-def _csr_rows(csr: Csr, n: int):
-    """(request of each entry, ids) of a CSR list."""
+def _csr_rows(csr: Csr, n: int, vocab: Optional[int] = None, values: bool = False):
+    """(request of each entry, ids[, entry index]) of a CSR list.
+
+    Unvalidated lists get the device kernels' rules (never an out-of-bounds read): request q
+    owns entries ``[b0, b1)`` with ``b0 = clamp(indptr[q], 0, nnz)`` and ``b1 =
+    clamp(indptr[q + 1], b0, nnz)``, and, with ``vocab``, ids outside ``[0, vocab)`` are
+    skipped. A well-formed list gives its entries in order."""
     indptr = csr.indptr.to(torch.int64)
-    counts = indptr[1:] - indptr[:-1]
+    ids = csr.ids.to(torch.int64)
+    nnz = ids.shape[0]
+    b0 = indptr[:n].clamp(0, nnz)
+    b1 = torch.maximum(indptr[1:n + 1].clamp(max=nnz), b0)
+    counts = b1 - b0
     req = torch.repeat_interleave(torch.arange(n, device=indptr.device), counts)
-    return req, csr.ids.to(torch.int64)
+    first = torch.cumsum(counts, 0) - counts          # output position of each request's first
+    entry = b0[req] + torch.arange(req.numel(), device=req.device) - first[req]
+    tok = ids[entry]
+    if vocab is not None:
+        ok = (tok >= 0) & (tok < vocab)
+        req, tok, entry = req[ok], tok[ok], entry[ok]
+    return (req, tok, entry) if values else (req, tok)
+
+
+def _last_per_key(rows: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
+    """Indices of the last occurrence of each (row, id) pair, in order (a repeated id of an
+    unvalidated bias list: its last entry counts, as in the device kernels)."""
+    key = rows * V + ids
+    order = torch.sort(key, stable=True).indices
+    k = key[order]
+    last = torch.ones_like(k, dtype=torch.bool)
+    if k.numel() > 1:
+        last[:-1] = k[1:] != k[:-1]
+    return torch.sort(order[last]).values
 
 
 def add_prompt(counts: TokenCounts, slots: torch.Tensor, prompts: Csr) -> None:
@@ -157,14 +184,18 @@ def apply(logits: torch.Tensor, inputs: LogitsInputs, tokens_per_request: int = 
         return t.to(z.device)[req_of_row]
 
     def csr_rows(csr):   # the CSR entries repeated for every row of their request
-        req, ids = _csr_rows(csr, n)
+        req, ids, entry = _csr_rows(csr, n, V, values=True)
         rows = req[:, None] * tokens_per_request + torch.arange(tokens_per_request,
                                                                 device=req.device)
-        return rows.reshape(-1), ids.repeat_interleave(tokens_per_request), req
+        return (rows.reshape(-1), ids.repeat_interleave(tokens_per_request),
+                req.repeat_interleave(tokens_per_request),
+                entry.repeat_interleave(tokens_per_request))
 
     if inputs.logit_bias is not None:
-        rows, ids, _ = csr_rows(inputs.logit_bias)
-        b = inputs.logit_bias.values.to(torch.float32).repeat_interleave(tokens_per_request)
+        rows, ids, _, entry = csr_rows(inputs.logit_bias)
+        b = inputs.logit_bias.values.to(torch.float32).to(z.device)[entry]
+        keep = _last_per_key(rows, ids, V)
+        rows, ids, b = rows[keep], ids[keep], b[keep]
         z[rows, ids] = z[rows, ids] + b
     pen = (inputs.repetition_penalty, inputs.frequency_penalty, inputs.presence_penalty)
     if any(x is not None for x in pen):
@@ -173,7 +204,15 @@ def apply(logits: torch.Tensor, inputs: LogitsInputs, tokens_per_request: int = 
         seen_w, out_c = inputs.counts.seen, inputs.counts.output
         if inputs.count_slots is not None:   # request q's state is row count_slots[q]
             slots = inputs.count_slots.to(torch.int64).to(seen_w.device)
-            seen_w, out_c = seen_w[slots], out_c[slots]
+            # (unvalidated: a slot outside [0, N) turns the request's penalties off)
+            ok = (slots >= 0) & (slots < seen_w.shape[0])
+            safe = torch.where(ok, slots, 0)
+            if seen_w.shape[0] == 0:
+                seen_w = seen_w.new_zeros((slots.numel(),) + tuple(seen_w.shape[1:]))
+                out_c = out_c.new_zeros((slots.numel(),) + tuple(out_c.shape[1:]))
+            else:
+                seen_w = torch.where(ok[:, None], seen_w[safe], 0)
+                out_c = torch.where(ok[:, None], out_c[safe], 0)
         if inputs.repetition_penalty is not None:
             r = per_row(inputs.repetition_penalty.to(torch.float32))[:, None]
             seen = per_row(bit_is_set(seen_w, V))
@@ -189,15 +228,15 @@ def apply(logits: torch.Tensor, inputs: LogitsInputs, tokens_per_request: int = 
     if inputs.allowed_mask is not None:
         z = torch.where(per_row(bit_is_set(inputs.allowed_mask, V)), z, float("-inf"))
     if inputs.banned is not None:
-        rows, ids, _ = csr_rows(inputs.banned)
+        rows, ids, _, _ = csr_rows(inputs.banned)
         z[rows, ids] = float("-inf")
     if inputs.min_tokens is not None and inputs.stop_ids is not None:
         if inputs.num_output_tokens is None:
             raise ValueError("num_output_tokens: required with min_tokens")
-        rows, ids, req = csr_rows(inputs.stop_ids)
+        rows, ids, req, _ = csr_rows(inputs.stop_ids)
         active = (inputs.num_output_tokens.to(torch.int64) <
                   inputs.min_tokens.to(torch.int64)).to(z.device)
-        on = active[req].repeat_interleave(tokens_per_request)
+        on = active[req]
         z[rows[on], ids[on]] = float("-inf")
     return z
 

@@ -341,9 +341,12 @@ def _ex2(x, FAST: tl.constexpr):
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
-              pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, PROC: tl.constexpr):
+              pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots,
+              PROC: tl.constexpr):
     """Per-row processing context (request q = row // tpr): its bias entries [b0, b1), its
-    penalties, and the rows of its bitmask words / counts (penalty state: slot count_slots[q])."""
+    penalties, and the rows of its bitmask words / counts (penalty state: slot count_slots[q]).
+    Unvalidated inputs never read out of bounds (the CUDA kernels' rules): [b0, b1) is clamped
+    into [0, nnz_b], and a slot outside [0, nslots) turns the request's penalties off (pok)."""
     q = (row // tpr).to(tl.int64)
     W = (V + 31) // 32
     b0 = tl.full([], 0, tl.int64)
@@ -355,12 +358,15 @@ def _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, fre
     seen_row = seen_ptr
     cnt_row = cnt_ptr
     keep_row = keep_ptr
+    pok = tl.full([], 0, tl.int1)
     if P_BIAS & PROC:
-        b0 = tl.load(bias_ip_ptr + q).to(tl.int64)
-        b1 = tl.load(bias_ip_ptr + q + 1).to(tl.int64)
+        b0 = _clamp64(tl.load(bias_ip_ptr + q).to(tl.int64), 0, nnz_b)
+        b1 = _clamp64(tl.load(bias_ip_ptr + q + 1).to(tl.int64), b0, nnz_b)
         hb_row = hasb_ptr + q * W
     if P_PEN & PROC:
         slot = tl.load(slots_ptr + q).to(tl.int64)
+        pok = (slot >= 0) & (slot < nslots)
+        slot = tl.where(pok, slot, 0)   # (not dereferenced when not pok)
         seen_row = seen_ptr + slot * W
         cnt_row = cnt_ptr + slot * V
         if P_REP & PROC:
@@ -371,7 +377,13 @@ def _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, fre
             pp = tl.load(pres_ptr + q).to(tl.float32)
     if P_KEEP & PROC:
         keep_row = keep_ptr + q * W
-    return (b0, b1, r, f, pp, bias_ids_ptr, bias_val_ptr, hb_row, seen_row, cnt_row, keep_row)
+    return (b0, b1, r, f, pp, bias_ids_ptr, bias_val_ptr, hb_row, seen_row, cnt_row, keep_row,
+            pok)
+
+
+@triton.jit
+def _clamp64(x, lo, hi):
+    return tl.minimum(tl.maximum(x, lo), hi.to(tl.int64))
 
 
 @triton.jit
@@ -388,7 +400,7 @@ def _process(z, offs, m, pc, PROC: tl.constexpr):
     per step (no FMA: the kernels run with ``enable_fp_fusion=False``; IEEE division), exactly
     ``reference.logits_processing.apply``. Reads the bitmask words per element (1/32 of the
     logits' bytes) and the counts / bias entries only where a bit says they matter."""
-    b0, b1, r, f, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row = pc
+    b0, b1, r, f, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok = pc
     if P_BIAS & PROC:
         hb = _bit(hb_row, offs, m)
         if tl.max(hb.to(tl.int32), axis=0) > 0:
@@ -397,7 +409,7 @@ def _process(z, offs, m, pc, PROC: tl.constexpr):
                 bv = tl.where(offs == tl.load(bids + e), tl.load(bvals + e), bv)
             z = tl.where(hb, z + bv, z)
     if P_PEN & PROC:
-        sn = _bit(seen_row, offs, m)
+        sn = _bit(seen_row, offs, m & pok)
         if P_REP & PROC:
             z = tl.where(sn, tl.where(z > 0.0, tl.math.div_rn(z, r), z * r), z)
         if (P_FREQ | P_PRES) & PROC:
@@ -447,9 +459,9 @@ def _raw_store(rm, rs, pr_ptr, pidx, WANT_LP: tl.constexpr, PROC: tl.constexpr):
             tl.store(pr_ptr + pidx * 2 + 1, S)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nnz_x", "nnz_s", "nnz_b"])
 def _prep_masks(keep_ptr, hasb_ptr, allowed_ptr, ban_ip_ptr, ban_ids_ptr, min_ptr, nout_ptr,
-                stop_ip_ptr, stop_ids_ptr, bias_ip_ptr, bias_ids_ptr, V,
+                stop_ip_ptr, stop_ids_ptr, bias_ip_ptr, bias_ids_ptr, V, nnz_x, nnz_s, nnz_b,
                 BUILD_KEEP: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_BAN: tl.constexpr,
                 HAS_STOP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     """Program q: request q's keep words (allowed mask or all ones, then the banned ids and,
@@ -473,20 +485,20 @@ def _prep_masks(keep_ptr, hasb_ptr, allowed_ptr, ban_ip_ptr, ban_ids_ptr, min_pt
     tl.debug_barrier()   # the words above are written before the bit updates below
     if BUILD_KEEP:
         if HAS_BAN:
-            _csr_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, False, BLOCK)
+            _csr_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, nnz_x, False, BLOCK)
         if HAS_STOP:
             if tl.load(nout_ptr + q) < tl.load(min_ptr + q):
-                _csr_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, False, BLOCK)
+                _csr_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, nnz_s, False, BLOCK)
     if HAS_BIAS:
-        _csr_bits(hb_row, bias_ip_ptr, bias_ids_ptr, q, V, True, BLOCK)
+        _csr_bits(hb_row, bias_ip_ptr, bias_ids_ptr, q, V, nnz_b, True, BLOCK)
 
 
 @triton.jit
-def _csr_bits(row, ip_ptr, ids_ptr, q, V, SET: tl.constexpr, BLOCK: tl.constexpr):
+def _csr_bits(row, ip_ptr, ids_ptr, q, V, nnz, SET: tl.constexpr, BLOCK: tl.constexpr):
     """Sets (SET) or clears the bits of request q's CSR ids in its word row (atomic: ids may
-    share a word); ids outside [0, V) are skipped."""
-    e0 = tl.load(ip_ptr + q)
-    e1 = tl.load(ip_ptr + q + 1)
+    share a word); ids outside [0, V) are skipped, the range is clamped into [0, nnz]."""
+    e0 = _clamp64(tl.load(ip_ptr + q).to(tl.int64), 0, nnz)
+    e1 = _clamp64(tl.load(ip_ptr + q + 1).to(tl.int64), e0, nnz)
     for b in range(e0, e1, BLOCK):
         e = b + tl.arange(0, BLOCK)
         em = e < e1
@@ -707,12 +719,13 @@ def _topr_write(flat, tau, cbase, slot, KSLOT: tl.constexpr, USE_RANK: tl.conste
     return n, tau
 
 
-@triton.jit(do_not_specialize=["n_rows", "S1", "slot_t", "slot_w", "NW", "tpr"])
+@triton.jit(do_not_specialize=["n_rows", "S1", "slot_t", "slot_w", "NW", "tpr", "nnz_b",
+                               "nslots"])
 def _k1_partial(logits_ptr, stride_row, n_rows, V, chunk, S1, slot_t, slot_w, NW, tpr,
                 seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
                 pf_ptr, pi_ptr, pk_ptr, cand_ptr,
                 bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr, pres_ptr, seen_ptr, cnt_ptr,
-                slots_ptr, keep_ptr, hasb_ptr, pr_ptr,
+                slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots, pr_ptr,
                 HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
                 HAS_MINP: tl.constexpr, WANT_LP: tl.constexpr,
                 BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, KCAP: tl.constexpr,
@@ -729,7 +742,7 @@ def _k1_partial(logits_ptr, stride_row, n_rows, V, chunk, S1, slot_t, slot_w, NW
     pidx = row.to(tl.int64) * S1 + s
     cand_row = cand_ptr + row.to(tl.int64) * NW
     pc = _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
-                   pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, PROC)
+                   pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots, PROC)
     if mode == PLAIN:
         _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx, pc, pr_ptr,
                   WANT_LP, BLOCK, NSTAGE, FAST, PROC)
@@ -766,12 +779,12 @@ def _row_max(pf_ptr, pi_ptr, row, S1, SMAX: tl.constexpr):
     return zmax, amax, valid, Ms, fl, sidx, sm, pidx
 
 
-@triton.jit(do_not_specialize=["n_rows", "S1", "S2", "tpr"])
+@triton.jit(do_not_specialize=["n_rows", "S1", "S2", "tpr", "nnz_b", "nslots"])
 def _k2_mass(logits_ptr, stride_row, n_rows, V, chunk2, S1, S2, tpr,
              seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
              pf_ptr, pi_ptr, mass_ptr,
              bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr, pres_ptr, seen_ptr, cnt_ptr,
-             slots_ptr, keep_ptr, hasb_ptr, pr_ptr,
+             slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots, pr_ptr,
              HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
              HAS_MINP: tl.constexpr, BLOCK: tl.constexpr, KCAP: tl.constexpr,
              SMAX: tl.constexpr, NSTAGE: tl.constexpr, PROC: tl.constexpr):
@@ -785,7 +798,7 @@ def _k2_mass(logits_ptr, stride_row, n_rows, V, chunk2, S1, S2, tpr,
     if (mode == TOPR) & p_on & (k_on == 0) & valid:
         row_ptr = logits_ptr + row.to(tl.int64) * stride_row
         pc = _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
-                       pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, PROC)
+                       pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots, PROC)
         lo = s * chunk2
         hi = tl.minimum(lo + chunk2, V)
         acc = tl.zeros([BLOCK], tl.int64)
@@ -1082,13 +1095,14 @@ def _topr_extend(row_ptr, V, zmax, inv_t, k_on, k, p_on, p, lim, lmin, seed, off
     return ext_ok, tok, ksum
 
 
-@triton.jit(do_not_specialize=["n_rows", "S1", "slot_t", "slot_w", "NW", "S2", "tpr"])
+@triton.jit(do_not_specialize=["n_rows", "S1", "slot_t", "slot_w", "NW", "S2", "tpr",
+                               "nnz_b", "nslots"])
 def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, tpr,
                  seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
                  pf_ptr, pi_ptr, pk_ptr, cand_ptr, mass_ptr,
                  tok_ptr, valid_ptr, lp_ptr, plp_ptr, stats_ptr,
                  bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr, pres_ptr, seen_ptr, cnt_ptr,
-                 slots_ptr, keep_ptr, hasb_ptr, pr_ptr,
+                 slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots, pr_ptr,
                  HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
                  HAS_MINP: tl.constexpr, WANT_LP: tl.constexpr,
                  KCAP: tl.constexpr, NP: tl.constexpr, NC: tl.constexpr,
@@ -1103,7 +1117,7 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
     zmax, amax, valid, Ms, fl, sidx, sm, pidx = _row_max(pf_ptr, pi_ptr, row, S1, SMAX)
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
     pc = _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
-                   pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, PROC)
+                   pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots, PROC)
     tok = amax
     ksum = tl.full([], 1.0, tl.float32)
     fallback = tl.full([], 0, tl.int32)
@@ -1365,11 +1379,11 @@ _PREP_BLOCK = 256
 
 def _processing_args(proc: Optional[list], n: int, V: int, dummy: torch.Tensor):
     """The processing list of ``ops`` (``ops.sampling.PROC_FIELDS``: [] or 16 entries) ->
-    (PROC constexpr, the kernels' 11 processing pointers). Builds the keep / has-bias words
+    (PROC constexpr, the kernels' 11 processing pointers and 2 bounds). Builds the keep / has-bias words
     (``_prep_masks``: one launch, [n, ceil(V / 32)] int32 scratch each) when banned ids,
     min_tokens stop ids or a bias are given; an allowed mask alone is read directly."""
     if not proc:
-        return 0, (dummy,) * 11
+        return 0, (dummy,) * 11 + (0, 0)
     (bias_ip, bias_ids, bias_val, rep, freq, pres, seen, outc, slots, allowed, ban_ip, ban_ids,
      min_t, n_out, stop_ip, stop_ids) = proc
     dev = dummy.device
@@ -1398,12 +1412,18 @@ def _processing_args(proc: Optional[list], n: int, V: int, dummy: torch.Tensor):
             return t if t is not None else dummy
         _prep_masks[(n,)](keep, hasb, d(allowed), d(ban_ip), d(ban_ids), d(min_t), d(n_out),
                           d(stop_ip), d(stop_ids), d(bias_ip), d(bias_ids), V,
+                          _nnz(ban_ids), _nnz(stop_ids), _nnz(bias_ids),
                           BUILD_KEEP=build_keep, HAS_ALLOWED=allowed is not None,
                           HAS_BAN=has_ban, HAS_STOP=has_stop, HAS_BIAS=bias_ip is not None,
                           BLOCK=_PREP_BLOCK)
     ptrs = tuple(t if t is not None else dummy
                  for t in (bias_ip, bias_ids, bias_val, rep, freq, pres, seen, outc, slots))
-    return PROC, ptrs + (keep, hasb)
+    # the bounds of unvalidated inputs: bias entries, count slots (_proc_ctx)
+    return PROC, ptrs + (keep, hasb, _nnz(bias_ids), 0 if seen is None else seen.shape[0])
+
+
+def _nnz(ids: Optional[torch.Tensor]) -> int:
+    return 0 if ids is None else ids.shape[0]
 
 
 def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
