@@ -101,6 +101,41 @@ def test_unvalidated_out_of_range_tokens_are_skipped():
     assert counts.seen[0, 0].item() == 1 << 5 and counts.seen[1].sum().item() == 0
 
 
+@pytest.mark.parametrize("backend", _backends())
+def test_unvalidated_bad_slots_and_prompt_offsets_stay_in_bounds(backend):
+    """validate=False with count slots outside [0, N) and malformed prompt offsets: those rows
+    are skipped and the prompt ranges clamped into [0, nnz], on every backend. The counts are
+    views into larger buffers whose guard rows (slot -1 and slot N) and the prompt ids' guard
+    entries must stay untouched: an out-of-bounds access would show there."""
+    dev = _dev(backend)
+    N, V = 3, 70
+    W = (V + 31) // 32
+    seen_big = torch.full((N + 2, W), 5, dtype=torch.int32, device=dev)
+    out_big = torch.full((N + 2, V), 7, dtype=torch.int32, device=dev)
+    counts = ops.TokenCounts(seen_big[1:N + 1], out_big[1:N + 1])
+    seen0, out0 = seen_big.clone(), out_big.clone()
+    ids_big = torch.tensor([3, 4, 66, 66], device=dev)
+    ids = ids_big[:2]          # entries 2, 3 (token 66) are past the end: never read
+    # slots -1 and N are skipped; slot 1: indptr [.., 1, 9] clamped to its entries [1, 2)
+    ops.admit_requests(counts, torch.tensor([-1, 1, N], device=dev), ids,
+                       torch.tensor([0, 1, 9, 9], device=dev), backend=backend, validate=False)
+    # row 0 -> slot N (skipped), row 1 -> slot 2, row 2 -> slot -1 (skipped)
+    ops.add_output_tokens(counts, torch.tensor([[8], [9], [10]], device=dev),
+                          slots=torch.tensor([N, 2, -1], device=dev), backend=backend,
+                          validate=False)
+    assert torch.equal(seen_big[[0, N + 1]], seen0[[0, N + 1]]), "guard rows of seen written"
+    assert torch.equal(out_big[[0, N + 1]], out0[[0, N + 1]]), "guard rows of counts written"
+    want_seen = seen0[1:N + 1].clone()
+    want_out = out0[1:N + 1].clone()
+    want_seen[1] = 0
+    want_seen[1, 0] = 1 << 4           # slot 1: cleared, prompt entry 1 (token 4) only
+    want_out[1] = 0
+    want_seen[2, 0] |= 1 << 9          # slot 2: token 9 counted
+    want_out[2, 9] += 1
+    assert torch.equal(counts.seen, want_seen), counts.seen
+    assert torch.equal(counts.output, want_out)
+
+
 def test_argument_errors_name_the_argument():
     c = ops.new_token_counts(3, 100)
     with pytest.raises(ValueError, match="^tokens: must be < V = 100"):

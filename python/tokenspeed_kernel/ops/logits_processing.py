@@ -90,7 +90,10 @@ def admit_requests(counts: TokenCounts, slots: torch.Tensor, prompt_ids: torch.T
     non-decreasing, from 0). In place.
 
     ``validate`` (one host sync; skipped under CUDA-graph capture / torch.compile): slots in
-    ``[0, n)`` and distinct, prompt ids in ``[0, V)``, the CSR well formed."""
+    ``[0, n)`` and distinct, prompt ids in ``[0, V)``, the CSR well formed. Without it nothing
+    is read or written out of bounds: a slot outside ``[0, n)`` is skipped, prompt ``i``'s
+    entries are ``[clamp(indptr[i], 0, nnz), clamp(indptr[i + 1], that, nnz))``, ids outside
+    ``[0, V)`` are skipped."""
     n, V, dev = _check_counts(counts)
     slots = _int_tensor(slots, "slots", 1, dev)
     ids = _int_tensor(prompt_ids, "prompt_ids", 1, dev)
@@ -127,7 +130,8 @@ def add_output_tokens(counts: TokenCounts, tokens: torch.Tensor, *,
     skipped. In place.
 
     ``validate`` (one host sync; skipped under CUDA-graph capture / torch.compile): slots in
-    ``[0, n)``, tokens ``< V``. Without it, tokens ``>= V`` are skipped, never written."""
+    ``[0, n)``, tokens ``< V``. Without it, tokens ``>= V`` and rows whose slot is outside
+    ``[0, n)`` are skipped, never written."""
     n, V, dev = _check_counts(counts)
     tok = _int_tensor(tokens, "tokens", tokens.dim() if isinstance(tokens, torch.Tensor) and
                       tokens.dim() in (1, 2) else 2, dev)

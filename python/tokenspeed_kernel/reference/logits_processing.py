@@ -139,16 +139,19 @@ def _last_per_key(rows: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor
 def add_prompt(counts: TokenCounts, slots: torch.Tensor, prompts: Csr) -> None:
     """Marks the prompt tokens of requests admitted into ``slots`` (prompts: one CSR entry list
     per admitted request, in the order of ``slots``) as seen; output counts are untouched."""
-    req, ids = _csr_rows(prompts, slots.numel())
-    _set_bits(counts.seen, slots.to(torch.int64)[req], ids)
+    s = slots.to(torch.int64)
+    req, ids = _csr_rows(prompts, s.numel(), counts.output.shape[1])
+    ok = (s[req] >= 0) & (s[req] < counts.seen.shape[0])   # (unvalidated slots: skipped)
+    _set_bits(counts.seen, s[req][ok], ids[ok])
 
 
 def admit(counts: TokenCounts, slots: torch.Tensor, prompts: Csr) -> None:
     """A new request in each of ``slots``: clears the slot's seen bits and output counts, then
     ``add_prompt``."""
     s = slots.to(torch.int64)
-    counts.seen[s] = 0
-    counts.output[s] = 0
+    ok = (s >= 0) & (s < counts.seen.shape[0])   # (unvalidated slots outside [0, N): skipped)
+    counts.seen[s[ok]] = 0
+    counts.output[s[ok]] = 0
     add_prompt(counts, slots, prompts)
 
 
@@ -167,6 +170,7 @@ def add_tokens(counts: TokenCounts, tokens: torch.Tensor,
         keep &= valid.to(torch.bool).view(-1, 1)
     rows = (torch.arange(t.shape[0], device=t.device) if slots is None
             else slots.to(torch.int64).to(t.device))
+    keep &= ((rows >= 0) & (rows < counts.output.shape[0]))[:, None]   # (unvalidated slots)
     req = rows[:, None].expand_as(t)[keep]
     tok = t[keep]
     counts.output.index_put_((req, tok), torch.ones_like(tok, dtype=torch.int32), accumulate=True)

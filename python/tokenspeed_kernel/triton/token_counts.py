@@ -5,7 +5,9 @@ Fixed-shape, in place, no host sync (CUDA-graph safe): the grids depend only on 
 Seen bits are set with ``atomic_or`` and counts incremented with ``atomic_add``, so duplicates
 (the same token twice in one step, a prompt repeating a token) need no ordering. Tokens outside
 ``[0, V)`` (``-1`` padding; out-of-range ids when the op's validation is off) and rows whose
-``valid`` is False are skipped, never written.
+``valid`` is False are skipped, never written. Without the op's validation nothing is read or
+written out of bounds either: a slot outside ``[0, N)`` is skipped (its row does nothing) and
+a prompt's entries are ``[clamp(indptr[i], 0, nnz), clamp(indptr[i + 1], that, nnz))``.
 """
 from __future__ import annotations
 
@@ -17,15 +19,23 @@ import triton.language as tl
 
 
 @triton.jit
-def _clear_rows(seen_ptr, out_ptr, slots_ptr, W, V, BLOCK: tl.constexpr):
+def _slot(slots_ptr, i, N):
+    """(slots[i] if in [0, N) else 0, whether it is): an unvalidated slot is never used."""
+    slot = tl.load(slots_ptr + i).to(tl.int64)
+    ok = (slot >= 0) & (slot < N)
+    return tl.where(ok, slot, 0), ok
+
+
+@triton.jit(do_not_specialize=["N"])
+def _clear_rows(seen_ptr, out_ptr, slots_ptr, N, W, V, BLOCK: tl.constexpr):
     # program (i, j): zeroes block j of slot slots[i]'s seen words and output counts
     i = tl.program_id(0)
     j = tl.program_id(1)
-    slot = tl.load(slots_ptr + i).to(tl.int64)
+    slot, ok = _slot(slots_ptr, i, N)
     offs = j.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     zero = tl.zeros([BLOCK], tl.int32)
-    tl.store(out_ptr + slot * V + offs, zero, mask=offs < V)
-    tl.store(seen_ptr + slot * W + offs, zero, mask=offs < W)
+    tl.store(out_ptr + slot * V + offs, zero, mask=(offs < V) & ok)
+    tl.store(seen_ptr + slot * W + offs, zero, mask=(offs < W) & ok)
 
 
 @triton.jit
@@ -38,13 +48,15 @@ def _set_seen(seen_ptr, slot, t, keep, W, V):
     return ok, tc
 
 
-@triton.jit
-def _mark_prompts(seen_ptr, slots_ptr, ids_ptr, indptr_ptr, W, V, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["N", "nnz"])
+def _mark_prompts(seen_ptr, slots_ptr, ids_ptr, indptr_ptr, N, nnz, W, V, BLOCK: tl.constexpr):
     # program i: the prompt entries indptr[i] .. indptr[i + 1] - 1 of slot slots[i]
     i = tl.program_id(0)
-    slot = tl.load(slots_ptr + i).to(tl.int64)
-    start = tl.load(indptr_ptr + i).to(tl.int64)
-    end = tl.load(indptr_ptr + i + 1).to(tl.int64)
+    slot, ok = _slot(slots_ptr, i, N)
+    nnz64 = nnz.to(tl.int64)
+    start = tl.minimum(tl.maximum(tl.load(indptr_ptr + i).to(tl.int64), 0), nnz64)
+    end = tl.minimum(tl.maximum(tl.load(indptr_ptr + i + 1).to(tl.int64), start), nnz64)
+    end = tl.where(ok, end, start)
     for b in range(start, end, BLOCK):
         e = b + tl.arange(0, BLOCK)
         m = e < end
@@ -52,17 +64,17 @@ def _mark_prompts(seen_ptr, slots_ptr, ids_ptr, indptr_ptr, W, V, BLOCK: tl.cons
         _set_seen(seen_ptr, slot, t, m, W, V)
 
 
-@triton.jit
-def _add_tokens(seen_ptr, out_ptr, tok_ptr, valid_ptr, slots_ptr, M, W, V,
+@triton.jit(do_not_specialize=["N"])
+def _add_tokens(seen_ptr, out_ptr, tok_ptr, valid_ptr, slots_ptr, N, M, W, V,
                 HAS_VALID: tl.constexpr, HAS_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr):
     # program i: row i's M tokens (-1 padding) go to slot slots[i] (or i)
     i = tl.program_id(0)
     slot = i.to(tl.int64)
-    if HAS_SLOTS:
-        slot = tl.load(slots_ptr + i).to(tl.int64)
     row_ok = True
+    if HAS_SLOTS:
+        slot, row_ok = _slot(slots_ptr, i, N)
     if HAS_VALID:
-        row_ok = tl.load(valid_ptr + i) != 0
+        row_ok = row_ok & (tl.load(valid_ptr + i) != 0)
     for b in range(0, M, BLOCK_M):
         k = b + tl.arange(0, BLOCK_M)
         m = (k < M) & row_ok
@@ -82,9 +94,10 @@ def admit(seen: torch.Tensor, output: torch.Tensor, slots: torch.Tensor, ids: to
     if n == 0:
         return
     W, V = seen.shape[1], output.shape[1]
-    _clear_rows[(n, triton.cdiv(V, _BLOCK))](seen, output, slots, W, V, BLOCK=_BLOCK)
+    N = seen.shape[0]
+    _clear_rows[(n, triton.cdiv(V, _BLOCK))](seen, output, slots, N, W, V, BLOCK=_BLOCK)
     if ids.numel():
-        _mark_prompts[(n,)](seen, slots, ids, indptr, W, V, BLOCK=_BLOCK)
+        _mark_prompts[(n,)](seen, slots, ids, indptr, N, ids.numel(), W, V, BLOCK=_BLOCK)
 
 
 def add_tokens(seen: torch.Tensor, output: torch.Tensor, tokens: torch.Tensor,
@@ -95,6 +108,6 @@ def add_tokens(seen: torch.Tensor, output: torch.Tensor, tokens: torch.Tensor,
         return
     W, V = seen.shape[1], output.shape[1]
     _add_tokens[(n,)](seen, output, tokens, valid if valid is not None else tokens,
-                      slots if slots is not None else tokens, M, W, V,
+                      slots if slots is not None else tokens, seen.shape[0], M, W, V,
                       HAS_VALID=valid is not None, HAS_SLOTS=slots is not None,
                       BLOCK_M=max(16, min(256, triton.next_power_of_2(M))))
