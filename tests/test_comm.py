@@ -294,6 +294,32 @@ def test_world_size_one_is_a_copy(gloo1, backend):
     assert y.data_ptr() != x.data_ptr()
 
 
+def test_closed_communicators_refuse_calls(gloo1):
+    """A call on a communicator after close() raises ValueError("comm: is closed ...") (the
+    all-gather's and DP sampling's), instead of failing on the dropped workspace; DP argument
+    errors name sample_backend / draft_shard (not the inner op's names)."""
+    c = oc.create_all_gather_comm(max_tokens=4, max_total_width=16, dtype=torch.float32,
+                                  device="cpu")
+    x = torch.zeros(2, 16)
+    ops.all_gather_hidden(c, x)
+    c.close()
+    with pytest.raises(ValueError, match="^comm: is closed"):
+        ops.all_gather_hidden(c, x)
+    d = ops.create_dp_sampling_comm(max_rows=4, vocab_size=50, dtype=torch.float32,
+                                    device="cpu")
+    xs = torch.randn(3, d.shard_width)
+    with pytest.raises(ValueError, match="^sample_backend:"):
+        ops.dp_sample(d, xs, 1, 0, sample_backend="foo")
+    with pytest.raises(ValueError, match="^draft_shard: is required"):
+        ops.dp_verify(d, xs, torch.tensor([[1, 2]]), 1, 0)
+    assert ops.dp_sample(d, xs, 1, 0, temperature=1.0).valid.all()
+    d.close()
+    with pytest.raises(ValueError, match="^comm: is closed"):
+        ops.dp_sample(d, xs, 1, 0)
+    with pytest.raises(ValueError, match="^comm: is closed"):
+        ops.swap_vocab_to_batch(d, xs)
+
+
 def test_validation_errors_name_the_argument(gloo1):
     c = gloo1
     x = torch.zeros(4, 16, dtype=torch.bfloat16)

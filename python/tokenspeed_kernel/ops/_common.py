@@ -57,8 +57,8 @@ def check_int(v, arg: str, lo: Optional[int] = None, hi: Optional[int] = None) -
     return v
 
 
-def check_backend(backend: str) -> None:
-    check(backend in BACKENDS, "backend", f"must be one of {BACKENDS}, got {backend!r}")
+def check_backend(backend: str, arg: str = "backend") -> None:
+    check(backend in BACKENDS, arg, f"must be one of {BACKENDS}, got {backend!r}")
 
 
 def check_triton_device(device: torch.device) -> None:
@@ -69,12 +69,13 @@ def check_triton_device(device: torch.device) -> None:
               "'triton' on CPU tensors needs TRITON_INTERPRET=1")
 
 
-def pick_backend(backend: str, device: torch.device, op: str) -> str:
-    """'auto' -> cuda (extension) | triton (CUDA tensors, no extension: warns once) | reference."""
-    check_backend(backend)
+def pick_backend(backend: str, device: torch.device, op: str, arg: str = "backend") -> str:
+    """'auto' -> cuda (extension) | triton (CUDA tensors, no extension: warns once) | reference.
+    ``arg``: the argument's name in errors."""
+    check_backend(backend, arg)
     if backend != "auto":
         if backend == "cuda":
-            check(device.type == "cuda", "backend", f"'cuda' needs CUDA tensors, got {device}")
+            check(device.type == "cuda", arg, f"'cuda' needs CUDA tensors, got {device}")
             _library.require(f"tokenspeed_kernel.ops.{op}(backend='cuda')")
         if backend == "triton":
             check_triton_device(device)

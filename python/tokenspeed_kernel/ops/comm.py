@@ -411,7 +411,7 @@ class AllGatherComm:
     max_total_width``; ``p2p`` (symmetric workspace mapped on every rank), ``extension`` /
     ``triton`` (backends usable on every rank), ``multimem`` and ``multimem_reason`` (the gate's
     agreed outcome), ``max_blocks``, ``block_bytes``, ``p2p_max_bytes``, ``ll_max_bytes``,
-    ``timeout_ms``, ``enable_view``.
+    ``timeout_ms``, ``enable_view``, ``closed``.
 
     Memory: ``160 KiB + (3 if enable_view else 2) * B + 4 * min(ll_max_bytes, B) + 2 KiB`` bytes of
     symmetric memory per rank (``B = max_tokens * max_total_width * elt``), plus 128 bytes of
@@ -423,6 +423,7 @@ class AllGatherComm:
         self.handle = None
         self.state: Optional[torch.Tensor] = None
         self._offs_cache: Dict[Tuple[int, ...], torch.Tensor] = {}
+        self.closed = False
 
     # -- error flag -------------------------------------------------------------------------
     def error(self) -> Optional[str]:
@@ -453,10 +454,12 @@ class AllGatherComm:
         return esz
 
     def close(self) -> None:
-        """Drop the workspace. No call may be in flight on any rank (synchronize first)."""
+        """Drop the workspace. No call may be in flight on any rank (synchronize first). Later
+        calls on this communicator raise ValueError("comm: is closed ...")."""
         self.handle = None
         self.symm = None
         self._offs_cache.clear()
+        self.closed = True
 
     def __repr__(self) -> str:
         return (f"AllGatherComm(rank={self.rank}/{self.world_size}, device={self.device}, "
@@ -770,6 +773,8 @@ def _validate(comm, x, out, widths) -> Tuple[Tuple[int, ...], List[int]]:
     # (Messages are formatted only when a check fails: this runs on every eager call.)
     if not isinstance(comm, AllGatherComm):
         C.check(False, "comm", f"must come from create_all_gather_comm, got {type(comm)}")
+    if comm.closed:
+        C.check(False, "comm", "is closed (close() was called): create a new communicator")
     _check_matrix(x, "x", comm)
     if x.shape[0] > comm.max_tokens:
         C.check(False, "x", f"has {x.shape[0]} tokens, more than the communicator's capacity "

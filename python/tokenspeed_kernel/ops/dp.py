@@ -168,7 +168,7 @@ class DPSamplingComm:
 
     Attributes (read-only): ``group, rank, world_size, device, dtype, max_rows, vocab_size,
     shard_width, slots, max_top_n, p2p, extension, triton, timeout_ms, block_bytes,
-    dp_min_rows``. Test hooks of the Triton backend (interpreter only): ``triton_phase`` (the
+    dp_min_rows, closed``. Test hooks of the Triton backend (interpreter only): ``triton_phase`` (the
     kernels' phase mask, 7 = all) and ``triton_max_spins`` (polls before an interpreted wait gives
     up).
     Memory (symmetric, per rank): ``196 KiB + slots * ceil(max_rows / W) * row_bytes +
@@ -184,6 +184,7 @@ class DPSamplingComm:
         self.triton = False
         self.triton_phase = 7
         self.triton_max_spins = 1 << 20
+        self.closed = False
 
     # -- layout ---------------------------------------------------------------------------
     def rows_per_rank(self, rows: int) -> int:
@@ -216,9 +217,11 @@ class DPSamplingComm:
             raise CommError(msg)
 
     def close(self) -> None:
-        """Drop the workspace. No call may be in flight on any rank (synchronize first)."""
+        """Drop the workspace. No call may be in flight on any rank (synchronize first). Later
+        calls on this communicator raise ValueError("comm: is closed ...")."""
         self.handle = None
         self.symm = None
+        self.closed = True
 
     def __repr__(self) -> str:
         return (f"DPSamplingComm(rank={self.rank}/{self.world_size}, device={self.device}, "
@@ -501,6 +504,8 @@ def select_route(comm: DPSamplingComm, rows: int) -> str:
 def _check_shard(comm: DPSamplingComm, x, name: str = "logits_shard") -> None:
     if not isinstance(comm, DPSamplingComm):
         C.check(False, "comm", f"must come from create_dp_sampling_comm, got {type(comm)}")
+    if comm.closed:
+        C.check(False, "comm", "is closed (close() was called): create a new communicator")
     C.check(isinstance(x, torch.Tensor), name, f"must be a torch.Tensor, got {type(x)}")
     C.check(x.dim() == 2, name, f"must be 2-D [rows, shard_width], got shape {tuple(x.shape)}")
     C.check(x.dtype == comm.dtype, name, f"dtype must be {comm.dtype} (the communicator's), "
@@ -724,7 +729,7 @@ def dp_sample(comm: DPSamplingComm, logits_shard: torch.Tensor, seed, offset, *,
     if validate and not C.is_tracing() and rows > 0:
         params.check_values()
     b = select_backend(comm, backend)
-    sb = C.pick_backend(sample_backend, dev, "sample")
+    sb = C.pick_backend(sample_backend, dev, "sample", arg="sample_backend")
     per_rank = comm.rows_per_rank(rows)
     view = _swap(comm, logits_shard, per_rank, 0, b)
     start, n = comm.row_range(rows)
@@ -766,6 +771,9 @@ def dp_verify(comm: DPSamplingComm, target_shard: torch.Tensor, draft_token_ids:
     bs, n_d = draft_token_ids.shape
     C.check(target_shard.shape[0] == bs * (n_d + 1), "target_shard",
             f"must have bs * (n + 1) = {bs * (n_d + 1)} rows, got {target_shard.shape[0]}")
+    if draft_shard is None and mode == "probabilistic":
+        C.check(False, "draft_shard", "is required in mode='probabilistic' (use mode='ngram' "
+                "for drafts without a distribution)")
     if draft_shard is not None:
         _check_shard(comm, draft_shard, "draft_shard")
         C.check(draft_shard.shape[0] == bs * n_d, "draft_shard",
