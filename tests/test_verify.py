@@ -829,6 +829,7 @@ def test_triton_verify_loads_vectorize():
     assert set(counts) == {"_pass1", "_pass2", "_final"}, out
     assert all(int(n) > 0 for n in counts.values()), out
     assert out.count("row table (padded=") == 2 and "compiled" in out, out
+    assert out.count("_walk (padded=") == 2 and out.count("_strict_accept (padded=") == 2, out
 
 
 def test_schemas_match_extension():
@@ -1390,3 +1391,48 @@ def test_verify_ab_skip_summary_and_plot(tmp_path):
     png = tmp_path / "ab.png"
     ab.plot(str(p), str(png))
     assert png.stat().st_size > 1000
+
+
+# (cu_num_draft, len(draft_token_ids)): ragged layouts that are not a partition of the drafts
+MALFORMED_CU = [([0, 2, 9], 3), ([0, 1, 3], 3), ([2, 3, 3], 3), ([0, 5, 3], 3),
+                ([0, 2, 1, 3], 3), ([-1, 1, 3], 3)]
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("mode", ["strict", "probabilistic"])
+def test_unvalidated_malformed_ragged_layouts(backend, mode):
+    """validate=False with a cu_num_draft that is not a partition of the drafts (what a wrong
+    value inside a CUDA graph reaches): a request whose range leaves [0, len(draft_token_ids))
+    or holds a negative count / more than max_num_draft is invalid (token 0, 0 accepted); the
+    others are verified as alone (the reference verifies them one by one); nothing is read
+    outside the tensors (the ranges would point past the draft ids and logits). Same tokens on
+    every backend."""
+    g = torch.Generator().manual_seed(5)
+    V, mx = 48, 8
+    for cu, nids in MALFORMED_CU:
+        bs = len(cu) - 1
+        tgt = (torch.randn(nids + bs, V, generator=g) * 3).to(DEV)
+        drf = (torch.randn(nids, V, generator=g) * 3).to(DEV)
+        ids = torch.randint(0, V, (nids,), generator=g).to(DEV)
+        kw = dict(cu_num_draft=torch.tensor(cu, device=DEV), mode=mode, max_num_draft=mx,
+                  draft_logits=drf if mode == "probabilistic" else None,
+                  temperature=torch.full((bs,), 0.8, device=DEV), validate=False)
+        seed = torch.arange(bs, device=DEV) + 7
+        off = torch.zeros(bs, dtype=torch.int64, device=DEV)
+        want = ops.verify_with_logprobs(tgt, ids, seed, off, backend="reference", **kw)
+        got = ops.verify_with_logprobs(tgt, ids, seed, off, backend=backend, **kw)
+        ok = [0 <= cu[i] <= cu[i + 1] <= nids and cu[i + 1] - cu[i] <= mx for i in range(bs)]
+        assert want.valid.tolist() == ok, (cu, want.valid.tolist())
+        assert torch.equal(got.tokens, want.tokens), (cu, got.tokens, want.tokens)
+        assert torch.equal(got.num_accepted, want.num_accepted), cu
+        assert torch.equal(got.valid, want.valid), cu
+        assert torch.allclose(got.logprobs, want.logprobs, atol=1e-4, equal_nan=True), cu
+        # a valid request: the tokens of verifying it alone
+        for i in [i for i in range(bs) if ok[i]]:
+            c0, c1 = cu[i], cu[i + 1]
+            one = ops.verify(tgt[c0 + i:c1 + i + 1], ids[c0:c1], seed[i:i + 1], off[i:i + 1],
+                             cu_num_draft=torch.tensor([0, c1 - c0], device=DEV), mode=mode,
+                             max_num_draft=mx,
+                             draft_logits=drf[c0:c1] if mode == "probabilistic" else None,
+                             temperature=torch.full((1,), 0.8, device=DEV), backend=backend)
+            assert torch.equal(one.tokens[0], got.tokens[i]), (cu, i)

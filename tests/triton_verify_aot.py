@@ -50,6 +50,18 @@ def check() -> None:
                                                     "max_n": "i32", "nlog": "i32"},
                                {"PADDED": padded, "BLOCK": 1024}, num_warps=4)
         print(f"row table (padded={padded}) compiled", flush=True)
+    # the walk and the strict accept (the request bounds of unvalidated ranges): compile
+    more = {"ids_ptr": "*i64", "tok_ptr": "*i64", "acc_ptr": "*i64", "valid_ptr": "*i1",
+            "lp_ptr": "*fp32", "plp_ptr": "*fp32", "row_tok_ptr": "*i64", "row_valid_ptr": "*i1",
+            "row_lp_ptr": "*fp32", "row_plp_ptr": "*fp32"}
+    for kern, kc in ((tv._walk, {"NGRAM": False, "LOGPROBS": True, "FILT": False}),
+                     (tv._strict_accept, {"LOGPROBS": True})):
+        for padded in (False, True):
+            const = dict(kc, PADDED=padded, BLOCK_N=8)
+            sig = {p.name: {**types, **more}.get(p.name, "i32") for p in kern.params
+                   if p.name not in const}
+            triton_aot.compile_ptx(kern, sig, const, num_warps=4, enable_fp_fusion=False)
+            print(f"{kern.fn.__name__} (padded={padded}) compiled", flush=True)
 
 
 if __name__ == "__main__":

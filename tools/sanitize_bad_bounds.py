@@ -11,6 +11,8 @@ Cases:
   verify, ragged: a request with more drafts than max_num_draft (n = 5 > 2) -> that request
     invalid (token 0, 0 accepted), the others exact; probabilistic and strict, with logprobs.
   verify, padded: num_draft outside [0, max_n] (5 and -1 with max_n = 3) -> invalid requests.
+  verify, ragged cu_num_draft that is not a partition of the drafts (ranges past the ids,
+    before 0, decreasing) -> those requests invalid, the others as verified alone.
   sample: huge top_k (2**40, saturates to "off"), temperature 1e-39, rows of NaN / -inf.
   sample with processing: malformed CSR offsets, ids outside [0, V), repeated bias ids, count
     slots outside [0, N) (the documented rules; tests/test_sample_processing.py's cases).
@@ -78,6 +80,26 @@ def main(backends):
         sync()
         good &= same(got.tokens, want.tokens, "verify padded tokens")
         good &= same(got.valid, want.valid, "verify padded valid")
+        # verify, ragged layouts that are not a partition of the drafts (ranges past the draft
+        # ids, before 0, decreasing): those requests invalid, the others as verified alone
+        for cu_l, nids in ([0, 2, 9], 3), ([2, 3, 3], 3), ([0, 5, 3], 3), ([0, 2, 1, 3], 3):
+            b2 = len(cu_l) - 1
+            tg = torch.randn(nids + b2, V, generator=g) * 3
+            dr = torch.randn(nids, V, generator=g) * 3
+            di = torch.randint(0, V, (nids,), generator=g)
+            for mode in ("probabilistic", "strict"):
+                kw = dict(cu_num_draft=torch.tensor(cu_l), mode=mode, max_num_draft=8,
+                          validate=False, temperature=torch.full((b2,), 0.9),
+                          draft_logits=dr if mode == "probabilistic" else None)
+                want = ops.verify(tg, di, torch.arange(b2), torch.zeros(b2, dtype=torch.int64),
+                                  backend="reference", **kw)
+                got = ops.verify(tg.to(dev), di.to(dev), torch.arange(b2, device=dev),
+                                 torch.zeros(b2, dtype=torch.int64, device=dev), backend=be,
+                                 **{k: (v.to(dev) if isinstance(v, torch.Tensor) else v)
+                                    for k, v in kw.items()})
+                sync()
+                good &= same(got.tokens, want.tokens, f"verify {mode} cu={cu_l} tokens")
+                good &= same(got.valid, want.valid, f"verify {mode} cu={cu_l} valid")
         # sample: saturating top_k, tiny temperature, special rows
         x = torch.randn(4, V, generator=g) * 4
         x[1] = float("nan")

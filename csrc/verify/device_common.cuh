@@ -227,8 +227,11 @@ __device__ __forceinline__ bool kept_at(const RowParams& rp, int64_t id, int32_t
 // rows, so nothing is read or written outside the tensors whatever the counts say (the Triton
 // kernels and the reference do the same).
 __device__ __forceinline__ int req_drafts(const VerifyParams& p, int i) {
-  const int64_t n = p.cu[i + 1] - p.cu[i];
-  return (n < 0 || n > int64_t(p.max_n)) ? -1 : int(n);
+  const int64_t c0 = p.cu[i], n = p.cu[i + 1] - c0;
+  if (n < 0 || n > int64_t(p.max_n)) return -1;
+  // ragged: a range outside the draft ids (unvalidated cu) would read past the tensors
+  if (!(p.flags & kPadded) && (c0 < 0 || c0 + n > p.nids)) return -1;
+  return int(n);
 }
 
 // Request of a target row and its position (ragged: binary search over cu[i] + i).

@@ -89,6 +89,7 @@ struct VerifyParams {
   const float* top_p;        // nullable (= off)
   int64_t* thr;              // [R_t + R_d] key56 thresholds, or null (no top-k / top-p)
   int64_t R_d;
+  int64_t nids;        // len(draft_token_ids): a ragged range past it is invalid
   PosStats* pos;       // [R_t]
   void* tokens;        // [bs, max_n + 1] int32 / int64
   void* num_accepted;  // [bs]

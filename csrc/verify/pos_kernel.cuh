@@ -91,7 +91,9 @@ __global__ void __launch_bounds__(kThreads, (pos_min_blocks<T, CLUSTER>()))
     if (row >= p.R_t) return;  // uniform over the cluster
     locate_target_row(p, row, i, j);
     n = req_drafts(p, i);
-    if (j > n) {  // padding row of the padded layout (uniform over the cluster)
+    // padding row of the padded layout; ragged, unvalidated cu: a row of no request (before
+    // cu[0] + 0, or of an invalid request: n = -1) (uniform over the cluster)
+    if (j > n || j < 0) {
       if (rank == 0 && threadIdx.x == 0) p.pos[row].status = 0;
       return;
     }

@@ -16,6 +16,7 @@ struct StrictParams {
   const float* row_plp;
   const int64_t* ids;
   const int64_t* cu;
+  int64_t nids;  // len(draft_token_ids): a ragged range past it is invalid
   int32_t bs, max_n;
   uint32_t flags;
   void* tokens;
@@ -33,7 +34,9 @@ __global__ void __launch_bounds__(128) verify_strict_kernel(const StrictParams p
   const bool padded = p.flags & kPadded;
   const int64_t n_req = p.cu[i + 1] - p.cu[i];
   const int W = p.max_n + 1;
-  if (n_req < 0 || n_req > int64_t(p.max_n)) {
+  // (ragged: a range outside the draft ids, unvalidated cu, would read past the tensors)
+  if (n_req < 0 || n_req > int64_t(p.max_n) ||
+      (!padded && (p.cu[i] < 0 || p.cu[i] + n_req > p.nids))) {
     // a wrong bound that reached the kernel unvalidated: the request is invalid (token 0 in slot
     // 0, -1 after it, 0 accepted, NaN logprob) and none of its rows or draft slots is read
     for (int j = lane; j < W; j += 32) {

@@ -18,12 +18,12 @@ __device__ __forceinline__ const T* thr_row(const VerifyParams& p, int64_t r, in
   int j;
   if (r < p.R_t) {
     locate_target_row(p, r, i, j);
-    active = j <= req_drafts(p, i);
+    active = j >= 0 && j <= req_drafts(p, i);  // (j < 0: a row before cu[0], unvalidated)
     return static_cast<const T*>(p.tgt) + r * p.stride_t;
   }
   const int64_t d = r - p.R_t;
   locate_draft_row(p, d, i, j);
-  active = j < req_drafts(p, i);
+  active = j >= 0 && j < req_drafts(p, i);
   return static_cast<const T*>(p.drf) + d * p.stride_d;
 }
 struct ThrParams {

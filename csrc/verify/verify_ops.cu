@@ -146,6 +146,7 @@ void verify_probabilistic(const at::Tensor& target_logits,
   p.top_p = top_p.has_value() ? top_p->data_ptr<float>() : nullptr;
   p.thr = filt ? thr.data_ptr<int64_t>() : nullptr;
   p.R_d = R_d;
+  p.nids = draft_token_ids.numel();
   p.pos = reinterpret_cast<PosStats*>(ws.data_ptr());
   p.tokens = tokens.data_ptr();
   p.num_accepted = num_accepted.data_ptr();
@@ -265,6 +266,7 @@ void verify_strict_accept(const at::Tensor& target_tokens, const at::Tensor& tar
                                                     : nullptr;
   p.ids = draft_token_ids.data_ptr<int64_t>();
   p.cu = cu_num_draft.data_ptr<int64_t>();
+  p.nids = draft_token_ids.numel();
   p.bs = int32_t(bs);
   p.max_n = int32_t(max_num_draft);
   p.flags = uint32_t(flags) & kPadded;

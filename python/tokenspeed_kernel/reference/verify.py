@@ -233,6 +233,15 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, cu_num_dr
     assert mode in MODES, mode
     dev = target_logits.device
     cu = cu_num_draft.to(dev).to(torch.int64)
+    n_ids = draft_token_ids.numel()
+    if cu.shape[0] > 1 and not (int(cu[0]) == 0 and int(cu[-1]) == n_ids
+                                and bool((cu[1:] >= cu[:-1]).all())):
+        # not a partition of the drafts (unvalidated input): request by request, those whose
+        # range leaves [0, len(draft_token_ids)) or holds more than max_num_draft (or a
+        # negative count) invalid, as in the device kernels
+        return _verify_by_request(target_logits, draft_token_ids, cu, seed, offset,
+                                  draft_logits, temperature, top_k, top_p, min_p, mode,
+                                  max_num_draft)
     bs, n, t_start, req_t, pos_t, req_d, pos_d = _layout(cu)
     if max_num_draft is None:
         max_n = int(n.max().item()) if bs else 0
@@ -334,6 +343,47 @@ def fixed_point_probabilities(logits, req, temperature=None, top_k=None, top_p=N
     T, k, p, mp = row_params(req, temperature, top_k, top_p, min_p)
     _, _, e, S, _, _ = process_rows(logits, T, k, p, mp)
     return e.double() / S.double()[:, None]
+
+
+def _verify_by_request(target_logits, draft_token_ids, cu, seed, offset, draft_logits,
+                       temperature, top_k, top_p, min_p, mode, max_num_draft):
+    """``verify`` of a ragged layout whose ranges are not a partition of the drafts (unvalidated
+    input): each request whose range ``[cu[i], cu[i + 1])`` lies in ``[0, len(draft_token_ids))``
+    with at most ``max_n`` drafts is verified alone (the result does not depend on the batch:
+    the randomness contract); the others are invalid (token 0 in slot 0, -1 after it, 0
+    accepted, NaN logprob)."""
+    dev = target_logits.device
+    bs = cu.shape[0] - 1
+    ids = draft_token_ids.to(dev).to(torch.int64).reshape(-1)
+    nids = ids.shape[0]
+    c = cu.tolist()
+    ok = [0 <= c[i] <= c[i + 1] <= nids for i in range(bs)]
+    if max_num_draft is None:
+        max_n = max([c[i + 1] - c[i] for i in range(bs) if ok[i]], default=0)
+    else:
+        max_n = int(max_num_draft)
+    W = max_n + 1
+    tokens = torch.full((bs, W), -1, dtype=torch.int64, device=dev)
+    tokens[:, 0] = 0
+    acc = torch.zeros(bs, dtype=torch.int64, device=dev)
+    valid = torch.zeros(bs, dtype=torch.bool, device=dev)
+    lp = torch.zeros((bs, W), dtype=torch.float32, device=dev)
+    lp[:, 0] = float("nan")
+    plp = lp.clone()
+
+    def one(t, i):
+        return None if t is None else t.to(dev)[i:i + 1]
+
+    for i in range(bs):
+        c0, c1 = c[i], c[i + 1]
+        if not ok[i] or c1 - c0 > max_n:
+            continue
+        r = verify(target_logits[c0 + i:c1 + i + 1], ids[c0:c1],
+                   torch.tensor([0, c1 - c0], device=dev), one(seed, i), one(offset, i),
+                   None if draft_logits is None else draft_logits[c0:c1], one(temperature, i),
+                   one(top_k, i), one(top_p, i), one(min_p, i), mode, max_n)
+        tokens[i], acc[i], valid[i], lp[i], plp[i] = r[0][0], r[1][0], r[2][0], r[3][0], r[4][0]
+    return tokens, acc, valid, lp, plp
 
 
 def strict_accept(row_tokens, row_valid, draft_token_ids, cu_num_draft, row_lp, row_plp,

@@ -316,10 +316,10 @@ def _row_stats(key_ptr, nan_ptr, s_ptr, se_ptr, rows, mask):
 # ---------------------------------------------------------------------------------------------
 # walk: accept coins, first failure, job of the final token
 # ---------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=['R_t', 'MAX_N'])
+@triton.jit(do_not_specialize=['R_t', 'MAX_N', 'NIDS'])
 def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_ptr, off_ptr,
           temp_ptr, minp_ptr, key_ptr, nan_ptr, thr_ptr, s_ptr, se_ptr,
-          tok_ptr, acc_ptr, valid_ptr, lp_ptr, plp_ptr, jobi_ptr, jobf_ptr, MAX_N,
+          tok_ptr, acc_ptr, valid_ptr, lp_ptr, plp_ptr, jobi_ptr, jobf_ptr, MAX_N, NIDS,
           PADDED: tl.constexpr, NGRAM: tl.constexpr, LOGPROBS: tl.constexpr,
           FILT: tl.constexpr, BLOCK_N: tl.constexpr):
     i = tl.program_id(0)
@@ -327,8 +327,9 @@ def _walk(tgt_ptr, drf_ptr, stride_t, stride_d, R_t, V, ids_ptr, cu_ptr, seed_pt
     n64 = tl.load(cu_ptr + i + 1) - c0
     # a wrong bound (more drafts than MAX_N, or a negative count: unvalidated input, e.g. under
     # graph capture) makes the request invalid; nothing of it is read and every write stays
-    # inside its output row (slot 0: token 0, num_accepted 0, valid False)
-    over = (n64 > MAX_N) | (n64 < 0)
+    # inside its output row (slot 0: token 0, num_accepted 0, valid False). Ragged: so does a
+    # range outside the NIDS draft ids (its draft ids / rows would lie past the tensors)
+    over = _bad_range(c0, n64, MAX_N, NIDS, PADDED)
     n = tl.where(over, 0, n64).to(tl.int32)
     j = tl.arange(0, BLOCK_N)
     W = MAX_N + 1
@@ -569,14 +570,24 @@ def _final_reduce(tgt_ptr, stride_t, cu_ptr, temp_ptr, minp_ptr, jobi_ptr, jobf_
 # ---------------------------------------------------------------------------------------------
 # strict accept
 # ---------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=['MAX_N'])
+@triton.jit
+def _bad_range(c0, n64, MAX_N, NIDS, PADDED: tl.constexpr):
+    """Whether request [c0, c0 + n64) of the drafts is out of bounds: more drafts than MAX_N, a
+    negative count, or (ragged) a range outside [0, NIDS)."""
+    bad = (n64 > MAX_N) | (n64 < 0)
+    if not PADDED:
+        bad = bad | (c0 < 0) | (c0 + n64 > NIDS)
+    return bad
+
+
+@triton.jit(do_not_specialize=['MAX_N', 'NIDS'])
 def _strict_accept(row_tok_ptr, row_valid_ptr, row_lp_ptr, row_plp_ptr, ids_ptr, cu_ptr,
-                   tok_ptr, acc_ptr, valid_ptr, lp_ptr, plp_ptr, MAX_N, PADDED: tl.constexpr,
+                   tok_ptr, acc_ptr, valid_ptr, lp_ptr, plp_ptr, MAX_N, NIDS, PADDED: tl.constexpr,
                    LOGPROBS: tl.constexpr, BLOCK_N: tl.constexpr):
     i = tl.program_id(0)
     c0 = tl.load(cu_ptr + i)
     n64 = tl.load(cu_ptr + i + 1) - c0
-    over = (n64 > MAX_N) | (n64 < 0)        # a wrong bound: the request is invalid (_walk)
+    over = _bad_range(c0, n64, MAX_N, NIDS, PADDED)   # a wrong bound: invalid (_walk)
     n = tl.where(over, 0, n64).to(tl.int32)
     j = tl.arange(0, BLOCK_N)
     W = MAX_N + 1
@@ -720,7 +731,8 @@ def verify_probabilistic(tgt, drf, ids, cu, seed, offset, temperature, min_p, ma
     jobf = torch.empty(bs * 4, dtype=f32, device=dev)
     ids_ = ids if ids.numel() else torch.zeros(1, dtype=i64, device=dev)
     _walk[(bs,)](tgt, drf_, st, sd, R_t, V, ids_, cu, seed, offset, temp_, minp_, key, nan, thr,
-                 S, se, tokens, num_accepted, valid, lp_, plp_, jobi, jobf, max_n, PADDED=padded,
+                 S, se, tokens, num_accepted, valid, lp_, plp_, jobi, jobf, max_n, ids.numel(),
+                 PADDED=padded,
                  NGRAM=ngram, LOGPROBS=lp_on, FILT=filt, BLOCK_N=_pow2(max_n + 1), **_LAUNCH)
     fsplits = _splits(bs, V, block, dev)
     fchunk = triton.cdiv(triton.cdiv(V, fsplits), block) * block
@@ -762,4 +774,5 @@ def strict_accept(row_tokens, row_valid, row_lp, row_plp, ids, cu, max_n, padded
     _strict_accept[(bs,)](row_tokens, row_valid, row_lp if lp_on else dummy,
                           row_plp if lp_on else dummy, ids_, cu, tokens, num_accepted, valid,
                           logprobs if lp_on else dummy, processed_logprobs if lp_on else dummy,
-                          max_n, PADDED=padded, LOGPROBS=lp_on, BLOCK_N=_pow2(max_n + 1))
+                          max_n, ids.numel(), PADDED=padded, LOGPROBS=lp_on,
+                          BLOCK_N=_pow2(max_n + 1))
