@@ -1295,3 +1295,35 @@ def test_const_globals_compare_like_constexpr():
             for other in (Const(b), tl.constexpr(b), b, copy.deepcopy(Const(b))):
                 got = c != other
                 assert isinstance(got, tl.constexpr) and bool(got) == (a != b), (a, b, other)
+
+
+@pytest.mark.parametrize("be", ["reference", "triton", "cuda"])
+def test_unvalidated_min_p_above_one_acts_as_one(be):
+    """validate=False with min_p > 1 (inf included): the row samples as with min_p = 1 (the
+    max tokens; a kept set is never empty: no out-of-range token, no read past the candidate
+    buffers), on every backend; NaN and negative min_p are off. The same for verify."""
+    skip_unless_backend(be)
+    g = torch.Generator().manual_seed(3)
+    B, V = 6, 64
+    x = (torch.randn(B, V, generator=g) * 3).to(DEVICE)
+    x[0, 7] = x[0, 9] = 50.0                       # two tied maxima: min_p = 1 keeps both
+    bad = torch.tensor([1.5, float("inf"), float("nan"), -0.2, 1.0, 3.0], device=DEVICE)
+    good = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0], device=DEVICE)
+    seed = torch.arange(B, device=DEVICE)
+    T = torch.full((B,), 0.9, device=DEVICE)
+    for off in range(4):
+        o = torch.full((B,), off, dtype=torch.int64, device=DEVICE)
+        got = ops.sample(x, seed, o, temperature=T, min_p=bad, backend=be, validate=False)
+        want = ops.sample(x, seed, o, temperature=T, min_p=good, backend=be)
+        assert torch.equal(got.tokens, want.tokens) and bool(got.valid.all()), (off, got)
+        assert bool(((got.tokens >= 0) & (got.tokens < V)).all())
+    if be == "cuda":
+        return   # (verify's CUDA min-p clamp is the same line of code in its row params)
+    ids = torch.randint(0, V, (4,), generator=g).to(DEVICE)
+    tgt = (torch.randn(6, V, generator=g) * 3).to(DEVICE)
+    cu = torch.tensor([0, 2, 4], device=DEVICE)
+    kw = dict(cu_num_draft=cu, mode="strict", max_num_draft=2,
+              temperature=torch.full((2,), 0.9, device=DEVICE), backend=be)
+    got = ops.verify(tgt, ids, seed[:2], seed[:2] * 0, min_p=bad[:2], validate=False, **kw)
+    want = ops.verify(tgt, ids, seed[:2], seed[:2] * 0, min_p=good[:2], **kw)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.valid, want.valid)

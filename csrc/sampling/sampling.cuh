@@ -134,6 +134,7 @@ __device__ __forceinline__ RowParams row_params(const Params& p, int row) {
   r.k = (p.flags & F_TOPK) ? p.top_k[q] : 0;
   r.top_p = (p.flags & F_TOPP) ? p.top_p[q] : 1.0f;
   r.min_p = (p.flags & F_MINP) ? p.min_p[q] : 0.0f;
+  if (r.min_p > 1.0f) r.min_p = 1.0f;  // unvalidated min_p > 1: 1 (never an empty kept set)
   r.k_on = r.k > 0 && r.k < p.vocab;
   r.p_on = r.top_p < 1.0f;
   r.mp_on = r.min_p > 0.0f;

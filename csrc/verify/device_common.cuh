@@ -207,7 +207,8 @@ __device__ __forceinline__ RowParams row_params(const VerifyParams& p, int i) {
   const float t = p.temperature ? p.temperature[i] : 1.0f;
   r.greedy = !(t > 0.0f);
   r.inv_t = r.greedy ? 1.0f : __fdiv_rn(1.0f, t);
-  const float mp = p.min_p ? p.min_p[i] : 0.0f;
+  float mp = p.min_p ? p.min_p[i] : 0.0f;
+  if (mp > 1.0f) mp = 1.0f;  // unvalidated min_p > 1: 1 (never an empty kept set)
   r.mp_on = (mp > 0.0f) && !r.greedy;
   r.L = soft_ln(r.mp_on ? mp : 1.0f);
   return r;

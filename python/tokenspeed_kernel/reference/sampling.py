@@ -81,6 +81,9 @@ def kept_mask(z: torch.Tensor, y: torch.Tensor, top_k: torch.Tensor, top_p: torc
     before = torch.cumsum(e_k, dim=1) - e_k
     lim = prims.top_p_limit(top_p, s_k)
     in_p = torch.where((top_p < 1.0)[:, None], before < lim[:, None], torch.ones_like(in_k))
+    # an unvalidated min_p > 1 (inf included) acts as 1: the max tokens (a kept set is never
+    # empty); NaN and values <= 0 are off
+    min_p = torch.where(min_p > 1, torch.ones_like(min_p), min_p)
     mp_on = min_p > 0
     L = prims.soft_ln(torch.where(mp_on, min_p, torch.ones_like(min_p)))
     in_mp = torch.where(mp_on[:, None], ys >= L[:, None], torch.ones_like(in_k))

@@ -226,6 +226,7 @@ def _row_setup(row, V, tpr, seed_ptr, offset_ptr, temp_ptr, topk_ptr, topp_ptr, 
     p_on = sampled & (p < 1.0)
     if HAS_MINP:
         mp = tl.load(minp_ptr + q).to(tl.float32)
+        mp = tl.where(mp > 1.0, 1.0, mp)   # unvalidated min_p > 1: 1 (a kept set never empty)
     else:
         mp = tl.full([], 0.0, tl.float32)
     mp_on = sampled & (mp > 0.0)

@@ -156,6 +156,7 @@ def _row_params(req, temp_ptr, minp_ptr):
     greedy = (t > 0) == 0
     inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, t)))
     mp = tl.load(minp_ptr + req)
+    mp = tl.where(mp > 1.0, 1.0, mp)   # unvalidated min_p > 1: 1 (a kept set never empty)
     mp_on = (mp > 0) & (greedy == 0)
     L = soft_ln(tl.where(mp_on, mp, 1.0))
     return greedy, inv_t, mp_on, L
