@@ -252,3 +252,25 @@ def centered(z, zmax, inv_t):
     ``prims.centered``): relative to the row max, never NaN for ``inv_t = +inf``."""
     d = z.to(tl.float32) - zmax
     return tl.where(d == 0.0, 0.0, d * inv_t)
+
+
+# ---------------------------------------------------------------------------------------------
+# bounds of unvalidated inputs (the CUDA kernels' rules: never an out-of-bounds access)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def csr_range(indptr_ptr, q, nnz):
+    """Entries [b0, b1) of list q of a CSR: b0 = clamp(indptr[q], 0, nnz), b1 =
+    clamp(indptr[q + 1], b0, nnz) (int64); a well-formed CSR gives its own range."""
+    n = nnz.to(tl.int64)
+    b0 = tl.minimum(tl.maximum(tl.load(indptr_ptr + q).to(tl.int64), 0), n)
+    b1 = tl.minimum(tl.maximum(tl.load(indptr_ptr + q + 1).to(tl.int64), b0), n)
+    return b0, b1
+
+
+@triton.jit
+def slot_in(slots_ptr, i, N):
+    """(slots[i] if in [0, N) else 0, whether it is) (int64, bool): a slot outside is never
+    dereferenced."""
+    slot = tl.load(slots_ptr + i).to(tl.int64)
+    ok = (slot >= 0) & (slot < N)
+    return tl.where(ok, slot, 0), ok

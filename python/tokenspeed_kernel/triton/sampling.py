@@ -361,13 +361,10 @@ def _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, fre
     keep_row = keep_ptr
     pok = tl.full([], 0, tl.int1)
     if P_BIAS & PROC:
-        b0 = _clamp64(tl.load(bias_ip_ptr + q).to(tl.int64), 0, nnz_b)
-        b1 = _clamp64(tl.load(bias_ip_ptr + q + 1).to(tl.int64), b0, nnz_b)
+        b0, b1 = P.csr_range(bias_ip_ptr, q, nnz_b)
         hb_row = hasb_ptr + q * W
     if P_PEN & PROC:
-        slot = tl.load(slots_ptr + q).to(tl.int64)
-        pok = (slot >= 0) & (slot < nslots)
-        slot = tl.where(pok, slot, 0)   # (not dereferenced when not pok)
+        slot, pok = P.slot_in(slots_ptr, q, nslots)
         seen_row = seen_ptr + slot * W
         cnt_row = cnt_ptr + slot * V
         if P_REP & PROC:
@@ -380,11 +377,6 @@ def _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, fre
         keep_row = keep_ptr + q * W
     return (b0, b1, r, f, pp, bias_ids_ptr, bias_val_ptr, hb_row, seen_row, cnt_row, keep_row,
             pok)
-
-
-@triton.jit
-def _clamp64(x, lo, hi):
-    return tl.minimum(tl.maximum(x, lo), hi.to(tl.int64))
 
 
 @triton.jit
@@ -498,8 +490,7 @@ def _prep_masks(keep_ptr, hasb_ptr, allowed_ptr, ban_ip_ptr, ban_ids_ptr, min_pt
 def _csr_bits(row, ip_ptr, ids_ptr, q, V, nnz, SET: tl.constexpr, BLOCK: tl.constexpr):
     """Sets (SET) or clears the bits of request q's CSR ids in its word row (atomic: ids may
     share a word); ids outside [0, V) are skipped, the range is clamped into [0, nnz]."""
-    e0 = _clamp64(tl.load(ip_ptr + q).to(tl.int64), 0, nnz)
-    e1 = _clamp64(tl.load(ip_ptr + q + 1).to(tl.int64), e0, nnz)
+    e0, e1 = P.csr_range(ip_ptr, q, nnz)
     for b in range(e0, e1, BLOCK):
         e = b + tl.arange(0, BLOCK)
         em = e < e1

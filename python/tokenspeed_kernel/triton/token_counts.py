@@ -17,13 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _slot(slots_ptr, i, N):
-    """(slots[i] if in [0, N) else 0, whether it is): an unvalidated slot is never used."""
-    slot = tl.load(slots_ptr + i).to(tl.int64)
-    ok = (slot >= 0) & (slot < N)
-    return tl.where(ok, slot, 0), ok
+from .prims import csr_range, slot_in
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -31,7 +25,7 @@ def _clear_rows(seen_ptr, out_ptr, slots_ptr, N, W, V, BLOCK: tl.constexpr):
     # program (i, j): zeroes block j of slot slots[i]'s seen words and output counts
     i = tl.program_id(0)
     j = tl.program_id(1)
-    slot, ok = _slot(slots_ptr, i, N)
+    slot, ok = slot_in(slots_ptr, i, N)
     offs = j.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     zero = tl.zeros([BLOCK], tl.int32)
     tl.store(out_ptr + slot * V + offs, zero, mask=(offs < V) & ok)
@@ -52,10 +46,8 @@ def _set_seen(seen_ptr, slot, t, keep, W, V):
 def _mark_prompts(seen_ptr, slots_ptr, ids_ptr, indptr_ptr, N, nnz, W, V, BLOCK: tl.constexpr):
     # program i: the prompt entries indptr[i] .. indptr[i + 1] - 1 of slot slots[i]
     i = tl.program_id(0)
-    slot, ok = _slot(slots_ptr, i, N)
-    nnz64 = nnz.to(tl.int64)
-    start = tl.minimum(tl.maximum(tl.load(indptr_ptr + i).to(tl.int64), 0), nnz64)
-    end = tl.minimum(tl.maximum(tl.load(indptr_ptr + i + 1).to(tl.int64), start), nnz64)
+    slot, ok = slot_in(slots_ptr, i, N)
+    start, end = csr_range(indptr_ptr, i, nnz)
     end = tl.where(ok, end, start)
     for b in range(start, end, BLOCK):
         e = b + tl.arange(0, BLOCK)
@@ -72,7 +64,7 @@ def _add_tokens(seen_ptr, out_ptr, tok_ptr, valid_ptr, slots_ptr, N, M, W, V,
     slot = i.to(tl.int64)
     row_ok = True
     if HAS_SLOTS:
-        slot, row_ok = _slot(slots_ptr, i, N)
+        slot, row_ok = slot_in(slots_ptr, i, N)
     if HAS_VALID:
         row_ok = row_ok & (tl.load(valid_ptr + i) != 0)
     for b in range(0, M, BLOCK_M):
