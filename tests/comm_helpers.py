@@ -7,6 +7,7 @@ Also a small command line used by tools/gpu_comm.sh:
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import sys
@@ -29,6 +30,12 @@ SEED = 1234
 # ---------------------------------------------------------------------------------------------
 # process plumbing
 # ---------------------------------------------------------------------------------------------
+def _progress(rank: int, what: str) -> None:
+    """One line of a long multi-GPU worker's progress (rank 0; shown by pytest on failure)."""
+    if rank == 0:
+        print(f"[{time.strftime('%H:%M:%S')}] {what}", flush=True)
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -39,6 +46,9 @@ def free_port() -> int:
 
 def _entry(rank: int, world: int, port: int, backend: str, fn_name: str, args: tuple) -> None:
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    dump_s = float(os.environ.get(_DUMP_ENV, "0"))
+    if dump_s > 0:  # a worker still running shortly before run_workers kills it: print its stack
+        faulthandler.dump_traceback_later(dump_s, exit=False, file=sys.stderr)
     kw = {}
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -63,13 +73,26 @@ def _entry(rank: int, world: int, port: int, backend: str, fn_name: str, args: t
         dist.destroy_process_group()
 
 
+_DUMP_ENV = "TS_TEST_WORKER_STACK_DUMP_S"
+
+
 def run_workers(fn_name: str, world: int, backend: str, args: tuple = (),
                 timeout_s: float = 600.0) -> None:
     """Run ``fn_name(rank, world, *args)`` in ``world`` spawned processes; raise on any failure.
-    Kills the (own) children if they do not finish within ``timeout_s`` (a hang is a failure)."""
+    Kills the (own) children if they do not finish within ``timeout_s`` (a hang is a failure);
+    a few seconds before that, each worker still running prints its Python stack to stderr
+    (faulthandler), so a hang says where it is."""
     port = free_port()
-    ctx = mp.start_processes(_entry, args=(world, port, backend, fn_name, tuple(args)),
-                             nprocs=world, join=False, start_method="spawn")
+    old = os.environ.get(_DUMP_ENV)
+    os.environ[_DUMP_ENV] = str(max(1.0, timeout_s - min(15.0, timeout_s / 4)))
+    try:  # (spawned children copy the environment at start)
+        ctx = mp.start_processes(_entry, args=(world, port, backend, fn_name, tuple(args)),
+                                 nprocs=world, join=False, start_method="spawn")
+    finally:
+        if old is None:
+            os.environ.pop(_DUMP_ENV, None)
+        else:
+            os.environ[_DUMP_ENV] = old
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -317,6 +340,7 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
         for name, ws in layouts:
             even = len(set(ws)) == 1
             for rows in rows_list:
+                _progress(rank, f"bit-exact {dtype} {name} T={rows}")
                 slices = [make_slice(SEED, s, rows, ws[s], dtype, dev) for s in range(world)]
                 want = ref.all_gather_hidden(slices)
                 x = slices[rank]
@@ -341,6 +365,7 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
     ws = skewed_widths(world)
     for max_blocks in (1, 3):
         for dtype in (torch.bfloat16, torch.float32):
+            _progress(rank, f"bit-exact multi-round {dtype} blocks={max_blocks}")
             comm = oc.create_all_gather_comm(max_tokens=64, max_total_width=sum(ws), dtype=dtype,
                                              max_blocks=max_blocks)
             for rows in (1, 7, 64):
@@ -364,6 +389,7 @@ def gpu_correctness_worker(rank: int, world: int, quick: bool = False) -> None:
     ws = [16 * (1 + 2 * s) + 8 for s in range(world)]  # bf16: 3, 5, 7, ... vectors per row (+1)
     for max_blocks, block_bytes in ((1, oc.DEFAULT_BLOCK_BYTES), (3, 256), (None, 256)):
         for dtype in (torch.bfloat16, torch.float32):
+            _progress(rank, f"bit-exact LL {dtype} blocks={max_blocks} block_bytes={block_bytes}")
             comm = oc.create_all_gather_comm(max_tokens=64, max_total_width=sum(ws), dtype=dtype,
                                              max_blocks=max_blocks, block_bytes=block_bytes,
                                              ll_max_bytes=1 << 40)
@@ -463,6 +489,7 @@ def gpu_graph_worker(rank: int, world: int, replays: int = 10000) -> None:
         torch.cuda.synchronize()
         assert int(mism.item()) == 0, f"eager warm-up mismatches: {int(mism.item())}"
         calls0 = comm.calls
+        _progress(rank, f"graph {dtype}: eager warm-up ok, capturing, {replays} replays")
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             step()
