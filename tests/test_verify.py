@@ -826,10 +826,11 @@ def test_triton_verify_loads_vectorize():
     import triton_aot
     out = triton_aot.run_script("triton_verify_aot.py")
     counts = dict(re.findall(r"^(\w+): v4 loads (\d+)", out, re.M))
-    assert set(counts) == {"_pass1", "_pass2", "_final"}, out
+    assert set(counts) == {"_pass1", "_pass2", "_final", "_process_rows"}, out
     assert all(int(n) > 0 for n in counts.values()), out
     assert out.count("row table (padded=") == 2 and "compiled" in out, out
     assert out.count("_walk (padded=") == 2 and out.count("_strict_accept (padded=") == 2, out
+    assert out.count("_prep_rows (padded=") == 2, out
 
 
 def test_schemas_match_extension():

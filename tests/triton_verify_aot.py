@@ -63,6 +63,38 @@ def check() -> None:
             triton_aot.compile_ptx(kern, sig, const, num_warps=4, enable_fp_fusion=False)
             print(f"{kern.fn.__name__} (padded={padded}) compiled", flush=True)
 
+    # logits processing of the target rows (ops.verify(processing=)): every input on
+    from tokenspeed_kernel.triton import verify_processing as tvp
+    pt = {"tgt_ptr": "*fp32", "out_ptr": "*fp32", "row_req_ptr": "*i32", "cu_ptr": "*i64",
+          "ids_ptr": "*i64", "bias_ip_ptr": "*i64", "bias_ids_ptr": "*i64",
+          "bias_val_ptr": "*fp32", "rep_ptr": "*fp32", "freq_ptr": "*fp32", "pres_ptr": "*fp32",
+          "seen_ptr": "*i32", "cnt_ptr": "*i32", "slots_ptr": "*i64", "keep_ptr": "*i32",
+          "hasb_ptr": "*i32", "allowed_ptr": "*i32", "ban_ip_ptr": "*i64", "ban_ids_ptr": "*i64",
+          "min_ptr": "*i64", "nout_ptr": "*i64", "stop_ip_ptr": "*i64", "stop_ids_ptr": "*i64"}
+    for padded in (False, True):
+        kern = tvp._process_rows
+        const = {"PADDED": padded, "PROC": 31, "KEEP_PER_ROW": True, "BLOCK": 1024}
+        names = [p.name for p in kern.params]
+        skip = {names[i] if isinstance(i, int) else i for i in kern.do_not_specialize or ()}
+        sig, attrs = {}, {}
+        for i, n in enumerate(names):
+            if n in const:
+                continue
+            sig[n] = pt.get(n, "i32")
+            if (n.endswith("_ptr") or n in {"stride_t", "V", "chunk"}) and n not in skip:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        ptx = triton_aot.compile_ptx(kern, sig, const, attrs, num_warps=4,
+                                     enable_fp_fusion=False)
+        n4 = len(re.findall(r"ld\.global(?:\.[a-z0-9_:]+)*\.v4", ptx))
+        print(f"_process_rows: v4 loads {n4} (padded={padded})", flush=True)
+        kern = tvp._prep_rows
+        const = {"PADDED": padded, "BUILD_KEEP": True, "HAS_ALLOWED": True,
+                 "ALLOWED_PER_ROW": padded, "HAS_BAN": True, "HAS_STOP": True, "HAS_BIAS": True,
+                 "BLOCK": 256}
+        sig = {p.name: pt.get(p.name, "i32") for p in kern.params if p.name not in const}
+        triton_aot.compile_ptx(kern, sig, const, num_warps=4)
+        print(f"_prep_rows (padded={padded}) compiled", flush=True)
+
 
 if __name__ == "__main__":
     sys.exit(triton_aot.run(check))

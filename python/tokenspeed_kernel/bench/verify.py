@@ -21,7 +21,9 @@ replay and eager, cold L2, median with p20/p80). Floor = one HBM read of the tar
 logits (bs * (2n + 1) rows) at the bandwidth measured in the same run. Every provider is checked
 before it is timed (ours: tokens identical to the reference on the first requests and CUDA ==
 Triton; FlashInfer: shape/range and "q == p accepts everything"); a failing provider is reported,
-never timed. Results: ``bench/results/<gpu>/verify.{csv,md,png}``.
+never timed. ``ours-*+proc``: the same call with logits processing of the target rows
+(``processing=``, ``bench.sampling.make_processing``'s inputs; checked against the reference with
+the same inputs). Results: ``bench/results/<gpu>/verify.{csv,md,png}``.
 """
 from __future__ import annotations
 
@@ -39,7 +41,10 @@ NDRAFT = [1, 3, 5, 8]
 VOCAB = [151936, 262144]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TEMP = 0.8
-PROVIDERS = ["ours-cuda", "ours-triton", "reference", "flashinfer", "read-once"]
+PROVIDERS = ["ours-cuda", "ours-triton", "ours-cuda+proc", "ours-triton+proc", "reference",
+             "flashinfer", "read-once"]
+# +proc: the same call with logits processing of the target rows (bench.sampling's engine-like
+# inputs: bias, penalties, a grammar mask, banned ids, min_tokens; ops.verify(processing=))
 CSV_COLUMNS = [
     "gpu", "gpu_short", "torch", "cuda", "triton", "flashinfer", "git_sha", "date",
     "provider", "impl", "dtype", "V", "bs", "n", "status", "graph_us", "graph_p20", "graph_p80",
@@ -96,15 +101,46 @@ def shape_summary(rows: List[Dict]) -> str:
                                             else r["status"][:40]) for r in rows)
 
 
-def ours_call(backend: str):
+def ours_call(backend: str, proc: bool = False):
     """``call(pb, tgt, drf)``: ``ops.verify`` on a :class:`Problem` with ``backend`` (probabilistic,
-    temperature only, no value checks) -- the callable the bench times; public for lab scripts."""
+    temperature only, no value checks; with ``proc`` the processing inputs ``proc_inputs(pb)``)
+    -- the callable the bench times; public for lab scripts."""
     from .. import ops
 
     def call(pb: Problem, tgt, drf):
         return ops.verify(tgt, pb.ids, pb.seed, pb.offset, cu_num_draft=pb.cu, draft_logits=drf,
-                          temperature=pb.T, max_num_draft=pb.n, backend=backend, validate=False)
+                          temperature=pb.T, max_num_draft=pb.n, backend=backend, validate=False,
+                          processing=proc_inputs(pb) if proc else None)
     return call
+
+
+def proc_inputs(pb: Problem):
+    """The engine-like processing inputs of ``pb``'s requests (``bench.sampling.make_processing``,
+    made once per problem)."""
+    if getattr(pb, "proc", None) is None:
+        from .sampling import make_processing
+        pb.proc = make_processing(pb.bs, pb.V, pb.tgt.device)[0]
+    return pb.proc
+
+
+def _first_requests(inp, k: int):
+    """The processing inputs of the first k requests (for a small reference call)."""
+    from ..reference import logits_processing as LP
+
+    def csr(c):
+        if c is None:
+            return None
+        e = int(c.indptr[k])
+        return LP.Csr(c.indptr[:k + 1], c.ids[:e], None if c.values is None else c.values[:e])
+
+    def t(x):
+        return None if x is None else x[:k]
+    return LP.LogitsInputs(
+        logit_bias=csr(inp.logit_bias), repetition_penalty=t(inp.repetition_penalty),
+        frequency_penalty=t(inp.frequency_penalty), presence_penalty=t(inp.presence_penalty),
+        counts=inp.counts, allowed_mask=t(inp.allowed_mask), banned=csr(inp.banned),
+        min_tokens=t(inp.min_tokens), num_output_tokens=t(inp.num_output_tokens),
+        stop_ids=csr(inp.stop_ids), count_slots=t(inp.count_slots))
 
 
 def _fi_call(fs):
@@ -175,9 +211,10 @@ def _check_ours(pb: Problem, call, name) -> Optional[str]:
     out = call(pb, pb.tgt, pb.drf)
     k = min(pb.bs, 2)
     filt = getattr(pb, "filt", None) or {"temperature": pb.T}
+    proc = _first_requests(proc_inputs(pb), k) if name.endswith("+proc") else None
     ref = ops.verify(pb.tgt[:k * (pb.n + 1)], pb.ids[:k * pb.n], pb.seed[:k], pb.offset[:k],
                      cu_num_draft=pb.cu[:k + 1], draft_logits=pb.drf[:k * pb.n],
-                     max_num_draft=pb.n, backend="reference",
+                     max_num_draft=pb.n, backend="reference", processing=proc,
                      **{a: t[:k] for a, t in filt.items()})
     if not torch.equal(out.tokens[:k], ref.tokens) or not torch.equal(out.num_accepted[:k],
                                                                       ref.num_accepted):
@@ -303,7 +340,10 @@ def run_verify_bench(args) -> int:
         avail["read-once"] = None
     except Exception as e:
         avail["read-once"] = f"not available ({type(e).__name__}: {str(e).splitlines()[0]})"
+    avail["ours-cuda+proc"], avail["ours-triton+proc"] = avail["ours-cuda"], avail["ours-triton"]
     calls = {"ours-cuda": ours_call("cuda"), "ours-triton": ours_call("triton"),
+             "ours-cuda+proc": ours_call("cuda", proc=True),
+             "ours-triton+proc": ours_call("triton", proc=True),
              "reference": ours_call("reference"), "flashinfer": _fi_call(fs) if fs else None,
              "read-once": ro}
     bss, ns, Vs, dts = _grid(args)

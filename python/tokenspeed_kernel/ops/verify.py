@@ -53,6 +53,8 @@ class _Plan(NamedTuple):
     params: C.SamplingParams           # per request (bs)
     mode: str
     backend: str
+    proc: Optional[list] = None       # processing: ops.sampling.PROC_FIELDS' list, or None
+    allowed_per_row: bool = False     # proc's allowed_mask has one row per target row
 
 
 def _as_rows(t: torch.Tensor, name: str, rows: int, V: Optional[int]) -> torch.Tensor:
@@ -72,8 +74,36 @@ def _as_rows(t: torch.Tensor, name: str, rows: int, V: Optional[int]) -> torch.T
     return t
 
 
+def _prepare_processing(processing, bs: int, R_t: int, V: int, dev, validate: bool):
+    """``processing`` -> (the normalized list of ``ops.sampling.PROC_FIELDS`` for the ``bs``
+    requests or None, allowed_per_row): ``allowed_mask`` may also have one row per target row
+    (``R_t`` rows), as a grammar gives one mask per draft prefix."""
+    if processing is None:
+        return None, False
+    C.check_type(isinstance(processing, _sampling.LogitsInputs), "processing",
+                 f"must be a LogitsInputs or None, got {type(processing).__name__}")
+    m = processing.allowed_mask
+    per_row = (isinstance(m, torch.Tensor) and m.dim() == 2 and m.shape[0] == R_t
+               and R_t != bs)
+    if per_row:   # checked as the mask of R_t requests, then put back
+        W = (V + 31) // 32
+        pr = _sampling.prepare_processing(
+            _sampling.LogitsInputs(allowed_mask=m), R_t, V, dev, validate)
+        proc = _sampling.prepare_processing(processing._replace(allowed_mask=None), bs, V, dev,
+                                            validate)
+        if not proc:
+            proc = [None] * len(_sampling.PROC_FIELDS)
+        proc[_sampling.PROC_FIELDS.index("allowed_mask")] = pr[
+            _sampling.PROC_FIELDS.index("allowed_mask")]
+        assert pr[_sampling.PROC_FIELDS.index("allowed_mask")].shape == (R_t, W)
+        return proc, True
+    proc = _sampling.prepare_processing(processing, bs, V, dev, validate)
+    return (proc or None), False
+
+
 def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_draft, draft_logits,
-             mode, temperature, top_k, top_p, min_p, max_num_draft, backend, validate) -> _Plan:
+             mode, temperature, top_k, top_p, min_p, max_num_draft, backend, validate,
+             processing=None) -> _Plan:
     if mode not in MODES:
         C.check(False, "mode", f"must be one of {MODES}, got {mode!r}")
     C.check(isinstance(target_logits, torch.Tensor), "target_logits", "must be a torch.Tensor")
@@ -194,14 +224,16 @@ def _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_dra
     if checks and bs:
         params.check_values()
     backend = C.pick_backend(backend, dev, "verify")
+    proc, per_row = _prepare_processing(processing, bs, tgt.shape[0], V, dev, validate)
     return _Plan(tgt, drf, ids.contiguous(), cu.contiguous(), padded, int(max_n), bs, params,
-                 mode, backend)
+                 mode, backend, proc, per_row)
 
 
-def _to_ragged(plan: _Plan):
-    """Padded -> ragged copies for the reference backend."""
+def _to_ragged(plan: _Plan, rows: bool = False):
+    """Padded -> ragged copies for the reference backend (and, with ``rows``, the kept target
+    rows' indices: None when the layout is ragged already)."""
     if not plan.padded:
-        return plan.tgt, plan.drf, plan.ids
+        return (plan.tgt, plan.drf, plan.ids) + ((None,) if rows else ())
     bs, W = plan.bs, plan.max_n + 1
     dev = plan.tgt.device
     n = plan.cu[1:] - plan.cu[:-1]
@@ -212,7 +244,7 @@ def _to_ragged(plan: _Plan):
     rows_d = (torch.arange(bs, device=dev)[:, None] * plan.max_n + colD[None, :])[keep_d]
     tgt = plan.tgt[rows_t]
     drf = plan.drf[rows_d] if plan.drf is not None else None
-    return tgt, drf, plan.ids[rows_d]
+    return (tgt, drf, plan.ids[rows_d]) + ((rows_t,) if rows else ())
 
 
 def _reference(plan: _Plan):
@@ -230,7 +262,15 @@ def _reference(plan: _Plan):
             plan = plan._replace(cu=cu)
         else:
             over = None
-    tgt, drf, ids = _to_ragged(plan)
+    tgt, drf, ids, rows_t = _to_ragged(plan, rows=True)
+    if plan.proc:   # the processed target rows (reference.logits_processing.apply_verify)
+        from ..reference import logits_processing as lp_ref
+        inputs = _sampling.processing_inputs(plan.proc)
+        if plan.allowed_per_row and rows_t is not None:
+            inputs = inputs._replace(allowed_mask=inputs.allowed_mask[rows_t])
+        tgt = lp_ref.apply_verify(tgt, inputs, plan.cu, ids)
+        if drf is not None:
+            drf = drf.to(torch.float32)
     q = plan.params
     tok, acc, valid, lp, plp = ref.verify(tgt, ids, plan.cu, q.seed, q.offset, drf, q.temperature,
                                           q.top_k, q.top_p, q.min_p, plan.mode, plan.max_n)
@@ -260,7 +300,45 @@ def _strict_rows(plan: _Plan):
     return req, r - t_start[req]
 
 
+def _raw_logprobs(raw_tgt: torch.Tensor, plan: _Plan, tok, acc, valid, lp):
+    """With processing the verify ran on the processed rows: ``logprobs`` of the emitted slots
+    become log_softmax(raw target row)[token] (the sampler's convention: raw logprobs are over
+    the unprocessed row; NaN where it holds a NaN / +inf); the other slots keep the run's values
+    (0 after the last emitted token, NaN in an invalid request's last slot)."""
+    bs, W = plan.bs, plan.max_n + 1
+    dev = raw_tgt.device
+    if bs == 0 or raw_tgt.shape[0] == 0:
+        return lp
+    j = torch.arange(W, device=dev)
+    if plan.padded:
+        rows = torch.arange(bs, device=dev)[:, None] * W + j[None, :]
+    else:
+        rows = (plan.cu[:-1] + torch.arange(bs, device=dev))[:, None] + j[None, :]
+    emitted = (j[None, :] <= acc.to(torch.int64)[:, None]) & valid[:, None]
+    rows = torch.where(emitted, rows, 0).clamp(0, raw_tgt.shape[0] - 1)
+    t = torch.where(emitted, tok.to(torch.int64), 0).clamp(0, raw_tgt.shape[1] - 1)
+    lse = torch.logsumexp(raw_tgt.to(torch.float32), dim=1)
+    raw = raw_tgt[rows.reshape(-1), t.reshape(-1)].to(torch.float32).view(bs, W) - lse[rows]
+    return torch.where(emitted, raw, lp)
+
+
 def _run(plan: _Plan, out_dtype, validate, want_logprobs):
+    if plan.proc:
+        raw_tgt = plan.tgt
+        if plan.backend != "reference":
+            from ..triton import verify_processing as tvp
+            tgt = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row, plan.ids, plan.cu,
+                                     plan.max_n, plan.padded)
+            drf = plan.drf.to(torch.float32) if plan.drf is not None else None
+            plan = plan._replace(tgt=tgt, drf=drf)
+        tok, acc, valid, lp, plp = _run_plain(plan, out_dtype, validate, want_logprobs)
+        if want_logprobs:
+            lp = _raw_logprobs(raw_tgt, plan, tok, acc, valid, lp)
+        return tok, acc, valid, lp, plp
+    return _run_plain(plan, out_dtype, validate, want_logprobs)
+
+
+def _run_plain(plan: _Plan, out_dtype, validate, want_logprobs):
     bs, W = plan.bs, plan.max_n + 1
     dev = plan.tgt.device
     if plan.backend == "reference":
@@ -338,6 +416,16 @@ _DOC_ARGS = """
     out_dtype : torch.int64 or torch.int32 (tokens and num_accepted).
     backend : 'auto' | 'cuda' | 'triton' | 'reference'.
     validate : check values (one host sync; skipped under capture / compile).
+    processing : ``LogitsInputs`` (as ``ops.sample``: penalties, logit bias, allowed mask, banned
+        ids, min_tokens; per request) applied to the *target* rows before temperature and the
+        filters. Position j of request i is processed as the next token after the drafts
+        d_0 .. d_{j-1}: those count as output tokens for the penalties, and min_tokens compares
+        ``num_output_tokens[i] + j`` (spec: ``reference.logits_processing.apply_verify``).
+        ``allowed_mask`` is ``[bs, ceil(V / 32)]`` or one mask per target row ``[R_t, ...]``.
+        Draft logits are used as given. Implementation: one extra pass writes the processed
+        target rows (float32) that the verify then reads (the sampler applies processing inside
+        its read; verify does not yet); the Triton kernel does it for the CUDA and Triton
+        backends. Raw ``logprobs`` stay over the unprocessed rows.
 """
 
 
@@ -346,7 +434,8 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, seed, off
            draft_logits: Optional[torch.Tensor] = None, mode: str = "probabilistic",
            temperature=None, top_k=None, top_p=None, min_p=None,
            max_num_draft: Optional[int] = None, out_dtype: torch.dtype = torch.int64,
-           backend: str = "auto", validate: bool = True) -> VerifyOutput:
+           backend: str = "auto", validate: bool = True,
+           processing: Optional[_sampling.LogitsInputs] = None) -> VerifyOutput:
     """Verify chain drafts against the target model; emit accepted drafts + one target token.
 
     Every emitted token is distributed exactly as the processed target distribution at its
@@ -371,7 +460,7 @@ def verify(target_logits: torch.Tensor, draft_token_ids: torch.Tensor, seed, off
     """
     plan = _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_draft,
                     draft_logits, mode, temperature, top_k, top_p, min_p, max_num_draft, backend,
-                    validate)
+                    validate, processing)
     if out_dtype not in (torch.int64, torch.int32):
         C.check(False, "out_dtype", f"must be torch.int64 or torch.int32, got {out_dtype}")
     tok, acc, valid, _, _ = _run(plan, out_dtype, validate, False)
@@ -384,7 +473,9 @@ def verify_with_logprobs(target_logits: torch.Tensor, draft_token_ids: torch.Ten
                          mode: str = "probabilistic", temperature=None, top_k=None, top_p=None,
                          min_p=None, max_num_draft: Optional[int] = None,
                          out_dtype: torch.dtype = torch.int64, backend: str = "auto",
-                         validate: bool = True) -> VerifyLogprobsOutput:
+                         validate: bool = True,
+                         processing: Optional[_sampling.LogitsInputs] = None
+                         ) -> VerifyLogprobsOutput:
     """``verify`` plus the logprobs of every emitted token (same tokens for the same seeds).
 
     logprobs[i, j] = log_softmax(raw target logits of position j)[tokens[i, j]];
@@ -395,7 +486,7 @@ def verify_with_logprobs(target_logits: torch.Tensor, draft_token_ids: torch.Ten
     """
     plan = _prepare(target_logits, draft_token_ids, seed, offset, cu_num_draft, num_draft,
                     draft_logits, mode, temperature, top_k, top_p, min_p, max_num_draft, backend,
-                    validate)
+                    validate, processing)
     if out_dtype not in (torch.int64, torch.int32):
         C.check(False, "out_dtype", f"must be torch.int64 or torch.int32, got {out_dtype}")
     tok, acc, valid, lp, plp = _run(plan, out_dtype, validate, True)

@@ -247,9 +247,9 @@ def apply(logits: torch.Tensor, inputs: LogitsInputs, tokens_per_request: int = 
 
 def apply_verify(target_logits: torch.Tensor, inputs: LogitsInputs, cu_num_draft: torch.Tensor,
                  draft_ids: torch.Tensor) -> torch.Tensor:
-    """**Spec only** (no op takes it yet: ``ops.verify`` has no ``processing``): the processed
-    *target* logits of a chain speculative verify, ragged layout (request ``i`` owns target rows
-    ``cu[i] + i .. cu[i + 1] + i``, position ``j = 0 .. n_i``, and drafts ``cu[i] .. cu[i + 1]``).
+    """The processed *target* logits of a chain speculative verify (``ops.verify(...,
+    processing=)``), ragged layout (request ``i`` owns target rows ``cu[i] + i .. cu[i + 1] + i``,
+    position ``j = 0 .. n_i``, and drafts ``cu[i] .. cu[i + 1]``).
 
     Position ``j`` of request ``i`` is processed as ``apply`` would process the next token after
     the drafts ``d_0 .. d_{j-1}`` were emitted (the convention of vLLM's rejection sampler, which
@@ -262,7 +262,9 @@ def apply_verify(target_logits: torch.Tensor, inputs: LogitsInputs, cu_num_draft
     * ``allowed_mask``: ``[n, W]`` (every position of a request the same) or ``[R_t, W]`` (one
       mask per target row, as a grammar gives for each draft prefix).
 
-    The draft logits are the draft distribution as given (not processed here)."""
+    The draft logits are the draft distribution as given (not processed here). Unvalidated
+    inputs follow ``apply``'s rules (a count slot outside ``[0, N)`` turns the request's
+    penalties off, the drafts' included); draft ids outside ``[0, V)`` are not counted."""
     R_t, V = target_logits.shape
     dev = target_logits.device
     cu = cu_num_draft.to(torch.int64).to(dev)
@@ -280,7 +282,9 @@ def apply_verify(target_logits: torch.Tensor, inputs: LogitsInputs, cu_num_draft
         if csr is None:
             return None
         ip = csr.indptr.to(torch.int64).to(dev)
-        lo, hi = ip[req], ip[req + 1]
+        nnz = csr.ids.shape[0]   # (unvalidated offsets: the sampler's clamping rule)
+        lo = ip[req].clamp(0, nnz)
+        hi = torch.maximum(ip[req + 1].clamp(0, nnz), lo)
         take = torch.cat([torch.arange(int(a), int(b), device=dev) for a, b in zip(lo, hi)]
                          or [torch.zeros(0, dtype=torch.int64, device=dev)])
         new_ip = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), (hi - lo).cumsum(0)])
@@ -291,11 +295,23 @@ def apply_verify(target_logits: torch.Tensor, inputs: LogitsInputs, cu_num_draft
     if inputs.counts is not None:
         slots = (torch.arange(n, device=dev) if inputs.count_slots is None
                  else inputs.count_slots.to(torch.int64).to(dev))
-        seen = inputs.counts.seen.to(dev)[slots[req]].clone()
-        output = inputs.counts.output.to(dev)[slots[req]].clone()
+        N = inputs.counts.seen.shape[0]
+        ok = (slots >= 0) & (slots < N)
+        safe = torch.where(ok, slots, 0)
+        if N == 0:
+            seen = inputs.counts.seen.new_zeros((R_t,) + tuple(inputs.counts.seen.shape[1:]))
+            output = inputs.counts.output.new_zeros((R_t, V))
+        else:
+            seen = inputs.counts.seen.to(dev)[safe[req]].clone()
+            output = inputs.counts.output.to(dev)[safe[req]].clone()
         for r in range(R_t):   # the drafts before each position count as output tokens
             i, j = int(req[r]), int(pos[r])
+            if not bool(ok[i]):
+                seen[r] = 0
+                output[r] = 0
+                continue
             prev = ids[int(cu[i]):int(cu[i]) + j]
+            prev = prev[(prev >= 0) & (prev < V)]
             if prev.numel():
                 output[r].index_put_((prev,), torch.ones_like(prev, dtype=torch.int32),
                                      accumulate=True)

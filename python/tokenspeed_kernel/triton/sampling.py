@@ -393,6 +393,15 @@ def _process(z, offs, m, pc, PROC: tl.constexpr):
     per step (no FMA: the kernels run with ``enable_fp_fusion=False``; IEEE division), exactly
     ``reference.logits_processing.apply``. Reads the bitmask words per element (1/32 of the
     logits' bytes) and the counts / bias entries only where a bit says they matter."""
+    return _process_x(z, offs, m, pc, 0, PROC, False)
+
+
+@triton.jit
+def _process_x(z, offs, m, pc, ex, PROC: tl.constexpr, EXTRA: tl.constexpr):
+    """``_process`` with, when ``EXTRA``, ``ex`` more output-token occurrences per lane (int32;
+    verify: the drafts before the position, ``reference.logits_processing.apply_verify``): those
+    ids count as seen and their counts grow by ``ex``. Without ``EXTRA`` the same operations as
+    before it existed (the sampler's kernels)."""
     b0, b1, r, f, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok = pc
     if P_BIAS & PROC:
         hb = _bit(hb_row, offs, m)
@@ -402,13 +411,18 @@ def _process(z, offs, m, pc, PROC: tl.constexpr):
                 bv = tl.where(offs == tl.load(bids + e), tl.load(bvals + e), bv)
             z = tl.where(hb, z + bv, z)
     if P_PEN & PROC:
-        sn = _bit(seen_row, offs, m & pok)
+        sb = _bit(seen_row, offs, m & pok)
+        sn = sb
+        if EXTRA:
+            sn = sb | ((ex > 0) & m & pok)
         if P_REP & PROC:
             z = tl.where(sn, tl.where(z > 0.0, tl.math.div_rn(z, r), z * r), z)
         if (P_FREQ | P_PRES) & PROC:
             # output tokens are always seen (the token-count ops keep it so): gather the
             # counts only there
-            c = tl.load(cnt_row + offs, mask=sn, other=0)
+            c = tl.load(cnt_row + offs, mask=sb, other=0)
+            if EXTRA:
+                c = c + tl.where(m & pok, ex, 0)
             hit = c > 0
             if P_FREQ & PROC:
                 z = tl.where(hit, z - f * c.to(tl.float32), z)

@@ -1,0 +1,203 @@
+"""Logits processing of a verify's target rows (``ops.verify(..., processing=)``), Triton.
+
+Writes the processed target logits, float32 ``[R_t, V]``, that the verify kernels then read in
+place of the raw ones: one extra pass over the target rows (not fused into the verify kernels'
+reads, unlike the sampler's processing). Row ``r`` of request ``q`` at position ``j`` is
+processed as ``reference.logits_processing.apply_verify`` says, with the sampler's Triton
+processing code (``triton/sampling.py``: ``_proc_ctx``, ``_process_x``, ``_csr_bits``), so the
+float operations are the sampler's and the reference's, one IEEE float32 operation per step:
+
+* bias, banned ids, penalty values: request ``q``'s; the penalty counts: slot
+  ``count_slots[q]``'s plus one per occurrence among the drafts ``d_0 .. d_{j-1}``;
+* ``min_tokens``: the stop ids masked while ``num_output_tokens[q] + j < min_tokens[q]``;
+* ``allowed_mask``: request ``q``'s row, or row ``r``'s when one mask per target row is given.
+
+Kernels: ``_prep_rows`` grid (R_t,): row r's keep words (allowed, banned, active stop ids) and
+has-bias words, scratch ``[R_t, ceil(V / 32)]`` int32 each; ``_process_rows`` grid (R_t, splits):
+the processed row. A padding row (padded layout, past the request's drafts) and a row of a
+request whose layout is malformed (unvalidated input; that request is invalid in the verify
+kernels, which do not read its rows) are copied unprocessed. Draft ids outside ``[0, V)`` never
+match a token (not counted).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .sampling import P_BIAS, P_KEEP, P_PEN, _csr_bits, _proc_ctx, _process_x
+from .verify import _pow2, _row_req
+
+_LAUNCH = {"enable_fp_fusion": False}
+_PREP_BLOCK = 256
+
+
+@triton.jit
+def _row_layout(r, row_req_ptr, cu_ptr, MAX_N, NIDS, PADDED: tl.constexpr):
+    """(request q, position j, index of the request's first draft, ok) of target row r; ok is
+    False for a padding row or a request whose layout is malformed (the verify kernels' rules:
+    ragged [cu[q], cu[q + 1]) inside [0, NIDS] with at most MAX_N drafts; padded 0 <= n <= MAX_N)."""
+    q = tl.load(row_req_ptr + r).to(tl.int64)
+    qq = tl.maximum(q, 0)
+    c0 = tl.load(cu_ptr + qq)
+    c1 = tl.load(cu_ptr + qq + 1)
+    n = c1 - c0
+    ok = (q >= 0) & (n >= 0) & (n <= MAX_N)
+    if PADDED:
+        j = r - qq * (MAX_N + 1)
+        dbase = qq * MAX_N
+    else:
+        j = r - (c0 + qq)
+        dbase = c0
+        ok = ok & (c0 >= 0) & (c1 <= NIDS)
+    ok = ok & (j >= 0) & (j <= n)
+    return qq, j, dbase, ok
+
+
+@triton.jit(do_not_specialize=["MAX_N", "NIDS", "nnz_x", "nnz_s", "nnz_b"])
+def _prep_rows(keep_ptr, hasb_ptr, row_req_ptr, cu_ptr, allowed_ptr, ban_ip_ptr, ban_ids_ptr,
+               min_ptr, nout_ptr, stop_ip_ptr, stop_ids_ptr, bias_ip_ptr, bias_ids_ptr, V, MAX_N,
+               NIDS, nnz_x, nnz_s, nnz_b, PADDED: tl.constexpr, BUILD_KEEP: tl.constexpr,
+               HAS_ALLOWED: tl.constexpr, ALLOWED_PER_ROW: tl.constexpr, HAS_BAN: tl.constexpr,
+               HAS_STOP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program r: target row r's keep words (the allowed mask of its request or its own, or all
+    ones; then its request's banned ids and, while num_output_tokens + j < min_tokens, its stop
+    ids cleared) and has-bias words (its request's bias entries' bits)."""
+    r = tl.program_id(0).to(tl.int64)
+    q, j, _dbase, _ok = _row_layout(r, row_req_ptr, cu_ptr, MAX_N, NIDS, PADDED)
+    W = (V + 31) // 32
+    keep_row = keep_ptr + r * W
+    hb_row = hasb_ptr + r * W
+    arow = q
+    if ALLOWED_PER_ROW:
+        arow = r
+    for w0 in range(0, W, BLOCK):
+        ww = w0 + tl.arange(0, BLOCK)
+        wm = ww < W
+        if BUILD_KEEP:
+            if HAS_ALLOWED:
+                a = tl.load(allowed_ptr + arow * W + ww, mask=wm, other=0)
+            else:
+                a = tl.full([BLOCK], -1, tl.int32)
+            tl.store(keep_row + ww, a, mask=wm)
+        if HAS_BIAS:
+            tl.store(hb_row + ww, tl.zeros([BLOCK], tl.int32), mask=wm)
+    tl.debug_barrier()   # the words above are written before the bit updates below
+    if BUILD_KEEP:
+        if HAS_BAN:
+            _csr_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, nnz_x, False, BLOCK)
+        if HAS_STOP:
+            if tl.load(nout_ptr + q) + j < tl.load(min_ptr + q):
+                _csr_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, nnz_s, False, BLOCK)
+    if HAS_BIAS:
+        _csr_bits(hb_row, bias_ip_ptr, bias_ids_ptr, q, V, nnz_b, True, BLOCK)
+
+
+@triton.jit(do_not_specialize=["MAX_N", "NIDS", "nnz_b", "nslots"])
+def _process_rows(tgt_ptr, stride_t, out_ptr, V, row_req_ptr, cu_ptr, ids_ptr, bias_ip_ptr,
+                  bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr, pres_ptr, seen_ptr, cnt_ptr,
+                  slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots, MAX_N, NIDS, chunk,
+                  PADDED: tl.constexpr, PROC: tl.constexpr, KEEP_PER_ROW: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Program (r, s): split s of target row r, processed (float32) into out[r]."""
+    r = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    q, j, dbase, ok = _row_layout(r, row_req_ptr, cu_ptr, MAX_N, NIDS, PADDED)
+    pc = _proc_ctx(q, 1, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
+                   pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots,
+                   PROC)
+    b0, b1, rp, fp, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok = pc
+    if KEEP_PER_ROW:   # keep / has-bias words built per target row (_prep_rows)
+        W = (V + 31) // 32
+        if P_BIAS & PROC:
+            hb_row = hasb_ptr + r * W
+        if P_KEEP & PROC:
+            keep_row = keep_ptr + r * W
+    pc = (b0, b1, rp, fp, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok)
+    npre = tl.where(ok, j, 0)
+    src = tgt_ptr + r * stride_t
+    dst = out_ptr + r * V
+    lo = sp * chunk
+    for t0 in range(lo, tl.minimum(lo + chunk, V), BLOCK):
+        offs = t0 + tl.arange(0, BLOCK)
+        m = offs < V
+        z = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
+        if ok:
+            ex = tl.zeros([BLOCK], tl.int32)
+            if P_PEN & PROC:
+                for k in range(0, npre):
+                    d = tl.load(ids_ptr + dbase + k)
+                    ex += (offs.to(tl.int64) == d).to(tl.int32)
+            z = _process_x(z, offs, m, pc, ex, PROC, True)
+        tl.store(dst + offs, z, mask=m)
+
+
+def process_target(tgt: torch.Tensor, proc: list, allowed_per_row: bool, ids: torch.Tensor,
+                   cu: torch.Tensor, max_n: int, padded: bool, block: int = 0) -> torch.Tensor:
+    """The processed target rows, float32 ``[R_t, V]`` (module docstring). ``proc``: the
+    normalized 16-entry list of ``ops.sampling.PROC_FIELDS`` for the ``bs`` requests, except
+    that ``allowed_mask`` has ``R_t`` rows when ``allowed_per_row``. Graph-safe (no host sync)."""
+    R_t, V = tgt.shape
+    dev = tgt.device
+    out = torch.empty((R_t, V), dtype=torch.float32, device=dev)
+    if R_t == 0 or V == 0:
+        return out
+    bs = cu.shape[0] - 1
+    (bias_ip, bias_ids, bias_val, rep, freq, pres, seen, outc, slots, allowed, ban_ip, ban_ids,
+     min_t, n_out, stop_ip, stop_ids) = proc
+    dummy = cu
+    row_req = _row_req(R_t, 0, cu, bs, max_n, padded, dev)
+    W = (V + 31) // 32
+    PROC = P_BIAS.value if bias_ip is not None else 0
+    if seen is not None:   # an absent penalty is its neutral value (as the sampler)
+        PROC |= P_PEN.value
+        rep = rep if rep is not None else torch.ones(bs, dtype=torch.float32, device=dev)
+        freq = freq if freq is not None else torch.zeros(bs, dtype=torch.float32, device=dev)
+        pres = pres if pres is not None else torch.zeros(bs, dtype=torch.float32, device=dev)
+    has_ban, has_stop = ban_ip is not None, min_t is not None
+    build_keep = has_ban or has_stop or (allowed is not None and not allowed_per_row)
+    if allowed is not None or build_keep:
+        PROC |= P_KEEP.value
+    nnz = [0 if t is None else t.shape[0] for t in (ban_ids, stop_ids, bias_ids)]
+    nids = ids.numel()
+    ids_ = ids if nids else torch.zeros(1, dtype=torch.int64, device=dev)
+    keep, hasb = dummy, dummy
+    keep_per_row = build_keep or bias_ip is not None
+    if keep_per_row:
+        if build_keep:
+            keep = torch.empty(R_t, W, dtype=torch.int32, device=dev)
+        elif allowed is not None:
+            keep = allowed   # one mask per target row, read directly
+        if bias_ip is not None:
+            hasb = torch.empty(R_t, W, dtype=torch.int32, device=dev)
+
+        def d(t):
+            return t if t is not None else dummy
+        _prep_rows[(R_t,)](keep, hasb, row_req, cu, d(allowed), d(ban_ip), d(ban_ids), d(min_t),
+                           d(n_out), d(stop_ip), d(stop_ids), d(bias_ip), d(bias_ids), V, max_n,
+                           nids, nnz[0], nnz[1], nnz[2], PADDED=padded, BUILD_KEEP=build_keep,
+                           HAS_ALLOWED=allowed is not None, ALLOWED_PER_ROW=allowed_per_row,
+                           HAS_BAN=has_ban, HAS_STOP=has_stop, HAS_BIAS=bias_ip is not None,
+                           BLOCK=_PREP_BLOCK)
+    elif allowed is not None:
+        keep = allowed   # per row; read directly (KEEP_PER_ROW below)
+        keep_per_row = True
+    block = max(min(block or 1024, _pow2(V)), 16)
+    if dev.type == "cuda":
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        splits = max(1, min(_pow2(max(1, (4 * sms) // R_t)), triton.cdiv(V, 4 * block), 64))
+    else:
+        splits = min(4, triton.cdiv(V, 4 * block))
+    chunk = triton.cdiv(triton.cdiv(V, splits), block) * block
+    splits = triton.cdiv(V, chunk)
+
+    def d(t):
+        return t if t is not None else dummy
+    _process_rows[(R_t, splits)](tgt, tgt.stride(0), out, V, row_req, cu, ids_, d(bias_ip),
+                                 d(bias_ids), d(bias_val), d(rep), d(freq), d(pres), d(seen),
+                                 d(outc), d(slots), keep, hasb, nnz[2],
+                                 0 if seen is None else seen.shape[0], max_n, nids, chunk,
+                                 PADDED=padded, PROC=PROC, KEEP_PER_ROW=keep_per_row,
+                                 BLOCK=block, **_LAUNCH)
+    return out
+
