@@ -286,3 +286,25 @@ def test_bench_proc_providers_check_against_the_reference():
     why = bv._check_ours(pb, bv.ours_call("triton"), "ours-triton+proc")
     assert why is not None and "differ" in why
     assert {"ours-cuda+proc", "ours-triton+proc"} <= set(bv.PROVIDERS)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton", "cuda"])
+def test_unvalidated_bad_inputs_follow_the_samplers_rules(backend):
+    """validate=False with malformed CSR offsets, ids outside [0, V), repeated bias ids and
+    count slots outside [0, N) (tests/test_sample_processing.py's cases): verify with no drafts
+    emits the sampler's documented greedy tokens on every backend (the CUDA backend included:
+    its processing is the Triton pre-pass), and validate=True raises naming processing."""
+    skip_unless_backend(backend)
+    from test_sample_processing import _bad_inputs_cases
+    V = 64
+    x = (1.0 - 0.01 * torch.arange(V, dtype=torch.float32, device=DEVICE)).repeat(4, 1)
+    ids = torch.zeros(0, dtype=torch.int64, device=DEVICE)
+    cu = torch.zeros(5, dtype=torch.int64, device=DEVICE)
+    for name, inp, want, _ in _bad_inputs_cases():
+        out = ops.verify(x, ids, 1, 0, cu_num_draft=cu, mode="ngram", temperature=0.0,
+                         processing=inp, backend=backend, validate=False, max_num_draft=0)
+        assert out.tokens[:, 0].tolist() == want, (name, out.tokens.tolist())
+        assert out.valid.all(), name
+        with pytest.raises(ValueError, match="processing"):
+            ops.verify(x, ids, 1, 0, cu_num_draft=cu, mode="ngram", temperature=0.0,
+                       processing=inp, backend=backend)

@@ -14,8 +14,9 @@ Cases:
   verify, ragged cu_num_draft that is not a partition of the drafts (ranges past the ids,
     before 0, decreasing) -> those requests invalid, the others as verified alone.
   sample: huge top_k (2**40, saturates to "off"), temperature 1e-39, rows of NaN / -inf.
-  sample with processing: malformed CSR offsets, ids outside [0, V), repeated bias ids, count
-    slots outside [0, N) (the documented rules; tests/test_sample_processing.py's cases).
+  sample and verify with processing: malformed CSR offsets, ids outside [0, V), repeated bias
+    ids, count slots outside [0, N) (the documented rules; tests/test_sample_processing.py's
+    cases).
   token counts: tokens >= V and < 0 with validate=False -> skipped.
 """
 import os
@@ -130,6 +131,13 @@ def main(backends):
             if be != "cuda" or cuda_exact:
                 good &= same(got.tokens, torch.tensor(want_tok), f"processing: {name}")
             good &= same(got.valid, torch.ones(4, dtype=torch.bool), f"processing: {name} valid")
+            # verify with processing (the Triton pre-pass on both backends), no drafts
+            cu0 = torch.zeros(5, dtype=torch.int64, device=dev)
+            got = ops.verify(xp, cu0[:0], 1, 0, cu_num_draft=cu0, mode="ngram",
+                             temperature=0.0, processing=inp, backend=be, validate=False,
+                             max_num_draft=0)
+            sync()
+            good &= same(got.tokens[:, 0], torch.tensor(want_tok), f"verify processing: {name}")
     # token counts (Triton kernels): out-of-range tokens skipped
     c = ops.new_token_counts(3, V, device=dev)
     ops.add_output_tokens(c, torch.tensor([[V, 1], [-5, 2**40], [V - 1, -1]], device=dev),
