@@ -326,7 +326,11 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
     if plan.proc:
         raw_tgt = plan.tgt
         if plan.backend != "reference":
-            from ..triton import verify_processing as tvp
+            try:
+                from ..triton import verify_processing as tvp
+            except ImportError as e:   # (the CUDA backend's processing is a Triton pre-pass)
+                raise RuntimeError(f"processing: verify's processing of the target rows runs "
+                                   f"a Triton kernel, and triton is not importable ({e})") from e
             tgt = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row, plan.ids, plan.cu,
                                      plan.max_n, plan.padded)
             drf = plan.drf.to(torch.float32) if plan.drf is not None else None
