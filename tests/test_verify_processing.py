@@ -261,8 +261,11 @@ def test_processing_errors_name_the_argument():
     kw = dict(cu_num_draft=cu, mode="ngram", max_num_draft=max_n)
     with pytest.raises(TypeError, match="processing"):
         ops.verify(tgt, ids, 1, 0, processing="bias", **kw)
-    bad = LP.LogitsInputs(allowed_mask=torch.zeros(3, 2, dtype=torch.int32, device=DEVICE))
-    with pytest.raises(ValueError, match="processing.allowed_mask"):
+    bad = LP.LogitsInputs(allowed_mask=torch.zeros(4, 2, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="processing.allowed_mask.* or 5"):
+        ops.verify(tgt, ids, 1, 0, processing=bad, **kw)
+    bad = LP.LogitsInputs(allowed_mask=torch.zeros(5, 3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="processing.allowed_mask"):   # per row, wrong width
         ops.verify(tgt, ids, 1, 0, processing=bad, **kw)
     bad = LP.LogitsInputs(repetition_penalty=torch.tensor([1.0, 2.0], device=DEVICE))
     with pytest.raises(ValueError, match="processing.counts"):

@@ -83,19 +83,20 @@ def _prepare_processing(processing, bs: int, R_t: int, V: int, dev, validate: bo
     C.check_type(isinstance(processing, _sampling.LogitsInputs), "processing",
                  f"must be a LogitsInputs or None, got {type(processing).__name__}")
     m = processing.allowed_mask
-    per_row = (isinstance(m, torch.Tensor) and m.dim() == 2 and m.shape[0] == R_t
-               and R_t != bs)
+    if isinstance(m, torch.Tensor) and m.dim() == 2 and m.shape[0] not in (bs, R_t):
+        C.check(False, "processing.allowed_mask",
+                f"must have {bs} rows (one mask per request) or {R_t} (one per target row), "
+                f"got shape {list(m.shape)}")
+    per_row = isinstance(m, torch.Tensor) and m.dim() == 2 and m.shape[0] == R_t != bs
     if per_row:   # checked as the mask of R_t requests, then put back
-        W = (V + 31) // 32
+        ia = _sampling.PROC_FIELDS.index("allowed_mask")
         pr = _sampling.prepare_processing(
             _sampling.LogitsInputs(allowed_mask=m), R_t, V, dev, validate)
         proc = _sampling.prepare_processing(processing._replace(allowed_mask=None), bs, V, dev,
                                             validate)
         if not proc:
             proc = [None] * len(_sampling.PROC_FIELDS)
-        proc[_sampling.PROC_FIELDS.index("allowed_mask")] = pr[
-            _sampling.PROC_FIELDS.index("allowed_mask")]
-        assert pr[_sampling.PROC_FIELDS.index("allowed_mask")].shape == (R_t, W)
+        proc[ia] = pr[ia]
         return proc, True
     proc = _sampling.prepare_processing(processing, bs, V, dev, validate)
     return (proc or None), False
