@@ -476,14 +476,27 @@ def _prep_masks(keep_ptr, hasb_ptr, allowed_ptr, ban_ip_ptr, ban_ids_ptr, min_pt
     entries' bits). Scratch of the call, one row per request."""
     q = tl.program_id(0).to(tl.int64)
     W = (V + 31) // 32
-    keep_row = keep_ptr + q * W
-    hb_row = hasb_ptr + q * W
+    _mask_words(keep_ptr + q * W, hasb_ptr + q * W, allowed_ptr + q * W, q, 0, ban_ip_ptr,
+                ban_ids_ptr, min_ptr, nout_ptr, stop_ip_ptr, stop_ids_ptr, bias_ip_ptr,
+                bias_ids_ptr, V, nnz_x, nnz_s, nnz_b, BUILD_KEEP, HAS_ALLOWED, HAS_BAN, HAS_STOP,
+                HAS_BIAS, BLOCK)
+
+
+@triton.jit
+def _mask_words(keep_row, hb_row, allowed_row, q, ahead, ban_ip_ptr, ban_ids_ptr, min_ptr,
+                nout_ptr, stop_ip_ptr, stop_ids_ptr, bias_ip_ptr, bias_ids_ptr, V, nnz_x, nnz_s,
+                nnz_b, BUILD_KEEP: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_BAN: tl.constexpr,
+                HAS_STOP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """One row of keep words (``allowed_row`` or all ones, then request q's banned ids and,
+    while num_output_tokens + ``ahead`` < min_tokens, its stop ids cleared) and has-bias words
+    (request q's bias entries' bits). ``ahead``: 0 for the sampler, the position for verify."""
+    W = (V + 31) // 32
     for w0 in range(0, W, BLOCK):
         ww = w0 + tl.arange(0, BLOCK)
         wm = ww < W
         if BUILD_KEEP:
             if HAS_ALLOWED:
-                a = tl.load(allowed_ptr + q * W + ww, mask=wm, other=0)
+                a = tl.load(allowed_row + ww, mask=wm, other=0)
             else:
                 a = tl.full([BLOCK], -1, tl.int32)
             tl.store(keep_row + ww, a, mask=wm)
@@ -494,7 +507,7 @@ def _prep_masks(keep_ptr, hasb_ptr, allowed_ptr, ban_ip_ptr, ban_ids_ptr, min_pt
         if HAS_BAN:
             _csr_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, nnz_x, False, BLOCK)
         if HAS_STOP:
-            if tl.load(nout_ptr + q) < tl.load(min_ptr + q):
+            if tl.load(nout_ptr + q) + ahead < tl.load(min_ptr + q):
                 _csr_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, nnz_s, False, BLOCK)
     if HAS_BIAS:
         _csr_bits(hb_row, bias_ip_ptr, bias_ids_ptr, q, V, nnz_b, True, BLOCK)

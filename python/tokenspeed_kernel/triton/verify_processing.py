@@ -4,7 +4,7 @@ Writes the processed target logits, float32 ``[R_t, V]``, that the verify kernel
 place of the raw ones: one extra pass over the target rows (not fused into the verify kernels'
 reads, unlike the sampler's processing). Row ``r`` of request ``q`` at position ``j`` is
 processed as ``reference.logits_processing.apply_verify`` says, with the sampler's Triton
-processing code (``triton/sampling.py``: ``_proc_ctx``, ``_process_x``, ``_csr_bits``), so the
+processing code (``triton/sampling.py``: ``_proc_ctx``, ``_process_x``, ``_mask_words``), so the
 float operations are the sampler's and the reference's, one IEEE float32 operation per step:
 
 * bias, banned ids, penalty values: request ``q``'s; the penalty counts: slot
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import P_BIAS, P_KEEP, P_PEN, _csr_bits, _proc_ctx, _process_x
+from .sampling import P_BIAS, P_KEEP, P_PEN, _mask_words, _proc_ctx, _process_x
 from .verify import _pow2, _row_req
 
 _LAUNCH = {"enable_fp_fusion": False}
@@ -66,31 +66,13 @@ def _prep_rows(keep_ptr, hasb_ptr, row_req_ptr, cu_ptr, allowed_ptr, ban_ip_ptr,
     r = tl.program_id(0).to(tl.int64)
     q, j, _dbase, _ok = _row_layout(r, row_req_ptr, cu_ptr, MAX_N, NIDS, PADDED)
     W = (V + 31) // 32
-    keep_row = keep_ptr + r * W
-    hb_row = hasb_ptr + r * W
     arow = q
     if ALLOWED_PER_ROW:
         arow = r
-    for w0 in range(0, W, BLOCK):
-        ww = w0 + tl.arange(0, BLOCK)
-        wm = ww < W
-        if BUILD_KEEP:
-            if HAS_ALLOWED:
-                a = tl.load(allowed_ptr + arow * W + ww, mask=wm, other=0)
-            else:
-                a = tl.full([BLOCK], -1, tl.int32)
-            tl.store(keep_row + ww, a, mask=wm)
-        if HAS_BIAS:
-            tl.store(hb_row + ww, tl.zeros([BLOCK], tl.int32), mask=wm)
-    tl.debug_barrier()   # the words above are written before the bit updates below
-    if BUILD_KEEP:
-        if HAS_BAN:
-            _csr_bits(keep_row, ban_ip_ptr, ban_ids_ptr, q, V, nnz_x, False, BLOCK)
-        if HAS_STOP:
-            if tl.load(nout_ptr + q) + j < tl.load(min_ptr + q):
-                _csr_bits(keep_row, stop_ip_ptr, stop_ids_ptr, q, V, nnz_s, False, BLOCK)
-    if HAS_BIAS:
-        _csr_bits(hb_row, bias_ip_ptr, bias_ids_ptr, q, V, nnz_b, True, BLOCK)
+    _mask_words(keep_ptr + r * W, hasb_ptr + r * W, allowed_ptr + arow * W, q, j, ban_ip_ptr,
+                ban_ids_ptr, min_ptr, nout_ptr, stop_ip_ptr, stop_ids_ptr, bias_ip_ptr,
+                bias_ids_ptr, V, nnz_x, nnz_s, nnz_b, BUILD_KEEP, HAS_ALLOWED, HAS_BAN, HAS_STOP,
+                HAS_BIAS, BLOCK)
 
 
 @triton.jit(do_not_specialize=["MAX_N", "NIDS", "nnz_b", "nslots"])
