@@ -135,7 +135,7 @@ def test_drafts_before_a_position_count():
         pass
     if "triton" in backends:
         from tokenspeed_kernel.triton import verify_processing as tvp
-        dev = DEVICE
+        dev = torch.empty(0, device=DEVICE).device   # with its index, as the ops pass it
         inp_d = LP.LogitsInputs(*[t.to(dev) if isinstance(t, torch.Tensor) else t for t in inp])
         inp_d = inp_d._replace(counts=LP.TokenCounts(counts.seen.to(dev), counts.output.to(dev)),
                                stop_ids=LP.Csr(inp.stop_ids.indptr.to(dev),
