@@ -1025,14 +1025,29 @@ def triton_aot_check() -> int:
             "flag wait (ld.acquire.sys)": r"ld\.global\.sys\.acquire\.b64",
             "bounded wait (%globaltimer)": r"%globaltimer",
             "header publish (atom.relaxed.sys)": r"atom\.global\.sys(\.relaxed)?\.exch\.b64",
-            "header poll (ld.volatile)": r"ld\.volatile\.global\.b64",
+            "header poll (ld.relaxed.sys)": r"ld\.global\.sys\.relaxed\.b64",
         }
         for what, pat in checks.items():
             n = len(re.findall(pat, ptx))
             assert n > 0, f"{dtype} W={world}: no {what} in the PTX"
             print(f"  {dtype} W={world}: {what}: {n}")
+        assert_uniform_polls(ptx, f"{dtype} W={world}")
         print(f"triton-aot ok: {dtype} W={world}", flush=True)
     return 0
+
+
+def assert_uniform_polls(ptx: str, what: str) -> None:
+    """The spin loops of the P2P Triton kernels read every polled word (flags, headers, the
+    error and call words) in one thread and broadcast it (triton/_spin.py): no per-thread
+    ``ld.volatile`` poll, and every relaxed / acquire load of global memory is predicated (the
+    scalar-atomic lowering: one thread loads, st.shared + bar.sync + ld.shared)."""
+    import re
+    assert not re.search(r"ld\.volatile", ptx), f"{what}: a per-thread ld.volatile poll in the PTX"
+    for line in ptx.splitlines():
+        if re.search(r"ld\.global\.(sys|gpu)\.(relaxed|acquire)", line):
+            assert line.strip().startswith("@%p"), \
+                f"{what}: an unpredicated (per-thread) poll in the PTX: {line.strip()}"
+    print(f"  {what}: every poll is one thread's, broadcast", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -685,6 +685,8 @@ def triton_aot_check() -> int:
                 n = len(re.findall(pat, ptx))
                 assert n > 0, f"{name}: no {what} in the PTX"
                 print(f"  {name}: {what}: {n}")
+            from comm_helpers import assert_uniform_polls
+            assert_uniform_polls(ptx, name)
             print(f"triton-aot ok: {name}", flush=True)
     return triton_aot.run(check)
 

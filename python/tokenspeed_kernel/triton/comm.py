@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._spin import uniform_load, uniform_time
+
 from .prims import Const
 
 MAX_RANKS = 16        # csrc/comm/all_gather_hidden.cuh kAgMaxRanks (flag slots per block)
@@ -65,12 +67,6 @@ _KIND_WORD = Const(SIG_KIND << 16)
 
 
 @triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
 def header_state(h, want):
     """A polled header word against this rank's ``want`` (call_signature.h header_state):
     0 = not this call's yet, 1 = this call's and equal, -1 = this call's with another
@@ -93,8 +89,10 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
     b = tl.program_id(0)
     G = tl.num_programs(0)
     ety = x_ptr.dtype.element_ty
-    err0 = tl.load(state_ptr + _ERR, volatile=True)
-    epoch = tl.load(state_ptr + _SEQ, volatile=True) + 1
+    # (uniform_load: every value that steers a branch or a loop is the same in all threads;
+    # triton/_spin.py says why)
+    err0 = uniform_load(state_ptr + _ERR, "gpu")
+    epoch = uniform_load(state_ptr + _SEQ, "gpu") + 1
     if err0 == 0:
         buf_base = (epoch % 2) * buf_vec          # int64, in vectors
         cols = tl.arange(0, BLOCK)
@@ -135,27 +133,27 @@ def _all_gather_hidden_kernel(x_ptr, ldx, out_ptr, ldo, peer_data_ptr, peer_flag
             for s in tl.static_range(W):
                 fl = my_flags + FLAG_OFF + b * MAXR + s
                 hp = my_flags + hdr + s
-                h = tl.load(hp, volatile=True)
+                h = uniform_load(hp, "sys")
                 cur = tl.atomic_add(fl, 0, sem="acquire", scope="sys")
                 hs = header_state(h, want)
                 spins = b * 0
                 if hs < 0:
                     spins = -3
                 if USE_TIMER:
-                    t0 = _globaltimer()
+                    t0 = uniform_time()
                 while ((cur < epoch) | (hs == 0)) & (spins >= 0):
-                    h = tl.load(hp, volatile=True)
+                    h = uniform_load(hp, "sys")
                     cur = tl.atomic_add(fl, 0, sem="acquire", scope="sys")
                     hs = header_state(h, want)
                     spins += 1
                     if USE_TIMER:
                         if timeout_ns > 0:
-                            if _globaltimer() - t0 > timeout_ns:
+                            if uniform_time() - t0 > timeout_ns:
                                 spins = -1
                     else:
                         if spins > MAX_SPINS:
                             spins = -1
-                    if tl.load(state_ptr + _ERR, volatile=True) != 0:
+                    if uniform_load(state_ptr + _ERR, "gpu") != 0:
                         spins = -1
                     if hs < 0:
                         spins = -3

@@ -62,6 +62,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._spin import uniform_load, uniform_time
+
 # a kernel's state block has the all-gather's layout (csrc/comm/dp_swap.cuh kDpSeq ..): its words
 from .comm import (_DONE, _ERR, _ERR_BLOCK, _ERR_EPOCH, _ERR_PEER_SIG, _ERR_ROWS,  # noqa: F401
                    _ERR_SIG, _ERR_SRC, _LOW32, _SEQ, STATE_DONE, STATE_ERR, STATE_ERR_BLOCK,
@@ -102,16 +104,11 @@ _ERR_EXTRA = Const(STATE_ERR_EXTRA)
 
 
 @triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
 def _poisoned(state_ptr):
     # either kernel's error makes the communicator unusable: both check both words
-    e0 = tl.load(state_ptr + _ERR, volatile=True)
-    e1 = tl.load(state_ptr + _GSTATE + _ERR, volatile=True)
+    # (uniform_load: the same in every thread of the program; triton/_spin.py says why)
+    e0 = uniform_load(state_ptr + _ERR, "gpu")
+    e1 = uniform_load(state_ptr + _GSTATE + _ERR, "gpu")
     return ((e0 != 0) | (e1 != 0)).to(tl.int32)
 
 
@@ -130,21 +127,21 @@ def _wait_ge(flag_ptr, target, state_ptr, st_ptr, code, blk, src, timeout_ns, hd
     hs = tl.zeros((), tl.int32) + 1
     h = want
     if CHECK_HDR:
-        h = tl.load(hdr_ptr, volatile=True)
+        h = uniform_load(hdr_ptr, "sys")
         hs = header_state(h, want)
         if hs < 0:
             spins = -3
     if USE_TIMER:
-        t0 = _globaltimer()
+        t0 = uniform_time()
     while ((cur < target) | (hs == 0)) & (spins >= 0):
         if CHECK_HDR:
-            h = tl.load(hdr_ptr, volatile=True)
+            h = uniform_load(hdr_ptr, "sys")
             hs = header_state(h, want)
         cur = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
         spins += 1
         if USE_TIMER:
             if timeout_ns > 0:
-                if _globaltimer() - t0 > timeout_ns:
+                if uniform_time() - t0 > timeout_ns:
                     spins = -1
         else:
             if spins > MAX_SPINS:
@@ -183,7 +180,7 @@ def _dp_swap_kernel(x_ptr, ldx, peer_recv_ptr, peer_flags_ptr, state_ptr, pitch,
     G = tl.num_programs(0)
     ety = x_ptr.dtype.element_ty
     if _poisoned(state_ptr) == 0:
-        epoch = tl.load(state_ptr + _SEQ, volatile=True) + 1
+        epoch = uniform_load(state_ptr + _SEQ, "gpu") + 1
         rank64 = rank + tl.zeros((), tl.int64)
         fail = b * 0
         want = ((epoch & _LOW32) << 32) | (sig.to(tl.int64) & _LOW32)  # this call's header
@@ -331,7 +328,7 @@ def _dp_gather_kernel(src_tab, out_tab, off_tab, ib_tab, peer_res_ptr, peer_flag
     # peer_res_ptr / peer_flags_ptr: int64 [W] addresses (results buffer 0, flag region).
     st = state_ptr + _GSTATE
     if _poisoned(state_ptr) == 0:
-        epoch = tl.load(st + _SEQ, volatile=True) + 1
+        epoch = uniform_load(st + _SEQ, "gpu") + 1
         par_off = (epoch % 2) * res_bytes
         rank64 = rank + tl.zeros((), tl.int64)
         per = items_per_rank + tl.zeros((), tl.int64)
