@@ -1,6 +1,8 @@
-"""Bisects the all-gather graph hang seen on 2x H100 at 06b8476 (docs/COMM.md, open defect:
-comm_helpers.gpu_graph_worker with 30 replays stuck in replay() / synchronize for > 80 s; its
-eager warm-up passed bit-exact). Needs 2 GPUs and the compiled extension.
+"""Bisected the all-gather graph hang seen on 2x H100 at 06b8476 (comm_helpers.gpu_graph_worker
+with 30 replays stuck in replay() / synchronize for > 80 s; its eager warm-up passed bit-exact).
+Found with it: a Triton call followed by CUDA calls failed in graph replay; the Triton kernel's
+per-thread header poll split its wait loop across warps (fixed in a67bdd3, triton/_spin.py).
+Needs 2 GPUs and the compiled extension.
 Each config runs the graph worker's step with a subset of backends, with / without the PDL chain,
 with a short bounded wait (timeout_ms) so that a bounded-wait failure shows up as CommError in
 seconds; a config that outlives its limit is an unbounded hang.
