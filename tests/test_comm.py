@@ -541,8 +541,9 @@ def test_triton_kernel_simulated_ranks_interpreter():
 def test_triton_kernel_compiles_for_sm90():
     """Ahead-of-time compile for sm_90 without a GPU (subprocess, interpreter off): catches what
     the interpreter does not (types of atomics, constexpr globals) and checks the PTX for
-    vectorized 16-byte pushes, release / acquire flags at system scope and the %globaltimer
-    bound (see comm_helpers.triton_aot_check)."""
+    vectorized 16-byte pushes, release / acquire flags at system scope, the %globaltimer
+    bound and that every poll is one thread's, broadcast (no per-thread ld.volatile: the
+    graph-replay defect of the header poll; see comm_helpers.triton_aot_check)."""
     env = _env_for_subprocess()
     env.pop("TRITON_INTERPRET", None)
     r = subprocess.run([sys.executable, str(Path(__file__).parent / "comm_helpers.py"),

@@ -511,7 +511,8 @@ def test_triton_backend_selection():
 def test_triton_kernels_compile_for_sm90():
     """Ahead-of-time compile of both Triton kernels for sm_90 (subprocess, interpreter off):
     catches what the interpreter does not (types of loop-carried values, atomics) and checks the
-    PTX for release / acquire flags at system scope and the %globaltimer bound."""
+    PTX for release / acquire flags at system scope, the %globaltimer bound and one-thread
+    (broadcast) polls."""
     import triton_aot
     triton_aot.run_script("dp_helpers.py", "triton-aot", oks=2)
 

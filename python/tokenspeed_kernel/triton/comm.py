@@ -32,7 +32,6 @@ import triton
 import triton.language as tl
 
 from ._spin import uniform_load, uniform_time
-
 from .prims import Const
 
 MAX_RANKS = 16        # csrc/comm/all_gather_hidden.cuh kAgMaxRanks (flag slots per block)
