@@ -214,6 +214,31 @@ def test_backends_agree_with_processing(mode, padded):
     assert not torch.equal(base.tokens, ref.tokens)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_logits_with_processing_agree(dtype):
+    """bf16 / fp16 target and draft logits with processing: the processed target rows are
+    float32; the CUDA backend converts the drafts to float32 (its kernels take one dtype), the
+    Triton kernels read them natively; every backend gives the reference's tokens."""
+    backends = _backends()
+    if len(backends) < 2:
+        pytest.skip("needs two backends")
+    gen = _gen(11)
+    ns, V = [3, 1, 2], 80
+    tgt, ids, cu, max_n, rows = _layout(ns, V, gen, False)
+    inp = _proc_inputs("all", ns, V, gen)
+    drf = (torch.randn(int(cu[-1]), V, generator=gen) * 2).to(DEVICE)
+    kw = dict(cu_num_draft=cu, draft_logits=drf.to(dtype), max_num_draft=max_n, processing=inp,
+              temperature=torch.tensor([0.9, 1.0, 0.7], device=DEVICE))
+    seed = torch.arange(len(ns), device=DEVICE) + 7
+    off = torch.zeros(len(ns), dtype=torch.int64, device=DEVICE)
+    outs = {b: ops.verify(tgt.to(dtype), ids, seed, off, backend=b, **kw) for b in backends}
+    ref = outs["reference"]
+    for b in backends[1:]:
+        assert torch.equal(outs[b].tokens, ref.tokens), (b, outs[b].tokens, ref.tokens)
+        assert torch.equal(outs[b].num_accepted, ref.num_accepted)
+        assert torch.equal(outs[b].valid, ref.valid)
+
+
 def test_emitted_tokens_follow_processed_distribution():
     """ngram verify with one draft, many requests with different seeds (reference): the first
     emitted token follows softmax(processed row 0), and after an accepted draft the second

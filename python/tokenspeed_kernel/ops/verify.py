@@ -334,7 +334,10 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
                                    f"a Triton kernel, and triton is not importable ({e})") from e
             tgt = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row, plan.ids, plan.cu,
                                      plan.max_n, plan.padded)
-            drf = plan.drf.to(torch.float32) if plan.drf is not None else None
+            # the CUDA kernels take one dtype for both; the Triton kernels read each natively
+            drf = plan.drf
+            if drf is not None and plan.backend == "cuda":
+                drf = drf.to(torch.float32)
             plan = plan._replace(tgt=tgt, drf=drf)
         tok, acc, valid, lp, plp = _run_plain(plan, out_dtype, validate, want_logprobs)
         if want_logprobs:
@@ -430,7 +433,8 @@ _DOC_ARGS = """
         Draft logits are used as given. Implementation: one extra pass writes the processed
         target rows (float32) that the verify then reads (the sampler applies processing inside
         its read; verify does not yet); the Triton kernel does it for the CUDA and Triton
-        backends. Raw ``logprobs`` stay over the unprocessed rows.
+        backends, and the CUDA backend also converts bf16 / fp16 draft logits to float32 (its
+        kernels take one dtype). Raw ``logprobs`` stay over the unprocessed rows.
 """
 
 
