@@ -267,22 +267,12 @@ def _pooled_chisquare(obs, exp):
 def _replicated(inp, n):
     """One request's inputs repeated for n requests (the counts stay one slot: count_slots)."""
     def rep_csr(c):
-        if c is None:
-            return None
         k = int(c.indptr[1])
         ids = c.ids[:k].repeat(n)
         vals = None if c.values is None else c.values[:k].repeat(n)
         return LP.Csr(torch.arange(n + 1, device=ids.device) * k, ids, vals)
 
-    def rep(t):
-        return None if t is None else t[:1].expand(n, *t.shape[1:]).contiguous()
-
-    return LP.LogitsInputs(
-        logit_bias=rep_csr(inp.logit_bias), repetition_penalty=rep(inp.repetition_penalty),
-        frequency_penalty=rep(inp.frequency_penalty), presence_penalty=rep(inp.presence_penalty),
-        counts=inp.counts, allowed_mask=rep(inp.allowed_mask), banned=rep_csr(inp.banned),
-        min_tokens=rep(inp.min_tokens), num_output_tokens=rep(inp.num_output_tokens),
-        stop_ids=rep_csr(inp.stop_ids), count_slots=rep(inp.count_slots))
+    return LP.map_requests(inp, lambda t: t[:1].expand(n, *t.shape[1:]).contiguous(), rep_csr)
 
 
 @pytest.mark.parametrize("backend,n", [("reference", 40_000), ("triton", 150),

@@ -136,10 +136,9 @@ def test_drafts_before_a_position_count():
     if "triton" in backends:
         from tokenspeed_kernel.triton import verify_processing as tvp
         dev = torch.empty(0, device=DEVICE).device   # with its index, as the ops pass it
-        inp_d = LP.LogitsInputs(*[t.to(dev) if isinstance(t, torch.Tensor) else t for t in inp])
-        inp_d = inp_d._replace(counts=LP.TokenCounts(counts.seen.to(dev), counts.output.to(dev)),
-                               stop_ids=LP.Csr(inp.stop_ids.indptr.to(dev),
-                                               inp.stop_ids.ids.to(dev)))
+        inp_d = LP.map_requests(inp, lambda t: t.to(dev),
+                                lambda c: LP.Csr(*[t if t is None else t.to(dev) for t in c]))
+        inp_d = inp_d._replace(counts=LP.TokenCounts(counts.seen.to(dev), counts.output.to(dev)))
         proc, _ = OV._prepare_processing(inp_d, 1, 3, V, dev, True)
         got = tvp.process_target(tgt.to(dev), proc, False, ids.to(dev), cu.to(dev), 2, False,
                                  block=16)

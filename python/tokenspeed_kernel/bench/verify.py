@@ -128,19 +128,10 @@ def _first_requests(inp, k: int):
     from ..reference import logits_processing as LP
 
     def csr(c):
-        if c is None:
-            return None
         e = int(c.indptr[k])
         return LP.Csr(c.indptr[:k + 1], c.ids[:e], None if c.values is None else c.values[:e])
 
-    def t(x):
-        return None if x is None else x[:k]
-    return LP.LogitsInputs(
-        logit_bias=csr(inp.logit_bias), repetition_penalty=t(inp.repetition_penalty),
-        frequency_penalty=t(inp.frequency_penalty), presence_penalty=t(inp.presence_penalty),
-        counts=inp.counts, allowed_mask=t(inp.allowed_mask), banned=csr(inp.banned),
-        min_tokens=t(inp.min_tokens), num_output_tokens=t(inp.num_output_tokens),
-        stop_ids=csr(inp.stop_ids), count_slots=t(inp.count_slots))
+    return LP.map_requests(inp, lambda x: x[:k], csr)
 
 
 def _fi_call(fs):

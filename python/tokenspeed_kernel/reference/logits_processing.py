@@ -72,6 +72,23 @@ class LogitsInputs(NamedTuple):
                                                       # (None: row q)
 
 
+CSR_FIELDS = ("logit_bias", "banned", "stop_ids")
+
+
+def map_requests(inputs: LogitsInputs, per_request, per_csr) -> LogitsInputs:
+    """A copy of ``inputs`` with every per-request tensor field ``t`` replaced by
+    ``per_request(t)`` and every CSR field ``c`` by ``per_csr(c)`` (None stays None); ``counts``
+    is kept as is (requests address it through ``count_slots``)."""
+    out = {}
+    for name in LogitsInputs._fields:
+        v = getattr(inputs, name)
+        if v is None or name == "counts":
+            out[name] = v
+        else:
+            out[name] = per_csr(v) if name in CSR_FIELDS else per_request(v)
+    return LogitsInputs(**out)
+
+
 def mask_words(vocab: int) -> int:
     return (vocab + 31) // 32
 
