@@ -1,0 +1,80 @@
+"""Per-kernel time breakdown of ops.sample with torch.profiler (eager, warm L2).
+
+    python bench/lab/tools/prof_sampling.py [backend,mode,B,V,dtype ...]
+        e.g. cuda,top_p,1,151936,fp32 triton,temp,1,151936,fp32 cuda,proc,64,151936,fp32
+Modes are the bench's (greedy, temp, top_k, top_p, top_k_top_p, min_p, proc; proc = top-k +
+top-p with the bench's processing inputs). Prints, per config, the mean device time of every
+kernel one call launches (20 calls) and the call's graph-replay time (cold L2 not flushed).
+PROF_ONCE=1: only three calls per config (for ncu).
+"""
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tokenspeed_kernel.bench.sampling import _ours_call, make_logits, make_params
+
+DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULT = [f"{b},{m},{B},151936,fp32" for b in ("cuda", "triton")
+           for m in ("temp", "top_k", "top_p", "min_p") for B in (1, 16)]
+N = 20
+
+
+def graph_us(fn, reps=200):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+for c in sys.argv[1:] or DEFAULT:
+    backend, mode, B, V, dt = c.split(",")
+    B, V = int(B), int(V)
+    dev = torch.device("cuda")
+    x = make_logits(B, V, DT[dt], dev)
+    P = make_params(mode, B, dev, V=V)
+    call = _ours_call(backend, proc=mode == "proc")
+    for _ in range(3):
+        call(x, P)
+    torch.cuda.synchronize()
+    if os.environ.get("PROF_ONCE"):    # for ncu: a few calls, no torch profiler
+        continue
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(N):
+            call(x, P)
+        torch.cuda.synchronize()
+    tot, lines = 0.0, []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if t <= 0:
+            continue
+        tot += t / N
+        lines.append((t / N, e.count / N, e.key[:100]))
+    try:
+        g = graph_us(lambda: call(x, P))
+    except Exception as ex:  # noqa: BLE001 - lab tool: report and go on
+        g = float("nan")
+        print(f"   graph failed: {type(ex).__name__}: {str(ex)[:120]}")
+    print(f"== {c}: kernels {tot:.1f} us/call, graph replay (warm) {g:.1f} us", flush=True)
+    for t, k, name in sorted(lines, reverse=True):
+        print(f"   {t:8.1f} us  x{k:g}  {name}", flush=True)
+    del x, P
+    torch.cuda.empty_cache()
