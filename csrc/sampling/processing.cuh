@@ -126,6 +126,25 @@ __device__ __forceinline__ bool bias_lookup(const ProcParams& pp, int q, int id,
   return false;
 }
 
+// Issues the load of the output count of the first seen element of the vector at i (bits:
+// its load_bits) when frequency / presence penalties are on, and returns the bits with that
+// element's offset + 1 in bits kPreShift.. (0: nothing prefetched); proc_vec then takes that
+// element's count from `cnt`. Called for all vectors in flight right after their loads, so
+// that the counts (a dependent, scattered read of the [N][V] table) are in flight together
+// with the vectors instead of one after another in the bodies.
+constexpr int kPreShift = 24;
+template <int VEC>
+__device__ __forceinline__ uint32_t prefetch_count(const ProcParams& pp, const RowProc& rp,
+                                                   uint32_t bits, int i, int& cnt) {
+  const uint32_t sn = (bits >> 8) & 0xffu;  // set only for rp.slot >= 0 and i + j < V
+  if ((pp.freq != nullptr || pp.pres != nullptr) && sn != 0u) {
+    const int j = __ffs(sn) - 1;
+    cnt = __ldg(pp.counts + int64_t(rp.slot) * pp.vocab + (i + j));
+    return bits | (uint32_t(j + 1) << kPreShift);
+  }
+  return bits;
+}
+
 // z[j] = x for a run-time j (a select chain: no local-memory array)
 template <int VEC>
 __device__ __forceinline__ void put(float (&z)[VEC], int j, float x) {
@@ -142,11 +161,13 @@ __device__ __forceinline__ float pick(const float (&z)[VEC], int j) {
 }
 
 // The processed logits of VEC consecutive raw values z of elements i .. i + VEC - 1, given
-// their processing bits (load_bits; kKeepAll for padding). Exactly the reference's steps: bias,
-// repetition, frequency, presence (one IEEE float32 operation each, no FMA), then the masks.
+// their processing bits (load_bits; kKeepAll for padding; with prefetch_count's offset, `cnt`
+// is that element's count). Exactly the reference's steps: bias, repetition, frequency,
+// presence (one IEEE float32 operation each, no FMA), then the masks.
 template <int VEC>
 __device__ __forceinline__ void proc_vec(const ProcParams& pp, const RowProc& rp, uint32_t bits,
-                                         int i, float (&z)[VEC]) {
+                                         int i, float (&z)[VEC], int cnt = 0) {
+  const int pj = int((bits >> kPreShift) & 0xfu) - 1;  // prefetched count's element, or -1
   uint32_t hb = (bits >> 16) & 0xffu;
   while (hb) {  // logit bias (rare)
     const int j = __ffs(hb) - 1;
@@ -164,7 +185,7 @@ __device__ __forceinline__ void proc_vec(const ProcParams& pp, const RowProc& rp
       x = x > 0.0f ? __fdiv_rn(x, r) : fmul(x, r);
     }
     if (pp.freq != nullptr || pp.pres != nullptr) {
-      const int c = __ldg(pp.counts + int64_t(rp.slot) * pp.vocab + (i + j));
+      const int c = j == pj ? cnt : __ldg(pp.counts + int64_t(rp.slot) * pp.vocab + (i + j));
       if (c > 0) {
         if (pp.freq != nullptr) x = fsub(x, fmul(__ldg(pp.freq + rp.q), __int2float_rn(c)));
         if (pp.pres != nullptr) x = fsub(x, __ldg(pp.pres + rp.q));

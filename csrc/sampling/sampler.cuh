@@ -234,6 +234,7 @@ __device__ __forceinline__ void for_each_vec(const T* __restrict__ rowp, int c0,
       }
       if constexpr (kHook) f.prefetch(u, i, v < nvec);
     }
+    if constexpr (kHook) f.loaded(c0 + (w0 + lane) * VEC, kThreads * VEC);
     // one copy of the body (code size: the small-batch path runs it once, from a cold
     // instruction cache); the loaded vectors shift down through registers
 #pragma unroll 1
@@ -258,7 +259,8 @@ __device__ __forceinline__ void for_each_vec(const T* __restrict__ rowp, int c0,
 
 // for_each_vec's processing hook: for each vector, fr(i, z) sees the raw values (the raw
 // logprobs' sums), then f(i, z) the processed ones; the processing bits of the kUnroll vectors
-// in flight (one word of each given mask per vector, packed: load_bits) are loaded with them.
+// in flight (one word of each given mask per vector, packed: load_bits) are loaded with them,
+// and once all are issued, the output counts they need (prefetch_count).
 struct NoRaw {
   template <int VEC>
   __device__ __forceinline__ void operator()(int, const float (&)[VEC]) const {}
@@ -271,19 +273,29 @@ struct ProcBody {
   F& f;
   FR& fr;
   uint32_t bits[kUnroll];
+  int cnt[kUnroll];
   __device__ __forceinline__ ProcBody(const ProcParams& pp_, RowProc rp_, int c1_, F& f_, FR& fr_)
       : pp(pp_), rp(rp_), c1(c1_), f(f_), fr(fr_) {}
   // vector u of the next step starts at element i (valid: i < c1; else padding)
   __device__ __forceinline__ void prefetch(int u, int i, bool valid) {
     bits[u] = valid ? load_bits<VEC>(pp, rp, i, c1) : kKeepAll;
   }
+  // all vectors of the step issued (vector u starts at i0 + u * stride): their counts
+  __device__ __forceinline__ void loaded(int i0, int stride) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      bits[u] = prefetch_count<VEC>(pp, rp, bits[u], i0 + u * stride, cnt[u]);
+  }
   __device__ __forceinline__ void shift() {
 #pragma unroll
-    for (int q = 0; q + 1 < kUnroll; ++q) bits[q] = bits[q + 1];
+    for (int q = 0; q + 1 < kUnroll; ++q) {
+      bits[q] = bits[q + 1];
+      cnt[q] = cnt[q + 1];
+    }
   }
   __device__ __forceinline__ void operator()(int i, float (&z)[VEC]) {
     fr(i, z);
-    proc_vec<VEC>(pp, rp, bits[0], i, z);
+    proc_vec<VEC>(pp, rp, bits[0], i, z, cnt[0]);
     f(i, z);
   }
 };
@@ -1854,6 +1866,7 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
   for (int v0 = threadIdx.x; v0 < nvec; v0 += kSplitThreads * U) {
     uint4 buf[U];
     uint32_t pb[kProc ? U : 1];  // kProc: the vectors' processing bits (load_bits)
+    int cn[kProc ? U : 1];       // kProc: their prefetched counts (prefetch_count)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * kSplitThreads;
@@ -1870,6 +1883,11 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
         }
       }
       if constexpr (kProc) pb[u] = v < nvec ? load_bits<VEC>(p.proc, rp, i, c1) : kKeepAll;
+    }
+    if constexpr (kProc) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        pb[u] = prefetch_count<VEC>(p.proc, rp, pb[u], c0 + (v0 + u * kSplitThreads) * VEC, cn[u]);
     }
 #pragma unroll 1
     for (int u = 0; u < U; ++u) {
@@ -1891,9 +1909,12 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
             rawbad |= z[j] < INFINITY ? 0u : 1u;
           }
         }
-        proc_vec<VEC>(p.proc, rp, pb[0], i, z);
+        proc_vec<VEC>(p.proc, rp, pb[0], i, z, cn[0]);
 #pragma unroll
-        for (int q2 = 0; q2 + 1 < U; ++q2) pb[q2] = pb[q2 + 1];
+        for (int q2 = 0; q2 + 1 < U; ++q2) {
+          pb[q2] = pb[q2 + 1];
+          cn[q2] = cn[q2 + 1];
+        }
       }
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
