@@ -376,7 +376,7 @@ def _proc_ctx(row, tpr, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, fre
     if P_KEEP & PROC:
         keep_row = keep_ptr + q * W
     return (b0, b1, r, f, pp, bias_ids_ptr, bias_val_ptr, hb_row, seen_row, cnt_row, keep_row,
-            pok)
+            pok, W)
 
 
 @triton.jit
@@ -387,31 +387,55 @@ def _bit(words_row, offs, m):
 
 
 @triton.jit
+def _bit_tile(words_row, start, m, W):
+    """``_bit`` for a tile ``offs = start + arange(BLOCK)`` with ``start % 32 == 0`` and
+    ``BLOCK % 32 == 0``: one load per word (``BLOCK / 32`` words, contiguous) instead of one
+    gather per element, expanded to the elements through a ``[BLOCK / 32, 32]`` view."""
+    BLOCK: tl.constexpr = m.shape[0]
+    wi = (start >> 5) + tl.arange(0, BLOCK // 32)
+    w = tl.load(words_row + wi, mask=wi < W, other=0)
+    b = tl.reshape((w[:, None] >> tl.arange(0, 32)[None, :]) & 1, [BLOCK])
+    return m & (b != 0)
+
+
+@triton.jit
+def _bits(words_row, offs, start, m, W, TILE: tl.constexpr):
+    """``_bit_tile`` for tiles (``TILE``, a block of at least 32 elements), else ``_bit``."""
+    if TILE and (offs.shape[0] % 32 == 0):
+        return _bit_tile(words_row, start, m, W)
+    else:
+        return _bit(words_row, offs, m)
+
+
+@triton.jit
 def _process(z, offs, m, pc, PROC: tl.constexpr):
     """The processed logits of the raw float32 ``z`` at ids ``offs`` (lanes with ``m`` False
     are don't-care): bias, repetition, frequency, presence, masks, one IEEE float32 operation
     per step (no FMA: the kernels run with ``enable_fp_fusion=False``; IEEE division), exactly
     ``reference.logits_processing.apply``. Reads the bitmask words per element (1/32 of the
     logits' bytes) and the counts / bias entries only where a bit says they matter."""
-    return _process_x(z, offs, m, pc, 0, PROC, False)
+    return _process_x(z, offs, m, pc, 0, PROC, False, 0, False)
 
 
 @triton.jit
-def _process_x(z, offs, m, pc, ex, PROC: tl.constexpr, EXTRA: tl.constexpr):
+def _process_x(z, offs, m, pc, ex, PROC: tl.constexpr, EXTRA: tl.constexpr, start,
+               TILE: tl.constexpr):
     """``_process`` with, when ``EXTRA``, ``ex`` more output-token occurrences per lane (int32;
     verify: the drafts before the position, ``reference.logits_processing.apply_verify``): those
     ids count as seen and their counts grow by ``ex``. Without ``EXTRA`` the same operations as
-    before it existed (the sampler's kernels)."""
-    b0, b1, r, f, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok = pc
+    before it existed (the sampler's kernels). ``TILE``: ``offs = start + arange(BLOCK)`` with
+    ``start`` a multiple of the block, so the bitmask words of blocks of at least 32 elements are
+    read once per 32 elements (``_bit_tile``); the same values."""
+    b0, b1, r, f, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok, W = pc
     if P_BIAS & PROC:
-        hb = _bit(hb_row, offs, m)
+        hb = _bits(hb_row, offs, start, m, W, TILE)
         if tl.max(hb.to(tl.int32), axis=0) > 0:
             bv = tl.zeros(z.shape, tl.float32)
             for e in range(b0, b1):
                 bv = tl.where(offs == tl.load(bids + e), tl.load(bvals + e), bv)
             z = tl.where(hb, z + bv, z)
     if P_PEN & PROC:
-        sb = _bit(seen_row, offs, m & pok)
+        sb = _bits(seen_row, offs, start, m & pok, W, TILE)
         sn = sb
         if EXTRA:
             sn = sb | ((ex > 0) & m & pok)
@@ -429,28 +453,30 @@ def _process_x(z, offs, m, pc, ex, PROC: tl.constexpr, EXTRA: tl.constexpr):
             if P_PRES & PROC:
                 z = tl.where(hit, z - pp, z)
     if P_KEEP & PROC:
-        z = tl.where(_bit(keep_row, offs, m), z, NEG_INF)
+        z = tl.where(_bits(keep_row, offs, start, m, W, TILE), z, NEG_INF)
     return z
 
 
 @triton.jit
-def _zload(row_ptr, offs, m, pc, PROC: tl.constexpr):
-    """The (processed, when PROC) float32 logits of a tile; -inf where not ``m``."""
+def _zload(row_ptr, start, offs, m, pc, PROC: tl.constexpr):
+    """The (processed, when PROC) float32 logits of the tile ``offs = start + arange(BLOCK)``
+    (``start`` a multiple of 32); -inf where not ``m``."""
     z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
     if PROC != 0:
-        z = _process(z, offs, m, pc, PROC)
+        z = _process_x(z, offs, m, pc, 0, PROC, False, start, True)
     return z
 
 
 @triton.jit
-def _zload_raw(row_ptr, offs, m, pc, rm, rs, WANT_LP: tl.constexpr, PROC: tl.constexpr):
-    """K1's read: (processed z, and with processing + logprobs the raw logits' per-lane
-    running max / exp-sum, NaN-sticky, for the raw logprobs)."""
+def _zload_raw(row_ptr, start, offs, m, pc, rm, rs, WANT_LP: tl.constexpr, PROC: tl.constexpr):
+    """K1's read of the tile ``offs = start + arange(BLOCK)`` (``start`` a multiple of 32):
+    (processed z, and with processing + logprobs the raw logits' per-lane running max /
+    exp-sum, NaN-sticky, for the raw logprobs)."""
     z = tl.load(row_ptr + offs, mask=m, other=NEG_INF).to(tl.float32)
     if PROC != 0:
         if WANT_LP:
             rm, _ri, rs, _s2 = _lanes_update(z, offs, rm, offs, rs, rs, 1.0, True, False)
-        z = _process(z, offs, m, pc, PROC)
+        z = _process_x(z, offs, m, pc, 0, PROC, False, start, True)
     return z, rm, rs
 
 
@@ -545,7 +571,7 @@ def _k1_base(row_ptr, lo, hi, inv_t, pf_ptr, pi_ptr, pidx, pc, pr_ptr, WANT_LP: 
     rs = tl.zeros([BLOCK], tl.float32)
     for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
-        z, rm, rs = _zload_raw(row_ptr, offs, offs < hi, pc, rm, rs, WANT_LP, PROC)
+        z, rm, rs = _zload_raw(row_ptr, start, offs, offs < hi, pc, rm, rs, WANT_LP, PROC)
         zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
                                               False)
     _raw_store(rm, rs, pr_ptr, pidx, WANT_LP, PROC)
@@ -571,7 +597,7 @@ def _k1_plain(row_ptr, lo, hi, inv_t, seed, offset, pf_ptr, pi_ptr, pidx, pc, pr
     for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
         m = offs < hi
-        z, rm, rs = _zload_raw(row_ptr, offs, m, pc, rm, rs, WANT_LP, PROC)
+        z, rm, rs = _zload_raw(row_ptr, start, offs, m, pc, rm, rs, WANT_LP, PROC)
         zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
                                               True)
         bits = _philox_tile(start, seed, offset, BLOCK)
@@ -618,7 +644,7 @@ def _k1_window(row_ptr, lo, hi, inv_t, L, cbase, slot, pf_ptr, pi_ptr, pidx, pc,
     for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
         m = offs < hi
-        z, rm, rs = _zload_raw(row_ptr, offs, m, pc, rm, rs, WANT_LP, PROC)
+        z, rm, rs = _zload_raw(row_ptr, start, offs, m, pc, rm, rs, WANT_LP, PROC)
         zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
                                               False)
         mrun = tl.maximum(mrun, tl.max(z, axis=0))
@@ -660,7 +686,7 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
     i4 = tl.zeros([BLOCK_T], tl.int32)
     for start in tl.range(lo, hi, BLOCK_T, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK_T)
-        z, rm, rs = _zload_raw(row_ptr, offs, offs < hi, pc, rm, rs, WANT_LP, PROC)
+        z, rm, rs = _zload_raw(row_ptr, start, offs, offs < hi, pc, rm, rs, WANT_LP, PROC)
         zm, zi, sl, s2l = _lanes_update(z, offs, zm, zi, sl, s2l, inv_t, WANT_LP,
                                               False)
         c0 = z > v0
@@ -823,7 +849,7 @@ def _k2_mass(logits_ptr, stride_row, n_rows, V, chunk2, S1, S2, tpr,
         acc = tl.zeros([BLOCK], tl.int64)
         for start in tl.range(lo, hi, BLOCK, num_stages=NSTAGE):
             offs = start + tl.arange(0, BLOCK)
-            z = _zload(row_ptr, offs, offs < hi, pc, PROC)
+            z = _zload(row_ptr, start, offs, offs < hi, pc, PROC)
             acc += P.mass_fixed(P.centered(z, zmax, inv_t))
         tot = tl.sum(acc, axis=0)
     tl.store(mass_ptr + row.to(tl.int64) * S2 + s, tot)
@@ -861,7 +887,7 @@ def _ge_stats(row_ptr, V, zmax, inv_t, floor_key, t, pc, MASS: tl.constexpr,
     for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
         m = offs < V
-        z = _zload(row_ptr, offs, m, pc, PROC)
+        z = _zload(row_ptr, start, offs, m, pc, PROC)
         key = P.key32(z) * V + (V - 1 - offs)
         key = tl.where(m & (key >= floor_key), key, -1)
         hit = key[:, None] >= t[None, :]
@@ -945,7 +971,7 @@ def _exact_row(row_ptr, V, zmax, amax, inv_t, k_on, k, p_on, p, mp_on, L, seed, 
     for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
         m = offs < V
-        z = _zload(row_ptr, offs, m, pc, PROC)
+        z = _zload(row_ptr, start, offs, m, pc, PROC)
         key = P.key32(z) * V + (V - 1 - offs)
         y = P.centered(z, zmax, inv_t)
         kept = m & (key >= thr) & (y >= lmin)
@@ -965,7 +991,7 @@ def _ext_stats(row_ptr, V, zmax, inv_t, lastP, t, pc, BLOCK: tl.constexpr,
     mass = tl.zeros([BLOCK, NTHR], dtype=tl.int64)
     for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
-        z = _zload(row_ptr, offs, offs < V, pc, PROC)
+        z = _zload(row_ptr, start, offs, offs < V, pc, PROC)
         key = P.key56(z, offs)
         key = tl.where((z > NEG_INF) & (key < lastP), key, -1)
         hit = key[:, None] >= t[None, :]
@@ -1005,7 +1031,7 @@ def _ext_collect(row_ptr, V, zmax, inv_t, lastP, t_lo, t_hi, lmin, seed, offset,
     n = tl.full([], 0, tl.int32)
     for start in tl.range(0, V, BLOCK, num_stages=NSTAGE):
         offs = start + tl.arange(0, BLOCK)
-        z = _zload(row_ptr, offs, offs < V, pc, PROC)
+        z = _zload(row_ptr, start, offs, offs < V, pc, PROC)
         key = P.key56(z, offs)
         fin = (z > NEG_INF) & (key < lastP)
         col = fin & (key >= t_lo) & (key < t_hi)

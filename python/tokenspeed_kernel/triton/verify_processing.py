@@ -88,14 +88,13 @@ def _process_rows(tgt_ptr, stride_t, out_ptr, V, row_req_ptr, cu_ptr, ids_ptr, b
     pc = _proc_ctx(q, 1, V, bias_ip_ptr, bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr,
                    pres_ptr, seen_ptr, cnt_ptr, slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots,
                    PROC)
-    b0, b1, rp, fp, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok = pc
+    b0, b1, rp, fp, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok, W = pc
     if KEEP_PER_ROW:   # keep / has-bias words built per target row (_prep_rows)
-        W = (V + 31) // 32
         if P_BIAS & PROC:
             hb_row = hasb_ptr + r * W
         if P_KEEP & PROC:
             keep_row = keep_ptr + r * W
-    pc = (b0, b1, rp, fp, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok)
+    pc = (b0, b1, rp, fp, pp, bids, bvals, hb_row, seen_row, cnt_row, keep_row, pok, W)
     npre = tl.where(ok, j, 0)
     src = tgt_ptr + r * stride_t
     dst = out_ptr + r * V
@@ -110,7 +109,7 @@ def _process_rows(tgt_ptr, stride_t, out_ptr, V, row_req_ptr, cu_ptr, ids_ptr, b
                 for k in range(0, npre):
                     d = tl.load(ids_ptr + dbase + k)
                     ex += (offs.to(tl.int64) == d).to(tl.int32)
-            z = _process_x(z, offs, m, pc, ex, PROC, True)
+            z = _process_x(z, offs, m, pc, ex, PROC, True, t0, True)
         tl.store(dst + offs, z, mask=m)
 
 
