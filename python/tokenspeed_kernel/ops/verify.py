@@ -334,10 +334,9 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
                                    f"a Triton kernel, and triton is not importable ({e})") from e
             tgt = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row, plan.ids, plan.cu,
                                      plan.max_n, plan.padded)
-            # the CUDA kernels take one dtype for both; the Triton kernels read each natively
-            drf = plan.drf
-            if drf is not None and plan.backend == "cuda":
-                drf = drf.to(torch.float32)
+            # the kernels of both backends take one dtype for target and drafts (the Triton
+            # kernels select one row pointer for either; mixed element types do not compile)
+            drf = plan.drf.to(torch.float32) if plan.drf is not None else None
             plan = plan._replace(tgt=tgt, drf=drf)
         tok, acc, valid, lp, plp = _run_plain(plan, out_dtype, validate, want_logprobs)
         if want_logprobs:
@@ -433,8 +432,8 @@ _DOC_ARGS = """
         Draft logits are used as given. Implementation: one extra pass writes the processed
         target rows (float32) that the verify then reads (the sampler applies processing inside
         its read; verify does not yet); the Triton kernel does it for the CUDA and Triton
-        backends, and the CUDA backend also converts bf16 / fp16 draft logits to float32 (its
-        kernels take one dtype). Raw ``logprobs`` stay over the unprocessed rows.
+        backends, which also convert bf16 / fp16 draft logits to float32 (the kernels take one
+        dtype for target and drafts). Raw ``logprobs`` stay over the unprocessed rows.
 """
 
 

@@ -697,6 +697,11 @@ def verify_probabilistic(tgt, drf, ids, cu, seed, offset, temperature, min_p, ma
     R_t, V = tgt.shape
     R_d = 0 if ngram else drf.shape[0]
     drf_ = tgt if ngram else drf
+    if drf_.dtype != tgt.dtype:
+        # _pass1 / _pass2 / _thresholds select one row pointer for target and draft rows: mixed
+        # element types do not compile for the GPU (the interpreter would not notice)
+        raise ValueError(f"draft_logits dtype {drf_.dtype} differs from target_logits dtype "
+                         f"{tgt.dtype}: the Triton verify kernels take one dtype for both")
     rows = R_t + R_d
     block = max(min(block or DEFAULT_BLOCK, _pow2(V)), 16)
     splits = _splits(rows, V, block, dev)
