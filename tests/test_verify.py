@@ -831,6 +831,10 @@ def test_triton_verify_loads_vectorize():
     assert out.count("row table (padded=") == 2 and "compiled" in out, out
     assert out.count("_walk (padded=") == 2 and out.count("_strict_accept (padded=") == 2, out
     assert out.count("_prep_rows (padded=") == 2, out
+    # bf16 target / draft rows (and the top-k / top-p thresholds kernel) compile for the GPU
+    for k in ("_pass1", "_pass2", "_final"):
+        assert f"{k} bf16 compiled" in out, out
+    assert "_thresholds fp32 compiled" in out and "_thresholds bf16 compiled" in out, out
 
 
 def test_schemas_match_extension():

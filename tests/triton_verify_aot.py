@@ -19,30 +19,38 @@ def check() -> None:
 
     ptr = {"tgt_ptr", "drf_ptr", "row_req_ptr", "temp_ptr", "minp_ptr", "key_ptr", "nan_ptr",
            "thr_ptr", "s_ptr", "se_ptr", "cu_ptr", "seed_ptr", "off_ptr", "jobi_ptr", "jobf_ptr",
-           "cand_ptr"}
+           "cand_ptr", "topk_ptr", "topp_ptr"}
     types = {"tgt_ptr": "*fp32", "drf_ptr": "*fp32", "row_req_ptr": "*i32", "temp_ptr": "*fp32",
              "minp_ptr": "*fp32", "key_ptr": "*i64", "nan_ptr": "*i32", "thr_ptr": "*i64",
              "s_ptr": "*i64", "se_ptr": "*fp32", "cu_ptr": "*i64", "seed_ptr": "*i64",
-             "off_ptr": "*i64", "jobi_ptr": "*i64", "jobf_ptr": "*fp32", "cand_ptr": "*i64"}
+             "off_ptr": "*i64", "jobi_ptr": "*i64", "jobf_ptr": "*fp32", "cand_ptr": "*i64",
+             "topk_ptr": "*i32", "topp_ptr": "*fp32"}
     # values the bench passes (V = 151936 fp32 rows): multiples of 16 except the row count / bound
     div16 = {"stride_t", "stride_d", "V", "chunk"}
     consts = {"BLOCK": 1024, "LOGPROBS": False, "FILT": False, "PADDED": False, "NGRAM": False}
-    for kern in (tv._pass1, tv._pass2, tv._final):
-        names = [p.name for p in kern.params]
-        skip = {names[i] if isinstance(i, int) else i for i in kern.do_not_specialize or ()}
-        sig, const, attrs = {}, {}, {}
-        for i, n in enumerate(names):
-            if n in consts:
-                const[n] = consts[n]
-                continue
-            sig[n] = types.get(n, "i32")
-            if (n in ptr or n in div16) and n not in skip:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        ptx = triton_aot.compile_ptx(kern, sig, const, attrs, num_warps=4,
-                                     enable_fp_fusion=False)
-        n4 = len(re.findall(r"ld\.global(?:\.[a-z0-9_:]+)*\.v4", ptx))
-        print(f"{kern.fn.__name__}: v4 loads {n4} (not specialized: {sorted(skip)})",
-              flush=True)
+    # fp32, then bf16 logits (target and drafts take one dtype: ops converts bf16 / fp16 drafts
+    # to float32 when the processed target rows are float32; the interpreter would not notice a
+    # kernel that fails to compile for the GPU with one of them)
+    for dt in ("fp32", "bf16"):
+        for kern in (tv._pass1, tv._pass2, tv._thresholds, tv._final):
+            names = [p.name for p in kern.params]
+            skip = {names[i] if isinstance(i, int) else i for i in kern.do_not_specialize or ()}
+            sig, const, attrs = {}, {}, {}
+            for i, n in enumerate(names):
+                if n in consts:
+                    const[n] = consts[n]
+                    continue
+                sig[n] = f"*{dt}" if n in ("tgt_ptr", "drf_ptr") else types.get(n, "i32")
+                if (n in ptr or n in div16) and n not in skip:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+            ptx = triton_aot.compile_ptx(kern, sig, const, attrs, num_warps=4,
+                                         enable_fp_fusion=False)
+            n4 = len(re.findall(r"ld\.global(?:\.[a-z0-9_:]+)*\.v4", ptx))
+            if dt == "fp32" and kern is not tv._thresholds:
+                print(f"{kern.fn.__name__}: v4 loads {n4} (not specialized: {sorted(skip)})",
+                      flush=True)
+            else:
+                print(f"{kern.fn.__name__} {dt} compiled (v4 loads {n4})", flush=True)
     # the per-row request table (one small kernel, ragged and padded layouts): compiles
     for padded in (False, True):
         triton_aot.compile_ptx(tv._row_req_kernel, {"cu_ptr": "*i64", "out_ptr": "*i32",
