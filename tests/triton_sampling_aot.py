@@ -35,10 +35,14 @@ CASES = [
     ("temperature+proc+lp", True, False, False, False, True, 31),
     ("top-k + top-p+proc", True, True, True, False, False, 31),
     ("top-p+proc+lp", True, False, True, False, True, 31),
+    # bf16 logits (read natively), processing on: the tiled bitmask word loads with 8-element
+    # vectors
+    ("temperature+proc bf16", True, False, False, False, False, 31, "bf16"),
+    ("top-k + top-p+proc bf16", True, True, True, False, False, 31, "bf16"),
 ]
 
 
-def _compile(kern, consts: dict, vals: dict) -> str:
+def _compile(kern, consts: dict, vals: dict, logits: str = "*fp32") -> str:
     """Pointers and the 16-divisible ints (V = 151936, row stride, chunk) get the JIT's
     divisibility hint unless the kernel excludes them from specialization; other ints are i32."""
     names = [p.name for p in kern.params]
@@ -48,7 +52,7 @@ def _compile(kern, consts: dict, vals: dict) -> str:
         if n in consts:
             const[n] = consts[n]
             continue
-        sig[n] = _PTR.get(n, "i32")
+        sig[n] = logits if n == "logits_ptr" else _PTR.get(n, "i32")
         if (n in _PTR or n in ("V", "stride_row", "chunk", "chunk2")) and n not in skip:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return triton_aot.compile_ptx(kern, sig, const, attrs, num_warps=vals["num_warps"],
@@ -61,7 +65,8 @@ def check() -> None:
 
     TS._sm_count = lambda dev: 132          # the launch configuration of a 132-SM GPU
     V = 151936
-    for name, has_t, has_k, has_p, has_minp, lp, proc in CASES:
+    for name, has_t, has_k, has_p, has_minp, lp, proc, *dt in CASES:
+        logits = "*" + (dt[0] if dt else "fp32")
         rows = 16
         topr = has_k or has_p
         cfg = TS._make_config(rows, V, torch.device("cuda", 0), topr, has_minp)
@@ -72,19 +77,19 @@ def check() -> None:
                   NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
                   DEPTH=cfg["DEPTH_P"] if (has_p and not has_k and S1 == 1) else 4, PROC=proc)
         ptx = _compile(TS._k1_partial, k1,
-                       {"num_warps": cfg["warps_t"] if topr else cfg["warps"]})
+                       {"num_warps": cfg["warps_t"] if topr else cfg["warps"]}, logits)
         print(f"{name}: _k1_partial {len(ptx)} bytes of PTX; triton-aot ok", flush=True)
         if has_p:
             k2 = dict(flags, BLOCK=cfg["BLOCK"], KCAP=cfg["KCAP"], SMAX=cfg["SMAX"],
                       NSTAGE=cfg["NSTAGE"], PROC=proc)
-            ptx = _compile(TS._k2_mass, k2, {"num_warps": cfg["warps"]})
+            ptx = _compile(TS._k2_mass, k2, {"num_warps": cfg["warps"]}, logits)
             print(f"{name}: _k2_mass {len(ptx)} bytes of PTX; triton-aot ok", flush=True)
         k3 = dict(flags, WANT_LP=lp, KCAP=cfg["KCAP"], NP=cfg["NP"], NC=cfg["NC"],
                   SMAX=cfg["SMAX"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
                   S2MAX=cfg["S2MAX"], BLOCK_X=cfg["BLOCK_X"], NTHR=TS.NT,
                   BLOCK_R=cfg["BLOCK_R"], NREF=cfg["NREF"], USE_RANK=cfg["USE_RANK"],
                   STATS=False, PROC=proc)
-        ptx = _compile(TS._k3_finalize, k3, {"num_warps": cfg["warps"]})
+        ptx = _compile(TS._k3_finalize, k3, {"num_warps": cfg["warps"]}, logits)
         print(f"{name}: _k3_finalize {len(ptx)} bytes of PTX; triton-aot ok", flush=True)
     prep = dict(BUILD_KEEP=True, HAS_ALLOWED=True, HAS_BAN=True, HAS_STOP=True, HAS_BIAS=True,
                 BLOCK=TS._PREP_BLOCK)
