@@ -5,7 +5,8 @@
 Modes are the bench's (greedy, temp, top_k, top_p, top_k_top_p, min_p, proc; proc = top-k +
 top-p with the bench's processing inputs). Prints, per config, the mean device time of every
 kernel one call launches (20 calls) and the call's graph-replay time (cold L2 not flushed).
-PROF_ONCE=1: only three calls per config (for ncu).
+PROF_ONCE=1: only six calls per config (for ncu: `--launch-skip 3 --launch-count 1` with a
+`--kernel-name` filter profiles the fourth matching launch).
 """
 import os
 import sys
@@ -55,7 +56,10 @@ for c in sys.argv[1:] or DEFAULT:
     for _ in range(3):
         call(x, P)
     torch.cuda.synchronize()
-    if os.environ.get("PROF_ONCE"):    # for ncu: a few calls, no torch profiler
+    if os.environ.get("PROF_ONCE"):    # for ncu: a few more calls, no torch profiler
+        for _ in range(3):             # (ncu --launch-skip counts only the kernels it matches)
+            call(x, P)
+        torch.cuda.synchronize()
         continue
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(N):
