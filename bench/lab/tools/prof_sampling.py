@@ -4,7 +4,8 @@
         e.g. cuda,top_p,1,151936,fp32 triton,temp,1,151936,fp32 cuda,proc,64,151936,fp32
 Modes are the bench's (greedy, temp, top_k, top_p, top_k_top_p, min_p, proc; proc = top-k +
 top-p with the bench's processing inputs). Prints, per config, the mean device time of every
-kernel one call launches (20 calls) and the call's graph-replay time (cold L2 not flushed).
+kernel one call launches (20 calls) and the call's graph-replay time (mean of 200 back-to-back
+replays, warm L2).
 PROF_ONCE=1: only six calls per config (for ncu: `--launch-skip 3 --launch-count 1` with a
 `--kernel-name` filter profiles the fourth matching launch).
 """
@@ -34,16 +35,13 @@ def graph_us(fn, reps=200):
         fn()
     g.replay()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):      # back to back: the per-replay launch gap, not the event overhead
         g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / reps
 
 
 for c in sys.argv[1:] or DEFAULT:
