@@ -9,10 +9,11 @@ the input (flat rows whose top-p / min-p kept set exceeds the candidate cap, top
 so that one thread's candidate list overflows, logits of magnitude 1e30), and the tokens are
 compared with the reference bit for bit; logprobs to 1e-3.
 
-Batch sizes (why): 1 and 3 (clusters of 16 CTAs, chunks in shared memory; temperature / greedy
-rows: the split launch, up to 64 plain CTAs per row and a merge kernel), 40 (clusters of 2-4),
-300 (one CTA per row, streamed), so the same row is sampled by every layout. ``nosplit`` keeps
-small temperature batches on the cluster launch.
+Batch sizes (why): 1 and 3 (temperature / greedy rows: the split launch, up to 64 plain CTAs
+per row and a merge kernel; with top-k / top-p / min-p tensors: the split-candidates launch, one
+CTA per SM and the row's last CTA finishing it), 40 (clusters of 2-4), 300 (one CTA per row,
+streamed), so the same row is sampled by every layout. ``nosplit`` keeps small batches on the
+cluster launch (clusters of 16 CTAs, chunks in shared memory).
 """
 from __future__ import annotations
 
@@ -104,8 +105,8 @@ def test_cuda_paths_match_reference(mode, B, flags):
     skip_unless_backend("cuda")
     if flags == "stream" and B == 300:
         pytest.skip("B = 300 already streams")
-    if flags.startswith("nosplit") and (mode != "temperature" or B > 3):
-        pytest.skip("the split launch only takes small temperature / greedy batches")
+    if flags.startswith("nosplit") and B > 3:
+        pytest.skip("the split launches only take small batches")
     V = 151936 if B <= 40 else 32000
     g = _gen(B * 100 + len(mode))
     logits = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
@@ -305,4 +306,127 @@ def test_cuda_split_launch_graph_replay_and_streams():
     torch.cuda.synchronize()
     for o, x in zip(outs, xs):
         w = want(*x)[0]
+        assert all(torch.equal(t.tokens, w) for t in o)
+
+
+# ---------------------------------------------------------------------------------------------
+# the split-candidates launch (small batches with top-k / top-p / min-p tensors)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("B", [2, 8, 16, 33])
+@pytest.mark.parametrize("mode", ["top_k_50", "top_k_500", "top_k_1000", "top_p", "min_p",
+                                  "top_k_top_p", "all"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_scand_batches(B, mode, dtype):
+    """Every CTA count the launch takes (S = SMs / B, down to 4 CTAs per row at B = 33 on an
+    H100; B > SMs / 4 takes the cluster launch), both dtypes, and the nosplit cluster launch on
+    the same rows."""
+    skip_unless_backend("cuda")
+    g = _gen(B * 31 + len(mode))
+    logits = (torch.randn(B, 151936, generator=g) * 4).to(dtype).to(DEVICE)
+    kw = _per_row(B, g, **MODES[mode])
+    a = _check(logits, kw)
+    b = _check(logits, kw, S.F_NO_SPLIT)
+    assert torch.equal(a.tokens, b.tokens)
+
+
+@pytest.mark.parametrize("B", [1, 4])
+@pytest.mark.parametrize("where", ["low_ids", "one_lane", "spread_wide"])
+def test_cuda_scand_rescans(B, where):
+    """The row's top values crowd one CTA's chunk (low ids, as in real vocabularies where the
+    frequent tokens come first), one lane's vectors (evicted keys: the CTA is incomplete), or
+    spread so that a CTA holds more than its share: the finishing CTA must read those chunks
+    again. Top-k 50 / 200 / 512, with top-p, top-p alone, min-p alone."""
+    skip_unless_backend("cuda")
+    g = _gen(17 + B)
+    V = 151936
+    z = torch.randn(B, V, generator=g)
+    if where == "low_ids":
+        z[:, :600] += 9.0 + torch.rand(B, 600, generator=g)
+    elif where == "one_lane":
+        # thread 0's vectors of the first chunk: ids 4096 j + (0..3)
+        idx = torch.tensor([4096 * j + e for j in range(8) for e in range(4) if 4096 * j + e < V])
+        z[:, idx] = 15.0 + torch.rand(B, idx.numel(), generator=g)
+    else:
+        z[:, 1000:9000:7] += 8.0
+    z = z.to(DEVICE)
+    for kw in (_per_row(B, g, k=50), _per_row(B, g, k=200, p=0.95), _per_row(B, g, k=512),
+               _per_row(B, g, p=0.9), _per_row(B, g, mp=0.2), _per_row(B, g, k=20, mp=0.5)):
+        _check(z, kw)
+
+
+def test_cuda_scand_mixed_and_sparse_rows():
+    """Per-row modes in one call (greedy, temperature only, top-k <= 512 and > 512, top-p alone,
+    min-p), rows with fewer finite logits than k, and with a single one."""
+    skip_unless_backend("cuda")
+    g = _gen(18)
+    B, V = 12, 151936
+    z = torch.randn(B, V, generator=g) * 3
+    z[8, :] = float("-inf")
+    z[8, torch.randperm(V, generator=g)[:30]] = torch.randn(30, generator=g)
+    z[9, :] = float("-inf")
+    z[9, 77777] = 1.0
+    z[10, :] = float("-inf")
+    z[10, torch.randperm(V, generator=g)[:3000]] = torch.randn(3000, generator=g)
+    z = z.to(DEVICE)
+    T = torch.rand(B, generator=g) + 0.4
+    T[0] = 0.0
+    k = torch.tensor([0, 0, 50, 1000, 7, 0, 300, 512, 50, 50, 100, 0], dtype=torch.int32)
+    p = torch.tensor([1.0, 1.0, 0.9, 0.9, 1.0, 0.8, 1.0, 0.5, 0.9, 1.0, 0.95, 1.0])
+    mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3])
+    for kw in (dict(temperature=T, top_k=k, top_p=p, min_p=mp), dict(temperature=T, top_k=k),
+               dict(temperature=T, top_p=p), dict(temperature=T, min_p=mp)):
+        _check(z, {n: v.to(DEVICE) for n, v in kw.items()})
+
+
+def test_cuda_scand_graph_replay_and_streams():
+    """The split-candidates launch (an arrival-counter memset, then one kernel, a per-call
+    workspace) under CUDA-graph capture and replay with new inputs, and on two streams at
+    once."""
+    skip_unless_backend("cuda")
+    g = _gen(19)
+    B, V = 4, 151936
+
+    def inputs():
+        z = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
+        T = (torch.rand(B, generator=g) + 0.3).to(DEVICE)
+        T[1] = 0.0
+        k = torch.randint(1, 300, (B,), generator=g).to(torch.int32).to(DEVICE)
+        p = (torch.rand(B, generator=g) * 0.5 + 0.5).to(DEVICE)
+        seed, offset = _seeds(B, int(torch.randint(0, 1 << 30, (1,), generator=g)))
+        return z, T, k, p, seed, offset
+
+    def want(z, T, k, p, seed, offset):
+        return ref.sample(z, seed, offset, T, k, p, None, 1)
+
+    def call(z, T, k, p, seed, offset, **kw):
+        return ops.sample_with_logprobs(z, seed, offset, temperature=T, top_k=k, top_p=p,
+                                        backend="cuda", **kw)
+
+    x = inputs()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call(*x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(*x)
+    for _ in range(3):
+        for dst, src in zip(x, inputs()):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        w = want(*x)
+        assert torch.equal(out.tokens, w[0])
+        torch.testing.assert_close(out.logprobs, w[2], atol=1e-3, rtol=1e-4)
+    xs = [inputs() for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in xs]
+    outs = []
+    torch.cuda.synchronize()
+    for st, xx in zip(streams, xs):
+        with torch.cuda.stream(st):
+            outs.append([call(*xx, validate=False) for _ in range(20)])
+    torch.cuda.synchronize()
+    for o, xx in zip(outs, xs):
+        w = want(*xx)[0]
         assert all(torch.equal(t.tokens, w) for t in o)

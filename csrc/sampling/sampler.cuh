@@ -2100,6 +2100,497 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
 }
 
 // ------------------------------------------------------------------------------------------
+// split-candidates launch (small batches with a top-k tensor; see launch_scand)
+// ------------------------------------------------------------------------------------------
+// One launch, no cluster: each row is spread over S = p.split CTAs of kThreads threads (one per
+// SM) that read their contiguous chunk once; the row's last CTA to arrive (a per-row arrival
+// counter in the per-call workspace) finishes the row. Phase 1 (every CTA), in the one read:
+// max raw logit and its lowest id, the NaN / +inf flag, the chunk's min (generic top-k window),
+// the raw log-sum-exp parts (logprobs), and for CAND rows each lane's two largest keys (key56)
+// and the largest key it evicted. The CTA's bound th = the j-th largest of its lanes' largest
+// keys (j = min(32, ceil(2 K / S) + 4); 0 when fewer lanes hold a key): at least j keys of the
+// chunk are >= th. The CTA forwards the lane keys >= th to the workspace (at most FC per CTA);
+// every key of the chunk that is >= th is forwarded unless a lane evicted one (its third key
+// is >= th) or the CTA had more than FC of them: then the CTA is flagged incomplete.
+// Finish (the last CTA of the row, kThreads threads, the whole row to itself):
+//   invalid / greedy rows from the merged summaries; temperature-only rows: the exact pass over
+//   the row (one CTA); CAND rows: U = every forwarded key; t = the K-th largest key of U
+//   (radix select). Any key of the row >= t that is missing from U lies in a chunk with
+//   th > t or flagged incomplete ("offending"): those chunks are read again (L2) and their keys
+//   >= t collected with U's other keys >= t; the K largest of them are the row's top K (the
+//   same candidates as the cluster launch's CAND rows), finished by cand_finish (top-p without
+//   top-k: the row's total mass from one pass over the row). Rows the candidates cannot decide
+//   (kept set past the K-th candidate, k > kCandCap, fewer than K forwarded keys in a row
+//   that dropped some, a candidate buffer overflow) take the generic path in the same CTA:
+//   radix thresholds and the exact pass over the whole row.
+// Same tokens as every other path (the contract fixes them; which CTA finishes is irrelevant).
+// Workspace (one per call): [rows] arrival counters (zeroed by a memset before the launch),
+// ScandSum[rows * S], then [rows * S * FC] forwarded keys.
+constexpr int kScandMaxS = 256;  // CTAs per row, at most (the finisher's per-CTA tables)
+struct ScandSum {
+  float zmax;
+  int zid;
+  float zmin;
+  unsigned bad;
+  float lm, ls;           // raw logits: max, sum exp(z - lm) (logprobs)
+  unsigned long long th;  // forwarded keys: the chunk's keys >= th (unless incomplete)
+  int n;                  // keys forwarded (may exceed FC: incomplete)
+  unsigned incomplete;    // a lane evicted a key >= th, or n > FC
+  unsigned pad[2];
+};
+static_assert(sizeof(ScandSum) == 48, "ScandSum: three 16-byte words");
+
+__host__ __device__ __forceinline__ int scand_fc(int S) {
+  const int fc = kCandBuf / S;
+  return fc < 2048 ? fc : 2048;
+}
+__host__ __device__ __forceinline__ size_t scand_ctr_bytes(int rows) {
+  return (size_t(rows) * 4 + 255) / 256 * 256;
+}
+
+// descending bitonic sort of one u64 per lane across the warp
+__device__ __forceinline__ unsigned long long warp_sort_desc(unsigned long long v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const unsigned long long o = shfl_x(v, j);
+      const bool keep_max = ((lane & j) == 0) == ((lane & k) == 0 || k == 32);
+      v = keep_max ? (o > v ? o : v) : (o < v ? o : v);
+    }
+  }
+  return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
+  constexpr int VEC = VecOf<T>::n;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+  unsigned long long* cbuf =
+      reinterpret_cast<unsigned long long*>(smem_raw + ((sizeof(Smem) + 15) / 16) * 16);
+  unsigned long long* cand = cbuf + kCbufPerCta;  // [kCandBuf]
+  __shared__ ScandSum wsum[kWarps];
+
+  const int S = p.split;
+  const int FC = scand_fc(S);
+  const int row = int(blockIdx.x) / S, me = int(blockIdx.x) % S;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const Row r = row_params(p, row);
+  const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
+  const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
+  const int c0 = me * p.chunk;
+  const int c1 = min(p.vocab, c0 + p.chunk);
+  const bool lp = p.flags & F_LOGPROBS;
+  const bool cand_row = r.mode == kCand;
+  unsigned* ctr = static_cast<unsigned*>(p.ws);
+  ScandSum* sums =
+      reinterpret_cast<ScandSum*>(static_cast<unsigned char*>(p.ws) + scand_ctr_bytes(p.rows));
+  unsigned long long* fkeys = reinterpret_cast<unsigned long long*>(sums + int64_t(p.rows) * S);
+
+  // ---------------- phase 1: one read of the chunk ----------------
+  float zm = -INFINITY, zlo = INFINITY;
+  int zi = 0x7fffffff;
+  unsigned bad = 0;
+  Lse raw;
+  unsigned long long k1 = 0, k2 = 0, kd = 0;  // the lane's two largest keys, largest evicted
+  auto body = [&](int i, const float (&z)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (z[j] > zm) {
+        zm = z[j];
+        zi = i + j;
+      }
+      bad |= z[j] < INFINITY ? 0u : 1u;
+      if (i + j < c1) zlo = fminf(zlo, z[j]);
+      if (lp) raw.add(z[j], 1.0f);
+    }
+    if (cand_row) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (z[j] > -INFINITY) {
+          const unsigned long long k = key_of(z[j], i + j);
+          if (k > k2) {
+            kd = k2 > kd ? k2 : kd;
+            if (k > k1) {
+              k2 = k1;
+              k1 = k;
+            } else {
+              k2 = k;
+            }
+          } else {
+            kd = k > kd ? k : kd;
+          }
+        }
+      }
+    }
+  };
+  for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body);
+
+  // the CTA's summary: warp merges, then warp 0
+  {
+    ScandSum u;
+    u.zmax = zm;
+    u.zid = zi;
+    u.zmin = zlo;
+    u.bad = bad;
+    u.lm = raw.m;
+    u.ls = raw.s;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+      const float z2 = shfl_x(u.zmax, o);
+      const int i2 = shfl_x(u.zid, o);
+      if (z2 > u.zmax || (z2 == u.zmax && i2 < u.zid)) {
+        u.zmax = z2;
+        u.zid = i2;
+      }
+      u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
+      u.bad |= shfl_x(u.bad, o);
+    }
+    if (lp) {
+      Lse a{u.lm, u.ls};
+      lse_warp(a, 1.0f);
+      u.lm = a.m;
+      u.ls = a.s;
+    }
+    if (lane == 0) wsum[warp] = u;
+  }
+  unsigned long long th = 0;
+  if (cand_row) {
+    // the j-th largest of the lanes' largest keys: each warp sorts its 32, warp 0 merges
+    const unsigned long long sorted = warp_sort_desc(k1);
+    cand[warp * 32 + lane] = sorted;
+    if (tid == 0) s.ncb = 0;
+    __syncthreads();
+    if (warp == 0) {
+      int jn = (2 * r.K + S - 1) / S + 4;
+      jn = jn < 32 ? jn : 32;
+      int idx = 0;
+      unsigned long long head = cand[lane * 32];
+      unsigned long long m = 0;
+      int it = 0;
+      for (; it < jn; ++it) {
+        m = head;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+          const unsigned long long w = shfl_x(m, o);
+          m = w > m ? w : m;
+        }
+        if (m == 0) break;
+        if (head == m) {
+          ++idx;
+          head = idx < 32 ? cand[lane * 32 + idx] : 0ull;
+        }
+      }
+      if (lane == 0) s.bcast[0] = it == jn ? m : 0ull;
+    }
+    __syncthreads();
+    th = s.bcast[0];
+    // forward the lane keys >= th (warp-aggregated slots)
+    const bool f1 = k1 && k1 >= th, f2 = k2 && k2 >= th;
+    const int c = int(f1) + int(f2);
+    int incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    unsigned base = 0;
+    if (lane == 31 && incl) base = atomicAdd(&s.ncb, unsigned(incl));
+    base = __shfl_sync(0xffffffffu, base, 31);
+    unsigned pos = base + unsigned(incl - c);
+    unsigned long long* dst = fkeys + int64_t(blockIdx.x) * FC;
+    if (f1) {
+      if (pos < unsigned(FC)) dst[pos] = k1;
+      ++pos;
+    }
+    if (f2 && pos < unsigned(FC)) dst[pos] = k2;
+    if (f1 || f2) __threadfence();  // the forwarded keys, before the arrival below
+  }
+  const int evicted = __syncthreads_or(cand_row && kd && kd >= th);
+  if (warp == 0) {
+    ScandSum u = wsum[lane];
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+      const float z2 = shfl_x(u.zmax, o);
+      const int i2 = shfl_x(u.zid, o);
+      if (z2 > u.zmax || (z2 == u.zmax && i2 < u.zid)) {
+        u.zmax = z2;
+        u.zid = i2;
+      }
+      u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
+      u.bad |= shfl_x(u.bad, o);
+    }
+    if (lp) {
+      Lse a{u.lm, u.ls};
+      lse_warp(a, 1.0f);
+      u.lm = a.m;
+      u.ls = a.s;
+    }
+    if (lane == 0) {
+      u.th = th;
+      u.n = cand_row ? int(s.ncb) : 0;
+      u.incomplete = (evicted || u.n > FC) ? 1u : 0u;
+      sums[blockIdx.x] = u;
+      __threadfence();
+      const unsigned old = atomicAdd(&ctr[row], 1u);
+      s.counter = old == unsigned(S - 1) ? 1u : 0u;
+    }
+  }
+  __syncthreads();
+  if (!s.counter) return;
+  __threadfence();
+
+  // ---------------- finish: the row's last CTA ----------------
+  // per-CTA tables (in cbuf until the generic path needs it): th[S], n | incomplete << 31
+  unsigned long long* tab_th = cbuf;
+  unsigned long long* tab_n = cbuf + kScandMaxS;
+  // every thread: summary tid (tid < S) into the tables, and its U slots (masked below, once
+  // the counts are known: the loads overlap)
+  constexpr int RU = kCandBuf / kThreads;
+  unsigned long long keys[RU];
+  if (cand_row) {
+#pragma unroll
+    for (int i = 0; i < RU; ++i) {
+      const int g = tid + i * kThreads;
+      keys[i] = g < S * FC ? __ldcg(fkeys + int64_t(row) * S * FC + g) : 0ull;
+    }
+  }
+  {
+    ScandSum u;
+    u.zmax = -INFINITY;
+    u.zid = 0x7fffffff;
+    u.zmin = INFINITY;
+    u.bad = 0;
+    u.lm = -INFINITY;
+    u.ls = 0.0f;
+    u.n = 0;
+    if (tid < S) {
+      const int4* src = reinterpret_cast<const int4*>(sums + int64_t(row) * S + tid);
+      int4 w[3];
+#pragma unroll
+      for (int h = 0; h < 3; ++h) w[h] = __ldcg(src + h);
+      memcpy(&u, w, sizeof(u));
+      u.n = u.n < FC ? u.n : FC;
+      tab_th[tid] = u.th;
+      tab_n[tid] = (unsigned long long)u.n | ((unsigned long long)u.incomplete << 32);
+    }
+    if (tid < ((S + 31) & ~31)) {  // warps past the summaries hold nothing
+#pragma unroll
+      for (int o = 16; o; o >>= 1) {
+        const float z2 = shfl_x(u.zmax, o);
+        const int i2 = shfl_x(u.zid, o);
+        if (z2 > u.zmax || (z2 == u.zmax && i2 < u.zid)) {
+          u.zmax = z2;
+          u.zid = i2;
+        }
+        u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
+        u.bad |= shfl_x(u.bad, o);
+        u.n += shfl_x(u.n, o);
+      }
+      if (lp) {
+        Lse a{u.lm, u.ls};
+        lse_warp(a, 1.0f);
+        u.lm = a.m;
+        u.ls = a.s;
+      }
+      if (lane == 0) wsum[warp] = u;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int nw = (S + 31) / 32;
+      if (lane < nw) {
+        u = wsum[lane];
+      } else {
+        u.zmax = -INFINITY;
+        u.zid = 0x7fffffff;
+        u.zmin = INFINITY;
+        u.bad = 0;
+        u.lm = -INFINITY;
+        u.ls = 0.0f;
+        u.n = 0;
+      }
+#pragma unroll
+      for (int o = 16; o; o >>= 1) {
+        const float z2 = shfl_x(u.zmax, o);
+        const int i2 = shfl_x(u.zid, o);
+        if (z2 > u.zmax || (z2 == u.zmax && i2 < u.zid)) {
+          u.zmax = z2;
+          u.zid = i2;
+        }
+        u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
+        u.bad |= shfl_x(u.bad, o);
+        u.n += shfl_x(u.n, o);
+      }
+      if (lp) {
+        Lse a{u.lm, u.ls};
+        lse_warp(a, 1.0f);
+        u.lm = a.m;
+        u.ls = a.s;
+      }
+      if (lane == 0) {
+        s.row.zmax = u.zmax;
+        s.row.zid = u.zid;
+        s.row.zmin = u.zmin;
+        s.row.bad = u.bad;
+        s.row.lm = u.lm;
+        s.row.ls = u.ls;
+        s.row.ncand = u.n;
+      }
+    }
+  }
+  __syncthreads();
+  const float zmax = s.row.zmax;
+  const int zid = s.row.zid;
+  const bool ok = !s.row.bad && zmax > -INFINITY;
+  const float rlm = s.row.lm, rls = s.row.ls;
+  auto raw_lp = [&](int tok) -> float {
+    if (!lp) return 0.0f;
+    return (to_f(rowp[tok]) - rlm) - logf(rls);
+  };
+  if (!ok) {
+    if (tid == 0) write_row(p, row, 0, false, 0.0f, 0.0f);
+    return;
+  }
+  if (r.mode == kGreedy) {
+    if (tid == 0) write_row(p, row, zid, true, raw_lp(zid), 0.0f);
+    return;
+  }
+  // the whole row in this CTA: p with one CTA per row (a copy only on the paths that read the
+  // row again)
+  auto whole = [&]() {
+    Params pf = p;
+    pf.cs = 1;
+    pf.resident = 0;
+    pf.split = 0;
+    return pf;
+  };
+  if (r.mode == kPlain) {
+    if (p.stats && tid == 0) atomicAdd(&p.stats[0], 1u);
+    int tok = 0;
+    float ps = 0.0f;
+    exact_pass<T>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, 0ull, tok, ps);
+    if (tid == 0)
+      write_row(p, row, tok, true, raw_lp(tok),
+                centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+    return;
+  }
+  bool generic = r.mode == kGeneric;
+  if (!generic) {
+    // U: every forwarded key (S * FC <= kCandBuf slots: RU per thread, loaded above)
+#pragma unroll
+    for (int i = 0; i < RU; ++i) {
+      const int g = tid + i * kThreads;
+      const int q = g / FC, j = g - q * FC;
+      if (!(q < S && j < int(unsigned(tab_n[q])))) keys[i] = 0;
+    }
+    int nU = 0;
+    const unsigned long long t = block_select<RU>(keys, r.K, s, &nU);
+    // offending chunks: keys >= t may be missing from U
+    const int noff = __syncthreads_count(
+        tid < S && ((tab_n[tid] >> 32) || (nU < r.K ? tab_th[tid] != 0 : tab_th[tid] > t)));
+    Fin& fin = *reinterpret_cast<Fin*>(cand);
+    int n = 0;
+    if (noff == 0) {
+      if (tid == 0) s.counter = 0;
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < RU; ++i) {
+        if (t && keys[i] >= t) {
+          const unsigned pos = atomicAdd(&s.counter, 1u);
+          if (pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
+        }
+      }
+      __syncthreads();
+      n = min(int(s.counter), r.K);
+    } else if (nU < r.K || !t) {
+      generic = true;
+    } else {
+      // collect the keys >= t: U's from the complete chunks, the offending chunks read again
+      if (p.stats && tid == 0) atomicAdd(&p.stats[2], unsigned(noff));
+      if (tid == 0) s.ncb = 0;
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < RU; ++i) {
+        const int g = tid + i * kThreads;
+        const int q = g / FC;
+        if (keys[i] >= t && keys[i] && !((tab_n[q] >> 32) || tab_th[q] > t)) {
+          const unsigned pos = atomicAdd(&s.ncb, 1u);
+          if (pos < unsigned(kCandBuf)) cand[pos] = keys[i];
+        }
+      }
+      for (int q = 0; q < S; ++q) {
+        if (!((tab_n[q] >> 32) || tab_th[q] > t)) continue;
+        const int q0 = q * p.chunk, q1 = min(p.vocab, q0 + p.chunk);
+        for_each_vec<T>(rowp, q0, q1, aligned, nullptr, false, false,
+                        [&](int i, const float (&z)[VEC]) { cand_append<VEC>(s, cand, i, z, t); });
+      }
+      __syncthreads();
+      const unsigned nb = s.ncb;
+      if (nb > unsigned(kCandBuf)) {
+        generic = true;
+      } else {
+#pragma unroll
+        for (int i = 0; i < RU; ++i) {
+          const unsigned slot = unsigned(tid + i * kThreads);
+          keys[i] = slot < nb ? cand[slot] : 0ull;
+        }
+        const unsigned long long t2 = block_select<RU>(keys, r.K, s);
+        if (tid == 0) s.counter = 0;
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < RU; ++i) {
+          if (t2 && keys[i] >= t2) {
+            const unsigned pos = atomicAdd(&s.counter, 1u);
+            if (pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
+          }
+        }
+        __syncthreads();
+        n = min(int(s.counter), r.K);
+      }
+    }
+    if (!generic) {
+      unsigned long long S_row = 0;
+      if (!r.k_on && r.p_on)
+        S_row = cluster_mass<T>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, 0ull);
+      float ps = 0.0f, ytok = 0.0f;
+      const int tok = cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
+      if (tok >= 0) {
+        if (tid == 0) write_row(p, row, tok, true, raw_lp(tok), ytok - logf(ps));
+        return;
+      }
+      generic = true;
+    }
+  }
+  // ---------------- generic: exact thresholds, then the exact pass (this CTA alone) ----------
+  if (p.stats && tid == 0) atomicAdd(&p.stats[1], 1u);
+  const Params pf = whole();
+  unsigned long long thr = 0;
+  const unsigned long long khi = key56(key32(zmax), 0u);
+  if (r.k_on) {
+    const unsigned long long klo = key56(key32(s.row.zmin), uint32_t(p.vocab - 1));
+    thr = cluster_select<T, false>(pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, klo, khi,
+                                   0ull, (unsigned long long)r.k, cbuf);
+  }
+  if (r.p_on) {
+    const unsigned long long Sm =
+        cluster_mass<T>(pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, thr);
+    const unsigned long long P = (unsigned long long)top_p_limit(r.top_p, int64_t(Sm));
+    const double zcut = double(zmax) - 27.0 / double(r.inv_t) * 1.001 - fabs(double(zmax)) * 1e-6;
+    const unsigned long long mlo = key56(key32(__double2float_rd(zcut)), uint32_t(p.vocab - 1));
+    const unsigned long long tp = cluster_select<T, true>(pf, r, s, rowp, 0, p.vocab, aligned,
+                                                          nullptr, zmax, mlo, khi, thr, P, cbuf);
+    thr = tp > thr ? tp : thr;
+  }
+  int tok = 0;
+  float ps = 0.0f;
+  exact_pass<T>(pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, thr, tok, ps);
+  if (tid == 0)
+    write_row(p, row, tok, true, raw_lp(tok), centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+}
+
+// ------------------------------------------------------------------------------------------
 // host side
 // ------------------------------------------------------------------------------------------
 inline size_t smem_fixed_bytes(int cs, bool filt = true) {
@@ -2220,6 +2711,47 @@ cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
   return cudaLaunchKernelEx(&cfg, split2_kernel<T, kProc>, p);
 }
 
+// Split-candidates launch (scand_kernel): calls with a top-k tensor (top-p / min-p may come
+// with it) when B <= SMs / kScandRowsPer: S = SMs / B CTAs per row (one per SM), at least 1024
+// elements each; 0: not taken (processing inputs, F_NO_SPLIT / F_FORCE_GENERIC / a forced
+// cluster size). Top-p or min-p without a top-k tensor stays on the cluster launch: there the
+// total top-p mass and the min-p exact pass are spread over the cluster's CTAs, where this
+// launch's finishing CTA would read the whole row alone (measured slower on an H200).
+// The caller provides p.ws, scand_ws_bytes() bytes, ordered on `stream` (one per call).
+constexpr int kScandRowsPer = 4;
+template <typename T>
+int scand_ctas(const Params& p) {
+  if (p.rows == 0 || proc_on(p.proc) || !(p.flags & F_TOPK) ||
+      (p.flags & (F_FORCE_GENERIC | F_NO_SPLIT)) || ((p.flags >> F_CS_SHIFT) & 7))
+    return 0;
+  const DeviceInfo d = device_info(scand_kernel<T>);
+  if (int64_t(p.rows) * kScandRowsPer > d.sms) return 0;
+  int S = d.sms / p.rows;
+  S = S < kScandMaxS ? S : kScandMaxS;
+  S = S < p.vocab / 1024 ? S : p.vocab / 1024;
+  return S >= 2 ? S : 0;
+}
+inline size_t scand_ws_bytes(const Params& p, int S) {
+  return scand_ctr_bytes(p.rows) + (sizeof(ScandSum) + 8 * size_t(scand_fc(S))) * p.rows * S;
+}
+
+template <typename T>
+cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
+  p.cs = 1;
+  p.split = S;
+  p.resident = 0;
+  p.minp_cand = 1;
+  p.chunk = int(((int64_t(p.vocab) + S - 1) / S + 7) / 8 * 8);
+  cudaError_t err = cudaMemsetAsync(p.ws, 0, scand_ctr_bytes(p.rows), stream);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(int64_t(p.rows) * S), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem_fixed_bytes(1, true);
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, scand_kernel<T>, p);
+}
+
 // Fills p.cs / p.chunk / p.resident (cs_override > 0 forces the cluster size) and launches:
 // the split launch when p.ws is set and split_ctas(p) > 0, else one (cluster) launch. kProc:
 // the kernels that apply p.proc (the same launch policy; the caller ran launch_proc_prep).
@@ -2229,6 +2761,10 @@ cudaError_t launch_kernels(Params p, cudaStream_t stream, int cs_override) {
   if (p.ws && cs_override == 0) {
     const int S = split_ctas<T>(p);
     if (S) return launch_split<T, kProc>(p, stream, S);
+    if constexpr (!kProc) {
+      const int S2 = scand_ctas<T>(p);
+      if (S2) return launch_scand<T>(p, stream, S2);
+    }
   }
   p.split = 0;
   // min-p alone runs on the PLAIN path (the kernel without the candidate machinery) when the

@@ -232,18 +232,21 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
     TS_CHECK(e == cudaSuccess,
              "tokenspeed_kernel.sample: CUDA error (processing prep): ", cudaGetErrorString(e));
   }
-  // small batches of temperature / greedy rows: the split launch's workspace, one per call from
+  // small batches: the split launches' workspace (temperature / greedy rows: split_ctas; with
+  // top-k / top-p / min-p tensors: scand_ctas), one per call from
   // the caching allocator (stream-ordered; inside a CUDA graph, from the graph's pool)
-  int split = 0;
+  int split = 0, scand = 0;
   switch (logits.scalar_type()) {
-    case at::kFloat: split = split_ctas<float>(p); break;
-    case at::kHalf: split = split_ctas<__half>(p); break;
-    case at::kBFloat16: split = split_ctas<__nv_bfloat16>(p); break;
+    case at::kFloat: split = split_ctas<float>(p), scand = scand_ctas<float>(p); break;
+    case at::kHalf: split = split_ctas<__half>(p), scand = scand_ctas<__half>(p); break;
+    case at::kBFloat16:
+      split = split_ctas<__nv_bfloat16>(p), scand = scand_ctas<__nv_bfloat16>(p);
+      break;
     default: TS_CHECK(false, "logits: dtype must be float32, float16 or bfloat16");
   }
   at::Tensor ws;
-  if (split) {
-    ws = at::empty({int64_t(split_ws_bytes(p, split))},
+  if (split || scand) {
+    ws = at::empty({int64_t(split ? split_ws_bytes(p, split) : scand_ws_bytes(p, scand))},
                    at::TensorOptions().dtype(at::kByte).device(logits.device()));
     p.ws = ws.data_ptr();
   }

@@ -40,7 +40,7 @@ _V = "tokenspeed_kernel.ops.verify"
 _C = "tokenspeed_kernel.ops.comm"
 
 # the CUDA sampler's testing bits, for ``sampler_flags`` (defined once, in ops/sampling.py:
-# generic radix thresholds, the exact pass, no shared-memory staging, no split launch)
+# generic radix thresholds, the exact pass, no shared-memory staging, no split launches)
 from .ops.sampling import (F_FORCE_EXACT as SAMPLER_FORCE_EXACT,  # noqa: E402
                            F_FORCE_GENERIC as SAMPLER_FORCE_GENERIC,
                            F_NO_RESIDENT as SAMPLER_NO_RESIDENT,

@@ -6,6 +6,8 @@ Modes are the bench's (greedy, temp, top_k, top_p, top_k_top_p, min_p, proc; pro
 top-p with the bench's processing inputs). Prints, per config, the mean device time of every
 kernel one call launches (20 calls) and the call's graph-replay time (mean of 200 back-to-back
 replays, warm L2).
+A config may end in ",f<flags>": the CUDA sampler's testing flags for its calls (e.g. ",f512" =
+F_NO_SPLIT: small batches on the cluster launch), to compare launches in one run.
 PROF_ONCE=1: only six calls per config (for ncu: `--launch-skip 3 --launch-count 1` with a
 `--kernel-name` filter profiles the fourth matching launch).
 """
@@ -45,7 +47,9 @@ def graph_us(fn, reps=200):
 
 
 for c in sys.argv[1:] or DEFAULT:
-    backend, mode, B, V, dt = c.split(",")
+    backend, mode, B, V, dt, *rest = c.split(",")
+    from tokenspeed_kernel.ops import sampling as _S
+    _S._CUDA_TEST_FLAGS = int(rest[0][1:]) if rest else 0
     B, V = int(B), int(V)
     dev = torch.device("cuda")
     x = make_logits(B, V, DT[dt], dev)
