@@ -289,3 +289,32 @@ def test_sample_distribution_large_vocab(be, V, kw):
     assert counts[probs == 0].sum() == 0
     pval = _pooled_chisquare(counts[probs > 0], probs[probs > 0] * n)
     assert pval > ALPHA, f"chi-square p = {pval:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [2, 32])
+@pytest.mark.parametrize("case", ["top_k_top_p", "top_k_min_p", "low_ids", "k_gt_512"])
+def test_small_batch_launch_distribution(chunk, case):
+    """The CUDA split-candidates launch (calls of B <= SMs / 4 with a top-k tensor: each row
+    over several CTAs, the last to arrive finishes it): chi-square over 2^17 draws made B = 2 or
+    32 rows per call (V = 8192: 8 / 4 CTAs per row on a 132-SM GPU), with the top values
+    crowded into the first chunk (the finishing CTA reads it again) and k > 512 (its generic
+    path)."""
+    skip_unless_backend("cuda")
+    V = 8192
+    z = torch.randn(1, V, generator=_gen(31)) * 1.5
+    kw = {"top_k_top_p": dict(temperature=0.9, top_k=50, top_p=0.9),
+          "top_k_min_p": dict(temperature=1.2, top_k=200, min_p=0.05),
+          "low_ids": dict(temperature=1.0, top_k=40),
+          "k_gt_512": dict(temperature=0.5, top_k=700, top_p=0.95)}[case]
+    if case == "low_ids":
+        z[0, :64] += 3.0
+    z = z.to(DEVICE)
+    n = 1 << 17
+    tok = _draw("cuda", z, kw, n, chunk=chunk)
+    counts = torch.bincount(tok, minlength=V).cpu().numpy()
+    probs = ref.probabilities(z, **_param_tensors(kw, 1, DEVICE))[0].cpu().numpy()
+    assert counts[probs == 0].sum() == 0, "draws outside the support"
+    assert (probs > 0).sum() >= 10
+    pval = _pooled_chisquare(counts[probs > 0], probs[probs > 0] * n)
+    assert pval > ALPHA, f"chi-square p = {pval:.2e} ({case}, B = {chunk})"
