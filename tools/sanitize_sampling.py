@@ -1,7 +1,9 @@
 """Small ops.sample workload for compute-sanitizer (memcheck / racecheck) on the CUDA sampler:
 every row mode (greedy, temperature, top-k, top-p, min-p, all filters) at batch sizes that take
-the split launch (B = 2: temperature / greedy), clusters of 16 and of 2-4 CTAs (B = 2 / 24 with
-filters), chunks in shared memory and streamed, the forced exact / generic paths, with logprobs;
+the split launch (B = 2: temperature / greedy), the split-candidates launch (B = 2 / 24 with a
+top-k tensor: S CTAs per row, the last to arrive finishing it), clusters of 16 and of 2-4 CTAs
+(B = 2 / 24: top-p / min-p without top-k, and every mode with F_NO_SPLIT), chunks in shared
+memory and streamed, the forced exact / generic paths, with logprobs;
 fp32 and bf16, aligned and unaligned rows; each also with logits processing (bias, penalties,
 an allowed mask, banned ids, min_tokens stop ids: the prep kernel and the processing kernels).
 Each result is compared with the reference (token identity), so the run fails on a wrong token
