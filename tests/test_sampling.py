@@ -1327,3 +1327,33 @@ def test_unvalidated_min_p_above_one_acts_as_one(be):
     got = ops.verify(tgt, ids, seed[:2], seed[:2] * 0, min_p=bad[:2], validate=False, **kw)
     want = ops.verify(tgt, ids, seed[:2], seed[:2] * 0, min_p=good[:2], **kw)
     assert torch.equal(got.tokens, want.tokens) and torch.equal(got.valid, want.valid)
+
+
+def test_scand_trace_patch_applies_and_compiles(tmp_path):
+    """bench/lab/tools/scand_trace_patch.py (phase stamps of the CUDA split-candidates launch, a
+    lab build): every marker is still found once in the sources, and the patched kernel
+    compiles (nvcc, sm_90a, a float instantiation; the op file needs torch headers: not here)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "bench/lab/tools/scand_trace_patch.py"),
+                        str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    patched = (tmp_path / "sampling/sampler.cuh").read_text()
+    assert patched.count("p.lab[") >= 10 and "lab;" in patched
+    assert "TS_LAB_PROF" in (tmp_path / "sampling/sampling_ops.cu").read_text()
+    nvcc = next((c for c in (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
+                                          "nvcc"), shutil.which("nvcc") or "")
+                 if c and os.path.exists(c)), None)
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    src = tmp_path / "inst.cu"
+    src.write_text('#include "sampling/sampler.cuh"\nnamespace tokenspeed_kernel::sampler {\n'
+                   "template __global__ void scand_kernel<float>(const Params);\n}\n")
+    r = subprocess.run([nvcc, "-std=c++20", "-cubin", "-arch=sm_90a", "-I" + str(tmp_path),
+                        "-I" + str(root / "csrc"), "-o", str(tmp_path / "inst.cubin"), str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

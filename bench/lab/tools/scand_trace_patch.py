@@ -1,0 +1,98 @@
+"""Adds phase stamps to the CUDA sampler's split-candidates launch (a diagnostic build; the
+library never ships it): clock64() stamps in CTA 0's phase 1 and in row 0's finishing CTA, the
+span from the first CTA's start to the last arrival (%globaltimer), the finisher's forwarded-key
+count and the number of chunks it read again. The op prints them to stderr every 10th call when
+TS_LAB_PROF is set (it synchronizes: eager calls only).
+
+    python3 bench/lab/tools/scand_trace_patch.py [DIR]
+        writes patched copies of csrc/sampling/sampler.cuh and sampling_ops.cu into DIR/sampling
+        (default: in place, for a throw-away tree such as the GPU machine's copy), then
+    pip install --no-build-isolation --no-deps -e . && \\
+    TS_LAB_PROF=1 python3 bench/lab/tools/prof_sampling.py cuda,top_k,1,151936,fp32
+
+Output: "LAB arrive_ns=<first start -> last arrival> fin_clk merge=.. preU=.. sel=.. cand=..
+finish=.. (cycles from the finisher's start) noff=<chunks read again> nU=<forwarded keys>
+p1_clk load=.. th=.. arrive=.. (cycles from CTA 0's start)".
+"""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+SRC = ROOT / "csrc/sampling"
+
+KERNEL = [  # (anchor, text inserted after the anchor's line, or before with a leading "<")
+    ("  unsigned int* stats;  // optional [4] counters",
+     "  unsigned long long* lab;  // LAB-PROF"),
+    ("  unsigned long long* fkeys = reinterpret_cast<unsigned long long*>(sums + int64_t(p.rows) * S);",
+     "  auto gt = []() { unsigned long long t; asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); return t; };\n"
+     "  const bool labc = p.lab && blockIdx.x == 0 && threadIdx.x == 0;\n"
+     "  long long lc0 = clock64();\n"
+     "  if (p.lab && threadIdx.x == 0) atomicMin(&p.lab[0], gt());"),
+    ("  for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body);",
+     "  if (labc) p.lab[8] = clock64() - lc0;"),
+    ("    th = s.bcast[0];", "<    if (labc) p.lab[9] = clock64() - lc0;"),
+    ("      const unsigned old = atomicAdd(&ctr[row], 1u);",
+     "<      if (labc) p.lab[10] = clock64() - lc0;\n      if (p.lab) atomicMax(&p.lab[1], gt());"),
+    ("  // ---------------- finish: the row's last CTA ----------------",
+     "  const long long lf0 = clock64();\n  const bool labf = p.lab && row == 0 && tid == 0;"),
+    ("  const bool ok = !s.row.bad && zmax > -INFINITY;", "<  if (labf) p.lab[2] = clock64() - lf0;"),
+    ("    const unsigned long long t = block_select<RU>(keys, r.K, s, &nU);",
+     "<    if (labf) p.lab[3] = clock64() - lf0;"),
+    ("    const int noff = __syncthreads_count(", "<    if (labf) p.lab[4] = clock64() - lf0;"),
+    ("      unsigned long long S_row = 0;",
+     "<    if (labf) { p.lab[5] = clock64() - lf0; p.lab[7] = noff; p.lab[11] = nU; }"),
+    ("      const int tok = cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);",
+     "      if (labf) p.lab[6] = clock64() - lf0;"),
+]
+OPS = [
+    ("  cudaError_t err = cudaSuccess;",
+     "  static unsigned long long* labbuf = nullptr;\n"
+     "  static const bool labon = getenv(\"TS_LAB_PROF\") != nullptr;\n"
+     "  if (labon) {\n"
+     "    if (!labbuf) cudaMalloc(&labbuf, 16 * 8);\n"
+     "    cudaMemsetAsync(labbuf, 0, 16 * 8, stream);\n"
+     "    cudaMemsetAsync(labbuf, 0xff, 8, stream);\n"
+     "    p.lab = labbuf;\n"
+     "  }"),
+    ("  TS_CHECK(err == cudaSuccess, \"tokenspeed_kernel.sample: CUDA error: \", cudaGetErrorString(err));",
+     "  if (labon) {\n"
+     "    static int calls = 0;\n"
+     "    unsigned long long h[16];\n"
+     "    cudaStreamSynchronize(stream);\n"
+     "    cudaMemcpy(h, labbuf, sizeof(h), cudaMemcpyDeviceToHost);\n"
+     "    if (++calls % 10 == 0)\n"
+     "      fprintf(stderr, \"LAB arrive_ns=%llu fin_clk merge=%llu preU=%llu sel=%llu cand=%llu \"\n"
+     "              \"finish=%llu noff=%llu nU=%llu p1_clk load=%llu th=%llu arrive=%llu\\n\",\n"
+     "              h[1] - h[0], h[2], h[3], h[4], h[5], h[6], h[7], h[11], h[8], h[9], h[10]);\n"
+     "  }"),
+]
+
+
+def patch(text, edits, name):
+    lines = text.split("\n")
+    for anchor, ins in edits:
+        hits = [i for i, l in enumerate(lines) if anchor in l]
+        if len(hits) > 1:  # the first one inside scand_kernel
+            k0 = [i for i, l in enumerate(lines) if "scand_kernel(const Params p)" in l]
+            hits = [i for i in hits if k0 and i > k0[0]][:1]
+        if len(hits) != 1:
+            raise SystemExit(f"{name}: marker found {len(hits)} times (want 1): {anchor!r}")
+        i = hits[0]
+        if ins.startswith("<"):
+            lines[i:i] = ins[1:].split("\n")
+        else:
+            lines[i + 1:i + 1] = ins.split("\n")
+    return "\n".join(lines)
+
+
+def main():
+    dst = Path(sys.argv[1]) / "sampling" if len(sys.argv) > 1 else SRC
+    dst.mkdir(parents=True, exist_ok=True)
+    for fname, edits in (("sampler.cuh", KERNEL), ("sampling_ops.cu", OPS)):
+        out = patch((SRC / fname).read_text(), edits, fname)
+        (dst / fname).write_text(out)
+        print(dst / fname)
+
+
+if __name__ == "__main__":
+    main()
