@@ -2343,7 +2343,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   __threadfence();
 
   // ---------------- finish: the row's last CTA ----------------
-  // per-CTA tables (in cbuf until the generic path needs it): th[S], n | incomplete << 31
+  // per-CTA tables (in cbuf until the generic path needs it): th[S], n | incomplete << 32
   unsigned long long* tab_th = cbuf;
   unsigned long long* tab_n = cbuf + kScandMaxS;
   // every thread: summary tid (tid < S) into the tables, and its U slots (masked below, once

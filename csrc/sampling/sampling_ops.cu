@@ -233,7 +233,7 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
              "tokenspeed_kernel.sample: CUDA error (processing prep): ", cudaGetErrorString(e));
   }
   // small batches: the split launches' workspace (temperature / greedy rows: split_ctas; with
-  // top-k / top-p / min-p tensors: scand_ctas), one per call from
+  // a top-k tensor: scand_ctas), one per call from
   // the caching allocator (stream-ordered; inside a CUDA graph, from the graph's pool)
   int split = 0, scand = 0;
   switch (logits.scalar_type()) {
