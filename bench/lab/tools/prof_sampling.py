@@ -17,6 +17,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from tokenspeed_kernel import testing
 from tokenspeed_kernel.bench.sampling import _ours_call, make_logits, make_params
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,10 +47,8 @@ def graph_us(fn, reps=200):
     return a.elapsed_time(b) * 1e3 / reps
 
 
-for c in sys.argv[1:] or DEFAULT:
-    backend, mode, B, V, dt, *rest = c.split(",")
-    from tokenspeed_kernel.ops import sampling as _S
-    _S._CUDA_TEST_FLAGS = int(rest[0][1:]) if rest else 0
+def run(c):
+    backend, mode, B, V, dt = c.split(",")[:5]
     B, V = int(B), int(V)
     dev = torch.device("cuda")
     x = make_logits(B, V, DT[dt], dev)
@@ -62,7 +61,7 @@ for c in sys.argv[1:] or DEFAULT:
         for _ in range(3):             # (ncu --launch-skip counts only the kernels it matches)
             call(x, P)
         torch.cuda.synchronize()
-        continue
+        return
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(N):
             call(x, P)
@@ -82,5 +81,11 @@ for c in sys.argv[1:] or DEFAULT:
     print(f"== {c}: kernels {tot:.1f} us/call, graph replay (warm) {g:.1f} us", flush=True)
     for t, k, name in sorted(lines, reverse=True):
         print(f"   {t:8.1f} us  x{k:g}  {name}", flush=True)
-    del x, P
-    torch.cuda.empty_cache()
+
+
+for c in sys.argv[1:] or DEFAULT:
+    rest = c.split(",")[5:]
+    # the CUDA testing flags through the one door (tokenspeed_kernel.testing.knobs)
+    with testing.knobs(sampler_flags=int(rest[0][1:]) if rest else 0):
+        run(c)
+    torch.cuda.empty_cache()   # run()'s tensors are gone

@@ -19,8 +19,9 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # thresholds instead of the candidate lists), F_FORCE_EXACT (the exact pass instead of the
 # streamed gap test for temperature-only rows), F_NO_RESIDENT (never stage the row chunk in
 # shared memory), F_NO_SPLIT (small batches take the cluster launch instead of the split launch
-# (temperature / greedy rows) or the split-candidates launch (with top-k / top-p / min-p)). The tokens must not change. ``_CUDA_TEST_FLAGS`` (an OR of them) and the
-# levels' switches below are set through ``tokenspeed_kernel.testing.knobs`` (the one door).
+# (calls without filter tensors) or the split-candidates launch (calls with a top-k tensor)).
+# The tokens must not change. ``_CUDA_TEST_FLAGS`` (an OR of them) and the levels' switches below
+# are set through ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
 _CUDA_TEST_FLAGS = 0
 
