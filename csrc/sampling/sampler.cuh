@@ -2140,6 +2140,31 @@ struct ScandSum {
 };
 static_assert(sizeof(ScandSum) == 48, "ScandSum: three 16-byte words");
 
+// The 32 lanes' summaries u merged (every lane gets the result): max raw logit and its lowest
+// id, min, NaN / +inf flag, raw log-sum-exp parts (lp); N_SUM: a statement adding the lanes'
+// forwarded counts, or nothing. A macro, not a function: the kernel was GPU-tested compiled
+// from this text in place (a by-reference helper schedules the merges differently).
+#define TS_SCAND_WARP_MERGE(u, lp, N_SUM)                \
+  do {                                                   \
+    _Pragma("unroll") for (int o = 16; o; o >>= 1) {     \
+      const float z2 = shfl_x(u.zmax, o);                \
+      const int i2 = shfl_x(u.zid, o);                   \
+      if (z2 > u.zmax || (z2 == u.zmax && i2 < u.zid)) { \
+        u.zmax = z2;                                     \
+        u.zid = i2;                                      \
+      }                                                  \
+      u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));         \
+      u.bad |= shfl_x(u.bad, o);                         \
+      N_SUM                                              \
+    }                                                    \
+    if (lp) {                                            \
+      Lse a{u.lm, u.ls};                                 \
+      lse_warp(a, 1.0f);                                 \
+      u.lm = a.m;                                        \
+      u.ls = a.s;                                        \
+    }                                                    \
+  } while (0)
+
 __host__ __device__ __forceinline__ int scand_fc(int S) {
   const int fc = kCandBuf / S;
   return fc < 2048 ? fc : 2048;
@@ -2237,23 +2262,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     u.bad = bad;
     u.lm = raw.m;
     u.ls = raw.s;
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-      const float z2 = shfl_x(u.zmax, o);
-      const int i2 = shfl_x(u.zid, o);
-      if (z2 > u.zmax || (z2 == u.zmax && i2 < u.zid)) {
-        u.zmax = z2;
-        u.zid = i2;
-      }
-      u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
-      u.bad |= shfl_x(u.bad, o);
-    }
-    if (lp) {
-      Lse a{u.lm, u.ls};
-      lse_warp(a, 1.0f);
-      u.lm = a.m;
-      u.ls = a.s;
-    }
+    TS_SCAND_WARP_MERGE(u, lp, );
     if (lane == 0) wsum[warp] = u;
   }
   unsigned long long th = 0;
@@ -2311,23 +2320,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   const int evicted = __syncthreads_or(cand_row && kd && kd >= th);
   if (warp == 0) {
     ScandSum u = wsum[lane];
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-      const float z2 = shfl_x(u.zmax, o);
-      const int i2 = shfl_x(u.zid, o);
-      if (z2 > u.zmax || (z2 == u.zmax && i2 < u.zid)) {
-        u.zmax = z2;
-        u.zid = i2;
-      }
-      u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
-      u.bad |= shfl_x(u.bad, o);
-    }
-    if (lp) {
-      Lse a{u.lm, u.ls};
-      lse_warp(a, 1.0f);
-      u.lm = a.m;
-      u.ls = a.s;
-    }
+    TS_SCAND_WARP_MERGE(u, lp, );
     if (lane == 0) {
       u.th = th;
       u.n = cand_row ? int(s.ncb) : 0;
@@ -2377,24 +2370,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       tab_n[tid] = (unsigned long long)u.n | ((unsigned long long)u.incomplete << 32);
     }
     if (tid < ((S + 31) & ~31)) {  // warps past the summaries hold nothing
-#pragma unroll
-      for (int o = 16; o; o >>= 1) {
-        const float z2 = shfl_x(u.zmax, o);
-        const int i2 = shfl_x(u.zid, o);
-        if (z2 > u.zmax || (z2 == u.zmax && i2 < u.zid)) {
-          u.zmax = z2;
-          u.zid = i2;
-        }
-        u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
-        u.bad |= shfl_x(u.bad, o);
-        u.n += shfl_x(u.n, o);
-      }
-      if (lp) {
-        Lse a{u.lm, u.ls};
-        lse_warp(a, 1.0f);
-        u.lm = a.m;
-        u.ls = a.s;
-      }
+      TS_SCAND_WARP_MERGE(u, lp, u.n += shfl_x(u.n, o););
       if (lane == 0) wsum[warp] = u;
     }
     __syncthreads();
@@ -2411,24 +2387,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
         u.ls = 0.0f;
         u.n = 0;
       }
-#pragma unroll
-      for (int o = 16; o; o >>= 1) {
-        const float z2 = shfl_x(u.zmax, o);
-        const int i2 = shfl_x(u.zid, o);
-        if (z2 > u.zmax || (z2 == u.zmax && i2 < u.zid)) {
-          u.zmax = z2;
-          u.zid = i2;
-        }
-        u.zmin = fminf(u.zmin, shfl_x(u.zmin, o));
-        u.bad |= shfl_x(u.bad, o);
-        u.n += shfl_x(u.n, o);
-      }
-      if (lp) {
-        Lse a{u.lm, u.ls};
-        lse_warp(a, 1.0f);
-        u.lm = a.m;
-        u.ls = a.s;
-      }
+      TS_SCAND_WARP_MERGE(u, lp, u.n += shfl_x(u.n, o););
       if (lane == 0) {
         s.row.zmax = u.zmax;
         s.row.zid = u.zid;
@@ -2589,6 +2548,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   if (tid == 0)
     write_row(p, row, tok, true, raw_lp(tok), centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
 }
+#undef TS_SCAND_WARP_MERGE
 
 // ------------------------------------------------------------------------------------------
 // host side
