@@ -258,6 +258,43 @@ def test_cuda_batch_layout_invariance():
         assert len(set(toks)) == 1, (kw, toks)
 
 
+def _graph_replay_and_two_streams(inputs, call, stream_call, want):
+    """inputs() -> a tuple of fresh input tensors; call(*x) -> sample output with logprobs (the
+    captured call); stream_call(*x) -> output with tokens; want(*x) -> the reference's tuple.
+    Captures call in a CUDA graph, replays it three times after copying new inputs into the
+    captured tensors, and runs stream_call 20 times on each of two streams at once: every token
+    must be the reference's (logprobs to 1e-3)."""
+    x = inputs()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call(*x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(*x)
+    for _ in range(3):
+        for dst, src in zip(x, inputs()):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        w = want(*x)
+        assert torch.equal(out.tokens, w[0])
+        torch.testing.assert_close(out.logprobs, w[2], atol=1e-3, rtol=1e-4)
+    # two streams at once, each with its own rows
+    xs = [inputs() for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in xs]
+    outs = []
+    torch.cuda.synchronize()
+    for st, xx in zip(streams, xs):
+        with torch.cuda.stream(st):
+            outs.append([stream_call(*xx) for _ in range(20)])
+    torch.cuda.synchronize()
+    for o, xx in zip(outs, xs):
+        w = want(*xx)[0]
+        assert all(torch.equal(t.tokens, w) for t in o)
+
+
 def test_cuda_split_launch_graph_replay_and_streams():
     """Small temperature / greedy batches take the split launch (two kernels, the second with
     programmatic dependent launch, a per-call workspace): under CUDA-graph capture and replay
@@ -273,44 +310,17 @@ def test_cuda_split_launch_graph_replay_and_streams():
         seed, offset = _seeds(B, int(torch.randint(0, 1 << 30, (1,), generator=g)))
         return z, T, seed, offset
 
-    def want(z, T, seed, offset):
-        return ref.sample(z, seed, offset, T, None, None, None, 1)
-
-    z, T, seed, offset = inputs()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ops.sample_with_logprobs(z, seed, offset, temperature=T, backend="cuda")
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = ops.sample_with_logprobs(z, seed, offset, temperature=T, backend="cuda")
-    for _ in range(3):
-        z2, T2, seed2, offset2 = inputs()
-        for dst, src in ((z, z2), (T, T2), (seed, seed2), (offset, offset2)):
-            dst.copy_(src)
-        graph.replay()
-        torch.cuda.synchronize()
-        w = want(z, T, seed, offset)
-        assert torch.equal(out.tokens, w[0])
-        torch.testing.assert_close(out.logprobs, w[2], atol=1e-3, rtol=1e-4)
-    # two streams at once, each with its own rows
-    xs = [inputs() for _ in range(2)]
-    streams = [torch.cuda.Stream() for _ in xs]
-    outs = []
-    torch.cuda.synchronize()
-    for st, (z, T, seed, offset) in zip(streams, xs):
-        with torch.cuda.stream(st):
-            outs.append([ops.sample(z, seed, offset, temperature=T, backend="cuda",
-                                    validate=False) for _ in range(20)])
-    torch.cuda.synchronize()
-    for o, x in zip(outs, xs):
-        w = want(*x)[0]
-        assert all(torch.equal(t.tokens, w) for t in o)
+    _graph_replay_and_two_streams(
+        inputs,
+        lambda z, T, seed, offset: ops.sample_with_logprobs(z, seed, offset, temperature=T,
+                                                            backend="cuda"),
+        lambda z, T, seed, offset: ops.sample(z, seed, offset, temperature=T, backend="cuda",
+                                              validate=False),
+        lambda z, T, seed, offset: ref.sample(z, seed, offset, T, None, None, None, 1))
 
 
 # ---------------------------------------------------------------------------------------------
-# the split-candidates launch (small batches with top-k / top-p / min-p tensors)
+# the split-candidates launch (small batches with a top-k tensor)
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("B", [2, 8, 16, 33])
 @pytest.mark.parametrize("mode", ["top_k_50", "top_k_500", "top_k_1000", "top_p", "min_p",
@@ -319,7 +329,8 @@ def test_cuda_split_launch_graph_replay_and_streams():
 def test_cuda_scand_batches(B, mode, dtype):
     """Every CTA count the launch takes (S = SMs / B, down to 4 CTAs per row at B = 33 on an
     H100; B > SMs / 4 takes the cluster launch), both dtypes, and the nosplit cluster launch on
-    the same rows."""
+    the same rows. The top_p / min_p modes (no top-k tensor) take the cluster launch either
+    way: there the two calls are the same path."""
     skip_unless_backend("cuda")
     g = _gen(B * 31 + len(mode))
     logits = (torch.randn(B, 151936, generator=g) * 4).to(dtype).to(DEVICE)
@@ -335,7 +346,8 @@ def test_cuda_scand_rescans(B, where):
     """The row's top values crowd one CTA's chunk (low ids, as in real vocabularies where the
     frequent tokens come first), one lane's vectors (evicted keys: the CTA is incomplete), or
     spread so that a CTA holds more than its share: the finishing CTA must read those chunks
-    again. Top-k 50 / 200 / 512, with top-p, top-p alone, min-p alone."""
+    again. Top-k 50 / 200 / 512, with top-p and with min-p; top-p alone and min-p alone (no
+    top-k tensor: the cluster launch) on the same rows."""
     skip_unless_backend("cuda")
     g = _gen(17 + B)
     V = 151936
@@ -355,8 +367,9 @@ def test_cuda_scand_rescans(B, where):
 
 
 def test_cuda_scand_mixed_and_sparse_rows():
-    """Per-row modes in one call (greedy, temperature only, top-k <= 512 and > 512, top-p alone,
-    min-p), rows with fewer finite logits than k, and with a single one."""
+    """Per-row modes in one call with a top-k tensor (greedy, temperature only, top-k <= 512 and
+    > 512, top-p with top-k off, min-p), rows with fewer finite logits than k, and with a single
+    one; the same rows without a top-k tensor (the cluster launch)."""
     skip_unless_backend("cuda")
     g = _gen(18)
     B, V = 12, 151936
@@ -395,38 +408,10 @@ def test_cuda_scand_graph_replay_and_streams():
         seed, offset = _seeds(B, int(torch.randint(0, 1 << 30, (1,), generator=g)))
         return z, T, k, p, seed, offset
 
-    def want(z, T, k, p, seed, offset):
-        return ref.sample(z, seed, offset, T, k, p, None, 1)
-
     def call(z, T, k, p, seed, offset, **kw):
         return ops.sample_with_logprobs(z, seed, offset, temperature=T, top_k=k, top_p=p,
                                         backend="cuda", **kw)
 
-    x = inputs()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call(*x)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call(*x)
-    for _ in range(3):
-        for dst, src in zip(x, inputs()):
-            dst.copy_(src)
-        graph.replay()
-        torch.cuda.synchronize()
-        w = want(*x)
-        assert torch.equal(out.tokens, w[0])
-        torch.testing.assert_close(out.logprobs, w[2], atol=1e-3, rtol=1e-4)
-    xs = [inputs() for _ in range(2)]
-    streams = [torch.cuda.Stream() for _ in xs]
-    outs = []
-    torch.cuda.synchronize()
-    for st, xx in zip(streams, xs):
-        with torch.cuda.stream(st):
-            outs.append([call(*xx, validate=False) for _ in range(20)])
-    torch.cuda.synchronize()
-    for o, xx in zip(outs, xs):
-        w = want(*xx)[0]
-        assert all(torch.equal(t.tokens, w) for t in o)
+    _graph_replay_and_two_streams(
+        inputs, call, lambda *x: call(*x, validate=False),
+        lambda z, T, k, p, seed, offset: ref.sample(z, seed, offset, T, k, p, None, 1))
