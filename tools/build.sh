@@ -9,7 +9,7 @@
 # Usage: tools/build.sh PYTHON       (FORCE=1 rebuilds the extension even if it looks up to date)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=$1
+PY=${1:?"usage: tools/build.sh PYTHON (empty: tools/env.sh could not set up the environment; see its [env] lines above)"}
 root=$PWD
 # a real toolkit directory over an nvcc wrapper on PATH (as setup.py does)
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
