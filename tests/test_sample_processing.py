@@ -657,12 +657,13 @@ def test_gpu_cuda_processing():
 # launch for the temperature rows at B <= SMs / 4, clusters with chunks in shared memory at small
 # B, one streamed CTA per row at large B; "generic" the radix thresholds + exact pass for every
 # filtered row, "exact" the exact pass instead of the gap test, "stream" no shared-memory copy,
-# "nosplit" the cluster launch for small temperature batches
+# "nosplit" the cluster launch for small temperature batches, "scand" the split-candidates launch
+# (its processing instantiation, opt-in: F_SCAND_PROC) for small batches with a top-k tensor
 def _cuda_flag_sets():
     from tokenspeed_kernel.ops import sampling as S
     return {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
             "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
-            "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT}
+            "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand": S.F_SCAND_PROC}
 
 
 def _kind_only(inp, kind):
@@ -720,17 +721,23 @@ def _gpu_cuda_check(z, inp, kw, tpr, flags, seed=0):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("flags", ["default", "generic", "exact", "stream", "nosplit",
-                                   "nosplit_exact"])
+                                   "nosplit_exact", "scand"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpu_cuda_paths_with_processing(kind, flags):
     """Every read of the logits by the CUDA sampler applies the processing: each input kind on
     each forced path, at B = 1 / 3 (clusters of up to 16 CTAs with the chunk in shared memory;
     temperature rows: the split launch), 40 rows of 2 tokens per request (small clusters), 300
     (one streamed CTA per row), greedy / temperature rows and mixed top-k (50 and 1000: the
-    candidates and the radix thresholds) / top-p / min-p rows: == the reference."""
+    candidates and the radix thresholds) / top-p / min-p rows: == the reference. "scand": the
+    split-candidates launch with processing (the mixed top-k rows at B = 1 / 3 / 24 / 33 on a
+    132-SM GPU: 132 down to 4 CTAs per row; k = 0 and 1000 rows take its finishing CTA's
+    generic path)."""
     _skip_unless("cuda")
     flag = _cuda_flag_sets()[flags]
-    for B, V, tpr in ((1, 151936, 1), (3, 151936, 1), (40, 32000, 2), (300, 4099, 1)):
+    cases = ((1, 151936, 1), (3, 151936, 1), (40, 32000, 2), (300, 4099, 1))
+    if flags == "scand":
+        cases = ((1, 151936, 1), (3, 151936, 1), (24, 151936, 2), (33, 32000, 1))
+    for B, V, tpr in cases:
         if flags.startswith("nosplit") and B > 3:
             continue   # (the split launch only takes small temperature batches)
         if flags == "stream" and B == 300:
@@ -745,8 +752,46 @@ def test_gpu_cuda_paths_with_processing(kind, flags):
         combos[1]["top_k"] = combos[1]["top_k"].to(torch.int32)
         if flags.startswith("nosplit"):
             combos = combos[:1]
+        if flags == "scand":
+            combos = combos[1:]   # (only calls with a top-k tensor take it)
         for kw in combos:
             _gpu_cuda_check(z, inp, kw, tpr, flag, seed=B)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_cuda_scand_processing_distribution():
+    """The split-candidates launch with processing (opt-in F_SCAND_PROC): 2^16 draws made 32
+    rows per call (V = 8192: 4 CTAs per row on a 132-SM GPU) follow softmax(apply(z) / T) over
+    the top-k + top-p set (chi-square), and every draw is the reference's."""
+    _skip_unless("cuda")
+    from tokenspeed_kernel import testing
+    from tokenspeed_kernel.ops import sampling as S
+    gen = _gen(77)
+    V, B, n = 8192, 32, 1 << 16
+    inp = _inputs("all", 1, V, gen)
+    z = (torch.randn(1, V, generator=gen) * 1.5).to(DEVICE)
+    kw = dict(temperature=0.9, top_k=50, top_p=0.9)
+    probs = ref.probabilities(LP.apply(z, inp), temperature=torch.tensor([0.9], device=DEVICE),
+                              top_k=torch.tensor([50], dtype=torch.int32, device=DEVICE),
+                              top_p=torch.tensor([0.9], device=DEVICE))[0].cpu().numpy()
+    assert (probs > 0).sum() >= 10
+    rinp = _replicated(inp, B)
+    zb = z.expand(B, V)
+    got, want = [], []
+    for c in range(n // B):
+        i = torch.arange(c * B, (c + 1) * B, device=DEVICE)
+        with testing.knobs(sampler_flags=S.F_SCAND_PROC):
+            got.append(ops.sample(zb, 1000 + i, i % 7, processing=rinp, backend="cuda",
+                                  **kw).tokens)
+        if c < 64:
+            want.append(ops.sample(zb, 1000 + i, i % 7, processing=rinp, backend="reference",
+                                   **kw).tokens)
+    tok = torch.cat(got)
+    assert torch.equal(tok[:64 * B], torch.cat(want))
+    counts = torch.bincount(tok, minlength=V).cpu().numpy()
+    assert counts[probs == 0].sum() == 0, "draws outside the processed support"
+    pval = _pooled_chisquare(counts[probs > 0], probs[probs > 0] * n)
+    assert pval > ALPHA, f"chi-square p = {pval:.2e}"
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -774,7 +819,7 @@ def test_gpu_cuda_processing_dtypes_and_rows():
                 (B,), 0.9, device=DEVICE)), dict(temperature=T, top_p=torch.full(
                 (B,), 0.95, device=DEVICE)), dict(temperature=T, min_p=torch.full(
                 (B,), 0.3, device=DEVICE))):
-            for f in ("default", "generic", "stream", "nosplit_exact"):
+            for f in ("default", "generic", "stream", "nosplit_exact", "scand"):
                 _gpu_cuda_check(z, inp, kw, 1, flags[f])
 
 

@@ -94,7 +94,8 @@ enum Flags : int {
   F_FORCE_EXACT = 128,
   F_NO_RESIDENT = 256,
   F_NO_SPLIT = 512,
-  F_CS_SHIFT = 10
+  F_CS_SHIFT = 10,
+  F_SCAND_PROC = 8192  // calls with processing may take the split-candidates launch (opt-in)
 };
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
@@ -2188,7 +2189,7 @@ __device__ __forceinline__ unsigned long long warp_sort_desc(unsigned long long 
   return v;
 }
 
-template <typename T>
+template <typename T, bool kProc = false>
 __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   constexpr int VEC = VecOf<T>::n;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2203,6 +2204,8 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   const int row = int(blockIdx.x) / S, me = int(blockIdx.x) % S;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const Row r = row_params(p, row);
+  RowProc rp;
+  if constexpr (kProc) rp = row_proc(p.proc, row / p.tpr);
   const T* rowp = static_cast<const T*>(p.logits) + int64_t(row) * p.stride;
   const bool aligned = (reinterpret_cast<uintptr_t>(rowp) & 15) == 0;
   const int c0 = me * p.chunk;
@@ -2229,7 +2232,9 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       }
       bad |= z[j] < INFINITY ? 0u : 1u;
       if (i + j < c1) zlo = fminf(zlo, z[j]);
-      if (lp) raw.add(z[j], 1.0f);
+      if constexpr (!kProc) {
+        if (lp) raw.add(z[j], 1.0f);
+      }
     }
     if (cand_row) {
 #pragma unroll
@@ -2251,7 +2256,22 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       }
     }
   };
-  for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body);
+  // kProc: z above is the processed logit; the raw values' sums (raw logprobs) and NaN / +inf
+  // flag (bit 1 of bad) come from the same read
+  unsigned rawbad = 0;
+  auto rawf = [&](int, const float (&z)[VEC]) {
+    if (lp) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        raw.add(z[j], 1.0f);
+        rawbad |= z[j] < INFINITY ? 0u : 1u;
+      }
+    }
+  };
+  if constexpr (kProc)
+    for_each_pvec<true, T>(rowp, c0, c1, aligned, nullptr, false, false, p.proc, rp, body, rawf);
+  else
+    for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body);
 
   // the CTA's summary: warp merges, then warp 0
   {
@@ -2259,7 +2279,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     u.zmax = zm;
     u.zid = zi;
     u.zmin = zlo;
-    u.bad = bad;
+    u.bad = kProc ? (bad | (rawbad << 1)) : bad;
     u.lm = raw.m;
     u.ls = raw.s;
     TS_SCAND_WARP_MERGE(u, lp, );
@@ -2402,10 +2422,14 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   __syncthreads();
   const float zmax = s.row.zmax;
   const int zid = s.row.zid;
-  const bool ok = !s.row.bad && zmax > -INFINITY;
+  const unsigned rbad = s.row.bad;
+  const bool ok = (kProc ? !(rbad & 1u) : !rbad) && zmax > -INFINITY;
   const float rlm = s.row.lm, rls = s.row.ls;
   auto raw_lp = [&](int tok) -> float {
     if (!lp) return 0.0f;
+    if constexpr (kProc) {
+      if (rbad & 2u) return __int_as_float(0x7fc00000);  // a NaN / +inf raw logit
+    }
     return (to_f(rowp[tok]) - rlm) - logf(rls);
   };
   if (!ok) {
@@ -2429,10 +2453,11 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     if (p.stats && tid == 0) atomicAdd(&p.stats[0], 1u);
     int tok = 0;
     float ps = 0.0f;
-    exact_pass<T>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, 0ull, tok, ps);
+    exact_pass<T, kProc>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, 0ull, tok,
+                         ps, rp);
     if (tid == 0)
       write_row(p, row, tok, true, raw_lp(tok),
-                centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+                centered(tok_logit<kProc>(p, rp, rowp, tok), zmax, r.inv_t) - logf(ps));
     return;
   }
   bool generic = r.mode == kGeneric;
@@ -2482,8 +2507,9 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       for (int q = 0; q < S; ++q) {
         if (!((tab_n[q] >> 32) || tab_th[q] > t)) continue;
         const int q0 = q * p.chunk, q1 = min(p.vocab, q0 + p.chunk);
-        for_each_vec<T>(rowp, q0, q1, aligned, nullptr, false, false,
-                        [&](int i, const float (&z)[VEC]) { cand_append<VEC>(s, cand, i, z, t); });
+        for_each_pvec<kProc, T>(
+            rowp, q0, q1, aligned, nullptr, false, false, p.proc, rp,
+            [&](int i, const float (&z)[VEC]) { cand_append<VEC>(s, cand, i, z, t); });
       }
       __syncthreads();
       const unsigned nb = s.ncb;
@@ -2512,7 +2538,8 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     if (!generic) {
       unsigned long long S_row = 0;
       if (!r.k_on && r.p_on)
-        S_row = cluster_mass<T>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, 0ull);
+        S_row = cluster_mass<T, kProc>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax,
+                                       0ull, rp);
       float ps = 0.0f, ytok = 0.0f;
       const int tok = cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
       if (tok >= 0) {
@@ -2529,24 +2556,25 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   const unsigned long long khi = key56(key32(zmax), 0u);
   if (r.k_on) {
     const unsigned long long klo = key56(key32(s.row.zmin), uint32_t(p.vocab - 1));
-    thr = cluster_select<T, false>(pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, klo, khi,
-                                   0ull, (unsigned long long)r.k, cbuf);
+    thr = cluster_select<T, false, kProc>(pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, klo,
+                                          khi, 0ull, (unsigned long long)r.k, cbuf, rp);
   }
   if (r.p_on) {
     const unsigned long long Sm =
-        cluster_mass<T>(pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, thr);
+        cluster_mass<T, kProc>(pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, thr, rp);
     const unsigned long long P = (unsigned long long)top_p_limit(r.top_p, int64_t(Sm));
     const double zcut = double(zmax) - 27.0 / double(r.inv_t) * 1.001 - fabs(double(zmax)) * 1e-6;
     const unsigned long long mlo = key56(key32(__double2float_rd(zcut)), uint32_t(p.vocab - 1));
-    const unsigned long long tp = cluster_select<T, true>(pf, r, s, rowp, 0, p.vocab, aligned,
-                                                          nullptr, zmax, mlo, khi, thr, P, cbuf);
+    const unsigned long long tp = cluster_select<T, true, kProc>(
+        pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, mlo, khi, thr, P, cbuf, rp);
     thr = tp > thr ? tp : thr;
   }
   int tok = 0;
   float ps = 0.0f;
-  exact_pass<T>(pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, thr, tok, ps);
+  exact_pass<T, kProc>(pf, r, s, rowp, 0, p.vocab, aligned, nullptr, zmax, zid, thr, tok, ps, rp);
   if (tid == 0)
-    write_row(p, row, tok, true, raw_lp(tok), centered(to_f(rowp[tok]), zmax, r.inv_t) - logf(ps));
+    write_row(p, row, tok, true, raw_lp(tok),
+              centered(tok_logit<kProc>(p, rp, rowp, tok), zmax, r.inv_t) - logf(ps));
 }
 #undef TS_SCAND_WARP_MERGE
 
@@ -2673,18 +2701,21 @@ cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
 
 // Split-candidates launch (scand_kernel): calls with a top-k tensor (top-p / min-p may come
 // with it) when B <= SMs / kScandRowsPer: S = SMs / B CTAs per row (one per SM), at least 1024
-// elements each; 0: not taken (processing inputs, F_NO_SPLIT / F_FORCE_GENERIC / a forced
-// cluster size). Top-p or min-p without a top-k tensor stays on the cluster launch: there the
+// elements each; 0: not taken (F_NO_SPLIT / F_FORCE_GENERIC / a forced cluster size, or
+// processing inputs without F_SCAND_PROC: the kProc instantiation is opt-in). Top-p or min-p without a top-k tensor stays on the cluster launch: there the
 // total top-p mass and the min-p exact pass are spread over the cluster's CTAs, where this
 // launch's finishing CTA would read the whole row alone (measured slower on an H200).
 // The caller provides p.ws, scand_ws_bytes() bytes, ordered on `stream` (one per call).
 constexpr int kScandRowsPer = 4;
 template <typename T>
 int scand_ctas(const Params& p) {
-  if (p.rows == 0 || proc_on(p.proc) || !(p.flags & F_TOPK) ||
+  const bool proc = proc_on(p.proc);
+  if (p.rows == 0 || (proc && !(p.flags & F_SCAND_PROC)) || !(p.flags & F_TOPK) ||
       (p.flags & (F_FORCE_GENERIC | F_NO_SPLIT)) || ((p.flags >> F_CS_SHIFT) & 7))
     return 0;
-  const DeviceInfo d = device_info(scand_kernel<T>);
+  // (device_info also raises the kernel's dynamic shared memory limit: the instantiation that
+  // launch_scand will launch)
+  const DeviceInfo d = proc ? device_info(scand_kernel<T, true>) : device_info(scand_kernel<T>);
   if (int64_t(p.rows) * kScandRowsPer > d.sms) return 0;
   int S = d.sms / p.rows;
   S = S < kScandMaxS ? S : kScandMaxS;
@@ -2695,7 +2726,7 @@ inline size_t scand_ws_bytes(const Params& p, int S) {
   return scand_ctr_bytes(p.rows) + (sizeof(ScandSum) + 8 * size_t(scand_fc(S))) * p.rows * S;
 }
 
-template <typename T>
+template <typename T, bool kProc>
 cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
   p.cs = 1;
   p.split = S;
@@ -2709,7 +2740,7 @@ cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem_fixed_bytes(1, true);
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, scand_kernel<T>, p);
+  return cudaLaunchKernelEx(&cfg, scand_kernel<T, kProc>, p);
 }
 
 // Fills p.cs / p.chunk / p.resident (cs_override > 0 forces the cluster size) and launches:
@@ -2721,10 +2752,8 @@ cudaError_t launch_kernels(Params p, cudaStream_t stream, int cs_override) {
   if (p.ws && cs_override == 0) {
     const int S = split_ctas<T>(p);
     if (S) return launch_split<T, kProc>(p, stream, S);
-    if constexpr (!kProc) {
-      const int S2 = scand_ctas<T>(p);
-      if (S2) return launch_scand<T>(p, stream, S2);
-    }
+    const int S2 = scand_ctas<T>(p);
+    if (S2) return launch_scand<T, kProc>(p, stream, S2);
   }
   p.split = 0;
   // min-p alone runs on the PLAIN path (the kernel without the candidate machinery) when the

@@ -28,14 +28,14 @@ KERNEL = [  # (anchor, text inserted after the anchor's line, or before with a l
      "  const bool labc = p.lab && blockIdx.x == 0 && threadIdx.x == 0;\n"
      "  long long lc0 = clock64();\n"
      "  if (p.lab && threadIdx.x == 0) atomicMin(&p.lab[0], gt());"),
-    ("  for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body);",
-     "  if (labc) p.lab[8] = clock64() - lc0;"),
+    ("  // the CTA's summary: warp merges, then warp 0", "<  if (labc) p.lab[8] = clock64() - lc0;"),
     ("    th = s.bcast[0];", "<    if (labc) p.lab[9] = clock64() - lc0;"),
     ("      const unsigned old = atomicAdd(&ctr[row], 1u);",
      "<      if (labc) p.lab[10] = clock64() - lc0;\n      if (p.lab) atomicMax(&p.lab[1], gt());"),
     ("  // ---------------- finish: the row's last CTA ----------------",
      "  const long long lf0 = clock64();\n  const bool labf = p.lab && row == 0 && tid == 0;"),
-    ("  const bool ok = !s.row.bad && zmax > -INFINITY;", "<  if (labf) p.lab[2] = clock64() - lf0;"),
+    ("  const bool ok = (kProc ? !(rbad & 1u) : !rbad) && zmax > -INFINITY;",
+     "<  if (labf) p.lab[2] = clock64() - lf0;"),
     ("    const unsigned long long t = block_select<RU>(keys, r.K, s, &nU);",
      "<    if (labf) p.lab[3] = clock64() - lf0;"),
     ("    const int noff = __syncthreads_count(", "<    if (labf) p.lab[4] = clock64() - lf0;"),

@@ -20,9 +20,12 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # streamed gap test for temperature-only rows), F_NO_RESIDENT (never stage the row chunk in
 # shared memory), F_NO_SPLIT (small batches take the cluster launch instead of the split launch
 # (calls without filter tensors) or the split-candidates launch (calls with a top-k tensor)).
-# The tokens must not change. ``_CUDA_TEST_FLAGS`` (an OR of them) and the levels' switches below
-# are set through ``tokenspeed_kernel.testing.knobs`` (the one door).
+# F_SCAND_PROC (opt-in, not the default yet): calls with ``processing`` inputs may take the
+# split-candidates launch too (its processing instantiation; without the bit they take the
+# cluster launch). The tokens must not change. ``_CUDA_TEST_FLAGS`` (an OR of them) and the
+# levels' switches below are set through ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
+F_SCAND_PROC = 8192
 _CUDA_TEST_FLAGS = 0
 
 # The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
