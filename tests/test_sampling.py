@@ -1206,10 +1206,10 @@ def test_flag_bits_match_cuda_headers():
         assert v == getattr(S, name), name
     sampler = enum_values("csrc/sampling/sampler.cuh", "F_FORCE_GENERIC")
     for name in ("F_FORCE_GENERIC", "F_FORCE_EXACT", "F_NO_RESIDENT", "F_NO_SPLIT",
-                 "F_SCAND_PROC"):
+                 "F_SCAND_PROC", "F_SCAND_TOPP"):
         assert sampler[name] == getattr(S, name), name
     # the flag bits are distinct from the forced cluster size's field
-    assert S.F_SCAND_PROC & (7 << sampler["F_CS_SHIFT"]) == 0
+    assert (S.F_SCAND_PROC | S.F_SCAND_TOPP) & (7 << sampler["F_CS_SHIFT"]) == 0
     # each family's own bits start above the request bits (F_CS_SHIFT is a shift, not a bit)
     assert min(v for k, v in sampler.items() if k != "F_CS_SHIFT") > max(common.values())
     from tokenspeed_kernel import testing

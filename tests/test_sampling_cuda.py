@@ -29,7 +29,7 @@ pytestmark = pytest.mark.gpu
 
 FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
          "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
-         "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT}
+         "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand_topp": S.F_SCAND_TOPP}
 
 
 def cuda_flags(flags: int):
@@ -100,12 +100,12 @@ MODES = {
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("B", [1, 3, 40, 300])
 @pytest.mark.parametrize("flags", ["default", "generic", "exact", "stream", "nosplit",
-                                   "nosplit_exact"])
+                                   "nosplit_exact", "scand_topp"])
 def test_cuda_paths_match_reference(mode, B, flags):
     skip_unless_backend("cuda")
     if flags == "stream" and B == 300:
         pytest.skip("B = 300 already streams")
-    if flags.startswith("nosplit") and B > 3:
+    if (flags.startswith("nosplit") or flags == "scand_topp") and B > 3:
         pytest.skip("the split launches only take small batches")
     V = 151936 if B <= 40 else 32000
     g = _gen(B * 100 + len(mode))
@@ -389,6 +389,92 @@ def test_cuda_scand_mixed_and_sparse_rows():
     for kw in (dict(temperature=T, top_k=k, top_p=p, min_p=mp), dict(temperature=T, top_k=k),
                dict(temperature=T, top_p=p), dict(temperature=T, min_p=mp)):
         _check(z, {n: v.to(DEVICE) for n, v in kw.items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# opt-in (F_SCAND_TOPP): top-p without a top-k tensor on the split-candidates launch, band masses
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("B", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_scand_topp_rows(B, dtype):
+    """Calls with a top-p tensor and no top-k tensor on the split-candidates launch (B <= SMs /
+    16): per-row top-p (band masses), top-p = 1 rows (temperature only, min-p only), greedy,
+    top-p + min-p, T = 1e-3 and 50, T so small that 1 / T overflows (band masses off), flat
+    rows (the kept set beyond the 512 candidates), logits of magnitude 1e30, a row with 3
+    finite logits: == the reference, and == the cluster launch (nosplit)."""
+    skip_unless_backend("cuda")
+    g = _gen(40 + B)
+    V = 151936
+    R = 2 * B   # two calls' worth of row kinds, cycled over B rows
+    z = torch.randn(R, V, generator=g) * 4
+    z[3] *= 0.02                                   # flat
+    z[5] = z[5] * 1e29                             # |z| ~ 1e30
+    z[7] = float("-inf")
+    z[7, torch.randperm(V, generator=g)[:3]] = torch.randn(3, generator=g)
+    T = torch.tensor([0.8, 1.0, 0.0, 1.2, 1e-3, 0.9, 50.0, 0.7, 1e-39, 0.6, 1.1, 0.9,
+                      0.8, 2.0, 0.5, 1.0])[:R]
+    p = torch.tensor([0.9, 1.0, 0.9, 0.95, 0.5, 0.9, 0.99, 0.8, 0.9, 1.0, 0.7, 0.3,
+                      0.6, 0.9, 1.0, 0.95])[:R]
+    mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.2, 0.05, 0.0,
+                       0.0, 0.0, 0.1, 0.0])[:R]
+    for r0 in range(0, R, B):
+        rows = slice(r0, r0 + B)
+        logits = z[rows].to(dtype).to(DEVICE)
+        for kw in (dict(temperature=T[rows], top_p=p[rows]),
+                   dict(temperature=T[rows], top_p=p[rows], min_p=mp[rows])):
+            kw = {n: v.to(DEVICE) for n, v in kw.items()}
+            a = _check(logits, kw, S.F_SCAND_TOPP)
+            b = _check(logits, kw, S.F_NO_SPLIT)
+            assert torch.equal(a.tokens, b.tokens)
+
+
+def test_cuda_scand_topp_band_boundary():
+    """Rows whose top-p limit falls exactly on a prefix of the candidates' masses (ten equal top
+    logits, p = 0.5 / 0.3 / 0.7: P = 5, 3, 7 masses; ties broken by id), so that the band of the
+    approximate mass contains a prefix and the finishing CTA must compute the exact mass; and
+    rows just off the boundary. 64 seeds per row: == the reference, draw for draw."""
+    skip_unless_backend("cuda")
+    g = _gen(44)
+    B, V = 4, 32768   # (32 CTAs per row: the top-p route needs >= 16)
+    z = torch.randn(B, V, generator=g) - 40.0
+    top = torch.randperm(V, generator=g)[:10]
+    z[:, top] = 3.0
+    z[3, top[0]] = 3.0 + 1e-6 * 8
+    p = torch.tensor([0.5, 0.3, 0.7, 0.5])
+    T = torch.tensor([1.0, 0.7, 1.3, 1.0])
+    zz = z.to(DEVICE)
+    kw = dict(temperature=T.to(DEVICE), top_p=p.to(DEVICE))
+    for rep in range(64):
+        seed = torch.arange(B, device=DEVICE) * 1000 + rep
+        want = ref.sample(zz, seed, seed * 3, kw["temperature"], None, kw["top_p"], None, 1)
+        with cuda_flags(S.F_SCAND_TOPP):
+            got = ops.sample(zz, seed, seed * 3, backend="cuda", **kw)
+        assert torch.equal(got.tokens, want[0]), rep
+
+
+def test_cuda_scand_topp_graph_replay_and_streams():
+    """The top-p route (F_SCAND_TOPP) under CUDA-graph capture / replay and on two streams."""
+    skip_unless_backend("cuda")
+    g = _gen(45)
+    B, V = 4, 151936
+
+    def inputs():
+        z = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
+        T = (torch.rand(B, generator=g) + 0.3).to(DEVICE)
+        T[1] = 0.0
+        p = (torch.rand(B, generator=g) * 0.5 + 0.5).to(DEVICE)
+        p[2] = 1.0
+        seed, offset = _seeds(B, int(torch.randint(0, 1 << 30, (1,), generator=g)))
+        return z, T, p, seed, offset
+
+    def call(z, T, p, seed, offset, **kw):
+        return ops.sample_with_logprobs(z, seed, offset, temperature=T, top_p=p, backend="cuda",
+                                        **kw)
+
+    with cuda_flags(S.F_SCAND_TOPP):
+        _graph_replay_and_two_streams(
+            inputs, call, lambda *x: call(*x, validate=False),
+            lambda z, T, p, seed, offset: ref.sample(z, seed, offset, T, None, p, None, 1))
 
 
 def test_cuda_scand_graph_replay_and_streams():

@@ -95,7 +95,8 @@ enum Flags : int {
   F_NO_RESIDENT = 256,
   F_NO_SPLIT = 512,
   F_CS_SHIFT = 10,
-  F_SCAND_PROC = 8192  // calls with processing may take the split-candidates launch (opt-in)
+  F_SCAND_PROC = 8192,  // calls with processing may take the split-candidates launch (opt-in)
+  F_SCAND_TOPP = 16384  // top-p without top-k takes it too; band masses for its rows (opt-in)
 };
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
@@ -121,7 +122,8 @@ struct Params {
   bool* valid;
   float* lp;
   float* plp;
-  unsigned int* stats;  // optional [4] counters (tests): exact plain passes, generic rows, -, -
+  unsigned int* stats;  // optional [4] counters (lab builds): exact plain passes, generic rows,
+                        // chunks read again, band masses that needed the exact mass
   ProcParams proc;      // logits processing (sampling/processing.cuh); all null: none
 };
 
@@ -1266,8 +1268,15 @@ __device__ __forceinline__ void write_row(const Params& p, int row, int tok, boo
 // candidates cannot decide (the generic path must run). S_row: top-p without top-k: the row's
 // total mass; psum: sum of exp(y) over the kept candidates (logprobs).
 // ------------------------------------------------------------------------------------------
+// kBand (the split-candidates launch's approximate top-p mass, rows with top-k off): the row's
+// total mass S is only known to lie in [S_row, S_hi]; returns -2 when that matters, i.e. when a
+// candidate's kept bit differs between P = top_p_limit(S_row) and top_p_limit(S_hi) (the
+// caller then computes S exactly and calls again). Otherwise the decisions are those of every S
+// in the interval, the exact one included.
+template <bool kBand = false>
 __device__ int cand_finish(const Row& r, Smem& s, Fin& f, int n, int vocab, float zmax,
-                           unsigned long long S_row, bool lp, float& psum, float& ytok) {
+                           unsigned long long S_row, bool lp, float& psum, float& ytok,
+                           unsigned long long S_hi = 0) {
   const int tid = threadIdx.x;
   // skey[0..n) holds the candidates unsorted: rank by counting (kTpk threads per key)
   constexpr int kTpk = kThreads / kCandCap;
@@ -1319,6 +1328,13 @@ __device__ int cand_finish(const Row& r, Smem& s, Fin& f, int n, int vocab, floa
   if (tid < n) {
     kept = y >= r.L && tid < r.k;
     if (r.p_on) kept = kept && int64_t(f.sprefix[tid] - e) < P;
+  }
+  if constexpr (kBand) {
+    if (!r.k_on && r.p_on) {
+      const int64_t P2 = top_p_limit(r.top_p, int64_t(S_hi));
+      const int64_t before = tid < n ? int64_t(f.sprefix[tid] - e) : 0;
+      if (__syncthreads_or(tid < n && y >= r.L && before >= P && before < P2)) return -2;
+    }
   }
   // can the candidates decide? (only rows whose kept set is not bounded by top-k)
   if (!r.k_on && n > 0) {
@@ -2137,7 +2153,7 @@ struct ScandSum {
   unsigned long long th;  // forwarded keys: the chunk's keys >= th (unless incomplete)
   int n;                  // keys forwarded (may exceed FC: incomplete)
   unsigned incomplete;    // a lane evicted a key >= th, or n > FC
-  unsigned pad[2];
+  double mass;            // band rows: sum of 2^((z - zmax) c) over the chunk (zmax: the chunk's)
 };
 static_assert(sizeof(ScandSum) == 48, "ScandSum: three 16-byte words");
 
@@ -2165,6 +2181,43 @@ static_assert(sizeof(ScandSum) == 48, "ScandSum: three 16-byte words");
       u.ls = a.s;                                        \
     }                                                    \
   } while (0)
+
+// Band masses (F_SCAND_TOPP; rows with top-p on and top-k off): phase 1 sums a = 2^((z - m) c)
+// over the chunk, c = inv_t log2(e), in float64 relative to each thread's running max m (the
+// exponent in float32: fl(fl(z - m) fl(inv_t log2 e)), exp2f: 2 ulp; a new max rescales the sum
+// by a float64 exp2), merged relative to the chunk max; the finishing CTA scales the chunks to
+// the row max: S~ ~ sum over the row of exp((z - zmax) inv_t). The contract's fixed-point mass S
+// (2^38 units) lies within S~ 2^38 (1 +- kBandRel) +- 4 V (the relative part: the float32
+// exponents, |a| <= 40 where it matters, 4 roundings: 6.6e-6; exp2f 2.4e-7; the contract's own
+// y roundings and soft_exp: 8.1e-6; the absolute part: V truncations and the tokens below
+// 2^-40, 4 V >= V (1 + 2^-2) in 2^38 units): kBandRel is about four times the bound.
+constexpr double kBandRel = 6e-5;
+__device__ __forceinline__ double band_scale(double a, float z, float m, double c) {
+  return z == -INFINITY ? 0.0 : a * exp2((double(z) - double(m)) * c);
+}
+// (max, sum relative to it) over the warp: every lane gets the result
+__device__ __forceinline__ void band_warp_merge(float& m, double& a, double c) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    const float m2 = shfl_x(m, o);
+    const double a2 = shfl_x(a, o);
+    const float mx = fmaxf(m, m2);
+    a = band_scale(a, m, mx, c) + band_scale(a2, m2, mx, c);
+    m = mx;
+  }
+}
+__device__ __forceinline__ double block_sum_d(double v, Smem& s) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) s.redd[warp][0] = v;
+  __syncthreads();
+  v = s.redd[lane][0];
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+  return v;
+}
 
 __host__ __device__ __forceinline__ int scand_fc(int S) {
   const int fc = kCandBuf / S;
@@ -2212,6 +2265,10 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   const int c1 = min(p.vocab, c0 + p.chunk);
   const bool lp = p.flags & F_LOGPROBS;
   const bool cand_row = r.mode == kCand;
+  // band masses (F_SCAND_TOPP, top-p rows with top-k off; kBandRel above)
+  const float bc32 = fmul(r.inv_t, kLog2e);
+  const double bc64 = double(r.inv_t) * 1.4426950408889634;
+  const bool band = cand_row && !r.k_on && r.p_on && (p.flags & F_SCAND_TOPP) && bc32 < INFINITY;
   unsigned* ctr = static_cast<unsigned*>(p.ws);
   ScandSum* sums =
       reinterpret_cast<ScandSum*>(static_cast<unsigned char*>(p.ws) + scand_ctr_bytes(p.rows));
@@ -2223,6 +2280,8 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   unsigned bad = 0;
   Lse raw;
   unsigned long long k1 = 0, k2 = 0, kd = 0;  // the lane's two largest keys, largest evicted
+  float bm = -INFINITY;  // band rows: the thread's running max, and the sum relative to it
+  double bacc = 0.0;
   auto body = [&](int i, const float (&z)[VEC]) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -2256,6 +2315,21 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       }
     }
   };
+  // band rows: the same body and the band sums (a loop of its own, so that the other rows'
+  // loop keeps its registers)
+  auto body_band = [&](int i, const float (&z)[VEC]) {
+    body(i, z);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float v = z[j];
+      if (v > bm) {
+        bacc = bm == -INFINITY ? 1.0 : fma(bacc, exp2((double(bm) - double(v)) * bc64), 1.0);
+        bm = v;
+      } else if (v > -INFINITY) {
+        bacc += double(exp2f(fmul(fsub(v, bm), bc32)));
+      }
+    }
+  };
   // kProc: z above is the processed logit; the raw values' sums (raw logprobs) and NaN / +inf
   // flag (bit 1 of bad) come from the same read
   unsigned rawbad = 0;
@@ -2268,10 +2342,17 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       }
     }
   };
-  if constexpr (kProc)
+  if (band) {
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, c1, aligned, nullptr, false, false, p.proc, rp, body_band,
+                             rawf);
+    else
+      for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body_band);
+  } else if constexpr (kProc) {
     for_each_pvec<true, T>(rowp, c0, c1, aligned, nullptr, false, false, p.proc, rp, body, rawf);
-  else
+  } else {
     for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body);
+  }
 
   // the CTA's summary: warp merges, then warp 0
   {
@@ -2282,6 +2363,13 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     u.bad = kProc ? (bad | (rawbad << 1)) : bad;
     u.lm = raw.m;
     u.ls = raw.s;
+    u.mass = 0.0;
+    if (band) {  // (before the zmax merge: relative to the warp's max, as u.zmax after it)
+      float m = bm;
+      double a = bacc;
+      band_warp_merge(m, a, bc64);
+      u.mass = a;
+    }
     TS_SCAND_WARP_MERGE(u, lp, );
     if (lane == 0) wsum[warp] = u;
   }
@@ -2340,6 +2428,12 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   const int evicted = __syncthreads_or(cand_row && kd && kd >= th);
   if (warp == 0) {
     ScandSum u = wsum[lane];
+    if (band) {
+      float m = u.zmax;
+      double a = u.mass;
+      band_warp_merge(m, a, bc64);
+      u.mass = a;
+    }
     TS_SCAND_WARP_MERGE(u, lp, );
     if (lane == 0) {
       u.th = th;
@@ -2370,6 +2464,8 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       keys[i] = g < S * FC ? __ldcg(fkeys + int64_t(row) * S * FC + g) : 0ull;
     }
   }
+  float band_z = -INFINITY;  // band rows: chunk tid's max and mass relative to it
+  double band_m = 0.0;
   {
     ScandSum u;
     u.zmax = -INFINITY;
@@ -2386,6 +2482,8 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       for (int h = 0; h < 3; ++h) w[h] = __ldcg(src + h);
       memcpy(&u, w, sizeof(u));
       u.n = u.n < FC ? u.n : FC;
+      band_z = u.zmax;
+      band_m = u.mass;
       tab_th[tid] = u.th;
       tab_n[tid] = (unsigned long long)u.n | ((unsigned long long)u.incomplete << 32);
     }
@@ -2536,12 +2634,32 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       }
     }
     if (!generic) {
-      unsigned long long S_row = 0;
-      if (!r.k_on && r.p_on)
+      unsigned long long S_row = 0, S_hi = 0;
+      bool banded = false;
+      if (!r.k_on && r.p_on && band) {
+        // the row's mass from the chunks' band masses: S_row <= S <= S_hi (kBandRel)
+        const double Sx =
+            block_sum_d(tid < S ? band_scale(band_m, band_z, zmax, bc64) : 0.0, s) * 274877906944.0;
+        const double slack = Sx * kBandRel + 4.0 * double(p.vocab);
+        if (Sx >= 274877906944.0 && Sx < 4.0e18) {
+          const double lo = floor(Sx - slack);
+          S_row = lo > 274877906944.0 ? (unsigned long long)lo : 274877906944ull;  // S >= 2^38
+          S_hi = (unsigned long long)ceil(Sx + slack);
+          banded = true;
+        }
+      }
+      if (!r.k_on && r.p_on && !banded)
         S_row = cluster_mass<T, kProc>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax,
                                        0ull, rp);
       float ps = 0.0f, ytok = 0.0f;
-      const int tok = cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
+      int tok = banded ? cand_finish<true>(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok, S_hi)
+                       : cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
+      if (tok == -2) {  // a prefix mass within the band: the exact mass (one pass), then again
+        if (p.stats && tid == 0) atomicAdd(&p.stats[3], 1u);
+        S_row = cluster_mass<T, kProc>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax,
+                                       0ull, rp);
+        tok = cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
+      }
       if (tok >= 0) {
         if (tid == 0) write_row(p, row, tok, true, raw_lp(tok), ytok - logf(ps));
         return;
@@ -2702,15 +2820,19 @@ cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
 // Split-candidates launch (scand_kernel): calls with a top-k tensor (top-p / min-p may come
 // with it) when B <= SMs / kScandRowsPer: S = SMs / B CTAs per row (one per SM), at least 1024
 // elements each; 0: not taken (F_NO_SPLIT / F_FORCE_GENERIC / a forced cluster size, or
-// processing inputs without F_SCAND_PROC: the kProc instantiation is opt-in). Top-p or min-p without a top-k tensor stays on the cluster launch: there the
-// total top-p mass and the min-p exact pass are spread over the cluster's CTAs, where this
-// launch's finishing CTA would read the whole row alone (measured slower on an H200).
+// processing inputs without F_SCAND_PROC: the kProc instantiation is opt-in). With the opt-in
+// F_SCAND_TOPP also calls with a top-p tensor and no top-k tensor, when S >= kCandCap / 32
+// (B <= SMs / 16); its band masses replace the finishing CTA's pass over the row for the mass.
+// By default top-p or min-p without a top-k tensor stays on the cluster launch: there the total
+// top-p mass and the min-p exact pass are spread over the cluster's CTAs, where this launch's
+// finishing CTA would read the whole row alone (measured slower on an H200).
 // The caller provides p.ws, scand_ws_bytes() bytes, ordered on `stream` (one per call).
 constexpr int kScandRowsPer = 4;
 template <typename T>
 int scand_ctas(const Params& p) {
   const bool proc = proc_on(p.proc);
-  if (p.rows == 0 || (proc && !(p.flags & F_SCAND_PROC)) || !(p.flags & F_TOPK) ||
+  const bool topp = (p.flags & F_TOPP) && (p.flags & F_SCAND_TOPP);
+  if (p.rows == 0 || (proc && !(p.flags & F_SCAND_PROC)) || !((p.flags & F_TOPK) || topp) ||
       (p.flags & (F_FORCE_GENERIC | F_NO_SPLIT)) || ((p.flags >> F_CS_SHIFT) & 7))
     return 0;
   // (device_info also raises the kernel's dynamic shared memory limit: the instantiation that
@@ -2720,6 +2842,9 @@ int scand_ctas(const Params& p) {
   int S = d.sms / p.rows;
   S = S < kScandMaxS ? S : kScandMaxS;
   S = S < p.vocab / 1024 ? S : p.vocab / 1024;
+  // top-p without a top-k tensor (F_SCAND_TOPP): its rows' K = kCandCap candidates need at
+  // least K forwarded keys (>= min(32, ...) per CTA), else every such row takes the generic path
+  if (!(p.flags & F_TOPK) && S < kCandCap / 32) return 0;
   return S >= 2 ? S : 0;
 }
 inline size_t scand_ws_bytes(const Params& p, int S) {

@@ -41,12 +41,14 @@ _C = "tokenspeed_kernel.ops.comm"
 
 # the CUDA sampler's testing bits, for ``sampler_flags`` (defined once, in ops/sampling.py:
 # generic radix thresholds, the exact pass, no shared-memory staging, no split launches; and
-# SAMPLER_SCAND_PROC: calls with processing may take the split-candidates launch, opt-in)
+# SAMPLER_SCAND_PROC: calls with processing may take the split-candidates launch, opt-in;
+# SAMPLER_SCAND_TOPP: so may calls with top-p but no top-k tensor, with band masses, opt-in)
 from .ops.sampling import (F_FORCE_EXACT as SAMPLER_FORCE_EXACT,  # noqa: E402
                            F_FORCE_GENERIC as SAMPLER_FORCE_GENERIC,
                            F_NO_RESIDENT as SAMPLER_NO_RESIDENT,
                            F_NO_SPLIT as SAMPLER_NO_SPLIT,
-                           F_SCAND_PROC as SAMPLER_SCAND_PROC)
+                           F_SCAND_PROC as SAMPLER_SCAND_PROC,
+                           F_SCAND_TOPP as SAMPLER_SCAND_TOPP)
 SAMPLER_CLUSTER_SHIFT = 10    # (v << 10), v = 1..5: a forced cluster size 2^(v - 1)
 
 KNOBS: Dict[str, Knob] = {
@@ -122,4 +124,4 @@ def describe() -> str:
 
 __all__ = ["KNOBS", "Knob", "knobs", "get", "describe", "SAMPLER_FORCE_GENERIC",
            "SAMPLER_FORCE_EXACT", "SAMPLER_NO_RESIDENT", "SAMPLER_NO_SPLIT",
-           "SAMPLER_SCAND_PROC", "SAMPLER_CLUSTER_SHIFT"]
+           "SAMPLER_SCAND_PROC", "SAMPLER_SCAND_TOPP", "SAMPLER_CLUSTER_SHIFT"]

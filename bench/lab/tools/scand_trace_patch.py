@@ -39,10 +39,10 @@ KERNEL = [  # (anchor, text inserted after the anchor's line, or before with a l
     ("    const unsigned long long t = block_select<RU>(keys, r.K, s, &nU);",
      "<    if (labf) p.lab[3] = clock64() - lf0;"),
     ("    const int noff = __syncthreads_count(", "<    if (labf) p.lab[4] = clock64() - lf0;"),
-    ("      unsigned long long S_row = 0;",
+    ("      unsigned long long S_row = 0, S_hi = 0;",
      "<    if (labf) { p.lab[5] = clock64() - lf0; p.lab[7] = noff; p.lab[11] = nU; }"),
-    ("      const int tok = cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);",
-     "      if (labf) p.lab[6] = clock64() - lf0;"),
+    ("      if (tok == -2) {  // a prefix mass within the band",
+     "<      if (labf) p.lab[6] = clock64() - lf0;"),
 ]
 OPS = [
     ("  cudaError_t err = cudaSuccess;",

@@ -22,10 +22,13 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # (calls without filter tensors) or the split-candidates launch (calls with a top-k tensor)).
 # F_SCAND_PROC (opt-in, not the default yet): calls with ``processing`` inputs may take the
 # split-candidates launch too (its processing instantiation; without the bit they take the
-# cluster launch). The tokens must not change. ``_CUDA_TEST_FLAGS`` (an OR of them) and the
+# cluster launch). F_SCAND_TOPP (opt-in, not the default yet): calls with top-p but no top-k
+# tensor take the split-candidates launch too, and its rows with top-p on and top-k off bound
+# their total mass from the chunks' float64 sums ("band masses", DESIGN.md) instead of reading
+# the row again in the finishing CTA. The tokens must not change. ``_CUDA_TEST_FLAGS`` (an OR of them) and the
 # levels' switches below are set through ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
-F_SCAND_PROC = 8192
+F_SCAND_PROC, F_SCAND_TOPP = 8192, 16384
 _CUDA_TEST_FLAGS = 0
 
 # The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
