@@ -369,7 +369,9 @@ def test_cuda_scand_rescans(B, where):
 def test_cuda_scand_mixed_and_sparse_rows():
     """Per-row modes in one call with a top-k tensor (greedy, temperature only, top-k <= 512 and
     > 512, top-p with top-k off, min-p), rows with fewer finite logits than k, and with a single
-    one; the same rows without a top-k tensor (the cluster launch)."""
+    one; the same rows without a top-k tensor (the cluster launch); each also with the opt-in
+    F_SCAND_TOPP (the k-off rows decided from the chunks' band masses / streamed top-2 scores,
+    and the top-p call on this launch at B = 12 > SMs / 16: the cluster launch)."""
     skip_unless_backend("cuda")
     g = _gen(18)
     B, V = 12, 151936
@@ -389,6 +391,8 @@ def test_cuda_scand_mixed_and_sparse_rows():
     for kw in (dict(temperature=T, top_k=k, top_p=p, min_p=mp), dict(temperature=T, top_k=k),
                dict(temperature=T, top_p=p), dict(temperature=T, min_p=mp)):
         _check(z, {n: v.to(DEVICE) for n, v in kw.items()})
+        # opt-in: k-off rows from the distributed summaries (band masses, streamed gap test)
+        _check(z, {n: v.to(DEVICE) for n, v in kw.items()}, S.F_SCAND_TOPP)
 
 
 # ---------------------------------------------------------------------------------------------

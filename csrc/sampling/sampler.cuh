@@ -2182,16 +2182,18 @@ static_assert(sizeof(ScandSum) == 48, "ScandSum: three 16-byte words");
     }                                                    \
   } while (0)
 
-// Band masses (F_SCAND_TOPP; rows with top-p on and top-k off): phase 1 sums a = 2^((z - m) c)
-// over the chunk, c = inv_t log2(e), in float64 relative to each thread's running max m (the
-// exponent in float32: fl(fl(z - m) fl(inv_t log2 e)), exp2f: 2 ulp; a new max rescales the sum
-// by a float64 exp2), merged relative to the chunk max; the finishing CTA scales the chunks to
-// the row max: S~ ~ sum over the row of exp((z - zmax) inv_t). The contract's fixed-point mass S
-// (2^38 units) lies within S~ 2^38 (1 +- kBandRel) +- 4 V (the relative part: the float32
-// exponents, |a| <= 40 where it matters, 4 roundings: 6.6e-6; exp2f 2.4e-7; the contract's own
-// y roundings and soft_exp: 8.1e-6; the absolute part: V truncations and the tokens below
-// 2^-40, 4 V >= V (1 + 2^-2) in 2^38 units): kBandRel is about four times the bound.
-constexpr double kBandRel = 6e-5;
+// Band masses (F_SCAND_TOPP; rows with top-p on and top-k off): phase 1 sums 2^((z - m) c) over
+// the chunk, c = inv_t log2(e), all in float64 (exp2: ~1 ulp of float64), relative to each
+// thread's running max m (a new max rescales the sum), merged relative to the chunk max; the
+// finishing CTA scales the chunks to the row max: S~ = sum over the row of exp((z - zmax) inv_t)
+// to ~1e-14 relative. The contract's fixed-point mass S (2^38 units) lies within
+// S~ 2^38 (1 +- kBandRel) +- kBandAbs V. Relative part: the contract's y = fl(fl(z - zmax) inv_t)
+// (2 roundings, |y| <= 26.4 where e > 0: 3.2e-6) and soft_exp (<= 2 ulp: 2.4e-7), 3.5e-6 in all:
+// kBandRel = 1.5e-5 is ~4x that. Absolute part: each truncation < 1 unit, each token with e = 0
+// (y < -26.4) < 0.93 unit of S~: < 2 V; kBandAbs = 8 (4x). (A CPU emulation of the worst case,
+// V - 1 equal tokens and one max, .lab: 1.1e-6 relative beyond 2 V units.)
+constexpr double kBandRel = 1.5e-5;
+constexpr double kBandAbs = 8.0;
 __device__ __forceinline__ double band_scale(double a, float z, float m, double c) {
   return z == -INFINITY ? 0.0 : a * exp2((double(z) - double(m)) * c);
 }
@@ -2218,6 +2220,15 @@ __device__ __forceinline__ double block_sum_d(double v, Smem& s) {
   for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
   return v;
 }
+
+// plain rows (F_SCAND_TOPP): a CTA's record in its forwarded-key slots (FC >= 16 keys: 128 bytes)
+struct ScandPlain {
+  double h1, h2;  // the chunk's best / second-best approximate score (PLAIN streamed)
+  float z1;       // the best's (processed) logit
+  int w1;         // its id
+  float pm, ps;   // processed: max z, sum exp((z - pm) / T) (logprobs)
+};
+static_assert(sizeof(ScandPlain) == 32, "ScandPlain: 32 bytes");
 
 __host__ __device__ __forceinline__ int scand_fc(int S) {
   const int fc = kCandBuf / S;
@@ -2265,10 +2276,16 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   const int c1 = min(p.vocab, c0 + p.chunk);
   const bool lp = p.flags & F_LOGPROBS;
   const bool cand_row = r.mode == kCand;
-  // band masses (F_SCAND_TOPP, top-p rows with top-k off; kBandRel above)
-  const float bc32 = fmul(r.inv_t, kLog2e);
-  const double bc64 = double(r.inv_t) * 1.4426950408889634;
-  const bool band = cand_row && !r.k_on && r.p_on && (p.flags & F_SCAND_TOPP) && bc32 < INFINITY;
+  // band masses (F_SCAND_TOPP, top-p rows with top-k off; kBandRel above), and streamed
+  // temperature-only rows (F_SCAND_TOPP: the cluster kernel's PLAIN gap test, each CTA's top-2
+  // approximate scores in its forwarded-key slots, ScandPlain). (Functions, evaluated where
+  // used, so that nothing of theirs stays live across the other rows' loop.)
+  auto band = [&]() {
+    return cand_row && !r.k_on && r.p_on && (p.flags & F_SCAND_TOPP) && r.inv_t < INFINITY;
+  };
+  auto plain = [&]() {
+    return r.mode == kPlain && (p.flags & F_SCAND_TOPP) && !(p.flags & F_FORCE_EXACT);
+  };
   unsigned* ctr = static_cast<unsigned*>(p.ws);
   ScandSum* sums =
       reinterpret_cast<ScandSum*>(static_cast<unsigned char*>(p.ws) + scand_ctr_bytes(p.rows));
@@ -2280,9 +2297,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   unsigned bad = 0;
   Lse raw;
   unsigned long long k1 = 0, k2 = 0, kd = 0;  // the lane's two largest keys, largest evicted
-  float bm = -INFINITY;  // band rows: the thread's running max, and the sum relative to it
-  double bacc = 0.0;
-  auto body = [&](int i, const float (&z)[VEC]) {
+  auto common = [&](int i, const float (&z)[VEC]) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       if (z[j] > zm) {
@@ -2295,6 +2310,9 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
         if (lp) raw.add(z[j], 1.0f);
       }
     }
+  };
+  auto body = [&](int i, const float (&z)[VEC]) {
+    common(i, z);
     if (cand_row) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -2315,21 +2333,6 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       }
     }
   };
-  // band rows: the same body and the band sums (a loop of its own, so that the other rows'
-  // loop keeps its registers)
-  auto body_band = [&](int i, const float (&z)[VEC]) {
-    body(i, z);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float v = z[j];
-      if (v > bm) {
-        bacc = bm == -INFINITY ? 1.0 : fma(bacc, exp2((double(bm) - double(v)) * bc64), 1.0);
-        bm = v;
-      } else if (v > -INFINITY) {
-        bacc += double(exp2f(fmul(fsub(v, bm), bc32)));
-      }
-    }
-  };
   // kProc: z above is the processed logit; the raw values' sums (raw logprobs) and NaN / +inf
   // flag (bit 1 of bad) come from the same read
   unsigned rawbad = 0;
@@ -2342,16 +2345,82 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       }
     }
   };
-  if (band) {
+  // Band and plain rows run loops of their own (the same body plus their sums), and their state
+  // lives in their branches, so that the other rows' loop keeps its registers.
+  double cta_mass;  // band rows: the chunk's mass relative to its max (every thread), else 0
+  if (band()) {
+    const double bc64 = double(r.inv_t) * 1.4426950408889634;
+    float bm = -INFINITY;  // the thread's running max, and the sum relative to it
+    double bacc = 0.0;
+    auto body_band = [&](int i, const float (&z)[VEC]) {
+      body(i, z);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float v = z[j];
+        if (v > bm) {
+          bacc = bm == -INFINITY ? 1.0 : fma(bacc, exp2((double(bm) - double(v)) * bc64), 1.0);
+          bm = v;
+        } else if (v > -INFINITY) {
+          bacc += exp2((double(v) - double(bm)) * bc64);
+        }
+      }
+    };
     if constexpr (kProc)
       for_each_pvec<true, T>(rowp, c0, c1, aligned, nullptr, false, false, p.proc, rp, body_band,
                              rawf);
     else
       for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body_band);
-  } else if constexpr (kProc) {
-    for_each_pvec<true, T>(rowp, c0, c1, aligned, nullptr, false, false, p.proc, rp, body, rawf);
+    band_warp_merge(bm, bacc, bc64);
+    __syncthreads();
+    if (lane == 0) {
+      s.redd[warp][1] = bacc;
+      s.redf[warp][3] = bm;
+    }
+    __syncthreads();
+    bm = s.redf[lane][3];
+    bacc = s.redd[lane][1];
+    band_warp_merge(bm, bacc, bc64);
+    cta_mass = bacc;  // (bm: the chunk's max, its summary's zmax)
+  } else if (plain()) {
+    PlainAcc pa;  // the thread's top-2 approximate scores, processed exp sums
+    Lse proc;
+    const double inv_t_d = double(r.inv_t);
+    auto body_plain = [&](int i, const float (&z)[VEC]) {
+      common(i, z);  // (plain rows keep no keys)
+      plain_vec<VEC, kProc>(pa, s, i, z, r.inv_t, inv_t_d, r.seed, r.offset);
+      if (lp) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) proc.add(z[j], r.inv_t);
+      }
+    };
+    if (tid == 0) s.bar_key = key32(-INFINITY);
+    __syncthreads();
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, c1, aligned, nullptr, false, false, p.proc, rp, body_plain,
+                             rawf);
+    else
+      for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body_plain);
+    // the CTA's top 2 and processed sums, into its slots (tid 0: before its fence and arrival)
+    Summary t2;
+    block_top2(pa, s, t2);
+    const Lse pl = lp ? block_lse(proc, r.inv_t, s, 1) : Lse{};
+    if (tid == 0) {
+      ScandPlain rec;
+      rec.h1 = t2.h1;
+      rec.h2 = t2.h2;
+      rec.z1 = t2.z1;
+      rec.w1 = t2.w1;
+      rec.pm = pl.m;
+      rec.ps = pl.s;
+      *reinterpret_cast<ScandPlain*>(fkeys + int64_t(blockIdx.x) * FC) = rec;
+    }
+    cta_mass = 0.0;
   } else {
-    for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body);
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, c1, aligned, nullptr, false, false, p.proc, rp, body, rawf);
+    else
+      for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body);
+    cta_mass = 0.0;
   }
 
   // the CTA's summary: warp merges, then warp 0
@@ -2363,13 +2432,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     u.bad = kProc ? (bad | (rawbad << 1)) : bad;
     u.lm = raw.m;
     u.ls = raw.s;
-    u.mass = 0.0;
-    if (band) {  // (before the zmax merge: relative to the warp's max, as u.zmax after it)
-      float m = bm;
-      double a = bacc;
-      band_warp_merge(m, a, bc64);
-      u.mass = a;
-    }
+    u.mass = cta_mass;
     TS_SCAND_WARP_MERGE(u, lp, );
     if (lane == 0) wsum[warp] = u;
   }
@@ -2428,12 +2491,6 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   const int evicted = __syncthreads_or(cand_row && kd && kd >= th);
   if (warp == 0) {
     ScandSum u = wsum[lane];
-    if (band) {
-      float m = u.zmax;
-      double a = u.mass;
-      band_warp_merge(m, a, bc64);
-      u.mass = a;
-    }
     TS_SCAND_WARP_MERGE(u, lp, );
     if (lane == 0) {
       u.th = th;
@@ -2548,6 +2605,36 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     return pf;
   };
   if (r.mode == kPlain) {
+    if (plain()) {
+      // the chunks' records merged: the gap test of the cluster kernel's streamed PLAIN rows
+      PlainAcc q;
+      Lse pq;
+      if (tid < S) {
+        // (8-byte loads: a slot is 8 FC bytes, FC not always even)
+        const unsigned long long* src = fkeys + (int64_t(row) * S + tid) * FC;
+        unsigned long long w[4];
+#pragma unroll
+        for (int h = 0; h < 4; ++h) w[h] = __ldcg(src + h);
+        ScandPlain rec;
+        memcpy(&rec, w, sizeof(rec));
+        q.h1 = rec.h1;
+        q.h2 = rec.h2;
+        q.z1 = rec.z1;
+        q.w1 = rec.w1;
+        pq.m = rec.pm;
+        pq.s = rec.ps;
+      }
+      Summary t2;
+      block_top2(q, s, t2);
+      const Lse pl = lp ? block_lse(pq, r.inv_t, s, 1) : Lse{};
+      if (plain_gap_ok(t2.h1, t2.h2, t2.z1, zmax, r.inv_t)) {
+        // (pl.m == zmax: sum exp(y) over the row = pl.s)
+        if (tid == 0)
+          write_row(p, row, t2.w1, true, raw_lp(t2.w1),
+                    lp ? centered(t2.z1, zmax, r.inv_t) - logf(pl.s) : 0.0f);
+        return;
+      }
+    }
     if (p.stats && tid == 0) atomicAdd(&p.stats[0], 1u);
     int tok = 0;
     float ps = 0.0f;
@@ -2636,11 +2723,12 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     if (!generic) {
       unsigned long long S_row = 0, S_hi = 0;
       bool banded = false;
-      if (!r.k_on && r.p_on && band) {
+      if (!r.k_on && r.p_on && band()) {
         // the row's mass from the chunks' band masses: S_row <= S <= S_hi (kBandRel)
+        const double bc64 = double(r.inv_t) * 1.4426950408889634;
         const double Sx =
             block_sum_d(tid < S ? band_scale(band_m, band_z, zmax, bc64) : 0.0, s) * 274877906944.0;
-        const double slack = Sx * kBandRel + 4.0 * double(p.vocab);
+        const double slack = Sx * kBandRel + kBandAbs * double(p.vocab);
         if (Sx >= 274877906944.0 && Sx < 4.0e18) {
           const double lo = floor(Sx - slack);
           S_row = lo > 274877906944.0 ? (unsigned long long)lo : 274877906944ull;  // S >= 2^38
