@@ -456,38 +456,16 @@ def test_cuda_scand_topp_band_boundary():
         assert torch.equal(got.tokens, want[0]), rep
 
 
-def test_cuda_scand_topp_graph_replay_and_streams():
-    """The top-p route (F_SCAND_TOPP) under CUDA-graph capture / replay and on two streams."""
-    skip_unless_backend("cuda")
-    g = _gen(45)
-    B, V = 4, 151936
-
-    def inputs():
-        z = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
-        T = (torch.rand(B, generator=g) + 0.3).to(DEVICE)
-        T[1] = 0.0
-        p = (torch.rand(B, generator=g) * 0.5 + 0.5).to(DEVICE)
-        p[2] = 1.0
-        seed, offset = _seeds(B, int(torch.randint(0, 1 << 30, (1,), generator=g)))
-        return z, T, p, seed, offset
-
-    def call(z, T, p, seed, offset, **kw):
-        return ops.sample_with_logprobs(z, seed, offset, temperature=T, top_p=p, backend="cuda",
-                                        **kw)
-
-    with cuda_flags(S.F_SCAND_TOPP):
-        _graph_replay_and_two_streams(
-            inputs, call, lambda *x: call(*x, validate=False),
-            lambda z, T, p, seed, offset: ref.sample(z, seed, offset, T, None, p, None, 1))
-
-
-def test_cuda_scand_graph_replay_and_streams():
+@pytest.mark.parametrize("route", ["top_k", "top_p_opt_in"])
+def test_cuda_scand_graph_replay_and_streams(route):
     """The split-candidates launch (an arrival-counter memset, then one kernel, a per-call
     workspace) under CUDA-graph capture and replay with new inputs, and on two streams at
-    once."""
+    once: calls with a top-k tensor, and (opt-in F_SCAND_TOPP) top-p calls without one, with a
+    greedy row and a top-p = 1 row."""
     skip_unless_backend("cuda")
     g = _gen(19)
     B, V = 4, 151936
+    topk = route == "top_k"
 
     def inputs():
         z = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
@@ -495,13 +473,17 @@ def test_cuda_scand_graph_replay_and_streams():
         T[1] = 0.0
         k = torch.randint(1, 300, (B,), generator=g).to(torch.int32).to(DEVICE)
         p = (torch.rand(B, generator=g) * 0.5 + 0.5).to(DEVICE)
+        if not topk:
+            p[2] = 1.0
         seed, offset = _seeds(B, int(torch.randint(0, 1 << 30, (1,), generator=g)))
         return z, T, k, p, seed, offset
 
     def call(z, T, k, p, seed, offset, **kw):
-        return ops.sample_with_logprobs(z, seed, offset, temperature=T, top_k=k, top_p=p,
-                                        backend="cuda", **kw)
+        return ops.sample_with_logprobs(z, seed, offset, temperature=T, top_k=k if topk else None,
+                                        top_p=p, backend="cuda", **kw)
 
-    _graph_replay_and_two_streams(
-        inputs, call, lambda *x: call(*x, validate=False),
-        lambda z, T, k, p, seed, offset: ref.sample(z, seed, offset, T, k, p, None, 1))
+    with cuda_flags(0 if topk else S.F_SCAND_TOPP):
+        _graph_replay_and_two_streams(
+            inputs, call, lambda *x: call(*x, validate=False),
+            lambda z, T, k, p, seed, offset: ref.sample(z, seed, offset, T, k if topk else None,
+                                                        p, None, 1))

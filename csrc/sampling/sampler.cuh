@@ -521,41 +521,32 @@ __device__ __forceinline__ void block_maxmin_u64(unsigned long long& mx, unsigne
     mn = b < mn ? b : mn;
   }
 }
-__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, Smem& s) {
+// Block-wide sums (every thread gets the result): warp sums, one slot per warp (slot(w): a
+// reference to warp w's shared-memory slot), then the 32 warp sums.
+template <typename V, typename Slot>
+__device__ __forceinline__ V block_sum_in(V v, Slot slot) {
 #pragma unroll
   for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
-  if (lane == 0) s.red64[warp] = v;
+  if (lane == 0) slot(warp) = v;
   __syncthreads();
-  v = s.red64[lane];
+  v = slot(lane);
 #pragma unroll
   for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
   return v;
+}
+__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, Smem& s) {
+  return block_sum_in(v, [&](int w) -> unsigned long long& { return s.red64[w]; });
 }
 __device__ __forceinline__ int block_sum_int(int v, Smem& s) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) s.redi[warp][0] = v;
-  __syncthreads();
-  v = s.redi[lane][0];
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
-  return v;
+  return block_sum_in(v, [&](int w) -> int& { return s.redi[w][0]; });
 }
 __device__ __forceinline__ float block_sum_f(float v, Smem& s) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) s.redf[warp][0] = v;
-  __syncthreads();
-  v = s.redf[lane][0];
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
-  return v;
+  return block_sum_in(v, [&](int w) -> float& { return s.redf[w][0]; });
+}
+__device__ __forceinline__ double block_sum_d(double v, Smem& s) {
+  return block_sum_in(v, [&](int w) -> double& { return s.redd[w][0]; });
 }
 __device__ __forceinline__ void lse_warp(Lse& a, float scale) {
 #pragma unroll
@@ -2207,18 +2198,6 @@ __device__ __forceinline__ void band_warp_merge(float& m, double& a, double c) {
     a = band_scale(a, m, mx, c) + band_scale(a2, m2, mx, c);
     m = mx;
   }
-}
-__device__ __forceinline__ double block_sum_d(double v, Smem& s) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) s.redd[warp][0] = v;
-  __syncthreads();
-  v = s.redd[lane][0];
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
-  return v;
 }
 
 // plain rows (F_SCAND_TOPP): a CTA's record in its forwarded-key slots (FC >= 16 keys: 128 bytes)
