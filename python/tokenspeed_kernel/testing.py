@@ -54,7 +54,8 @@ SAMPLER_CLUSTER_SHIFT = 10    # (v << 10), v = 1..5: a forced cluster size 2^(v 
 KNOBS: Dict[str, Knob] = {
     "sampler_flags": Knob(
         _S, "_CUDA_TEST_FLAGS", (int,),
-        "OR of SAMPLER_* bits: force the CUDA sampler's rare paths (ops.sample, dp_sample)"),
+        "OR of SAMPLER_* bits: force the CUDA sampler's rare paths, or opt into its launches "
+        "that are not the default yet (SAMPLER_SCAND_PROC / _TOPP) (ops.sample, dp_sample)"),
     "levels_no_list": Knob(
         _S, "_NO_LEVEL_LIST_FOR_TESTING", (bool,),
         "radix levels (verify's thresholds): never compact a level's keys into the row's list"),
