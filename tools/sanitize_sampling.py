@@ -3,7 +3,8 @@ every row mode (greedy, temperature, top-k, top-p, min-p, all filters) at batch 
 the split launch (B = 2: temperature / greedy), the split-candidates launch (B = 2 / 24 with a
 top-k tensor: S CTAs per row, the last to arrive finishing it), clusters of 16 and of 2-4 CTAs
 (B = 2 / 24: top-p / min-p without top-k, and every mode with F_NO_SPLIT), chunks in shared
-memory and streamed, the forced exact / generic paths, with logprobs;
+memory and streamed, the forced exact / generic paths, the opt-in split-candidates paths
+(processing, top-p without top-k, band masses, streamed temperature-only rows), with logprobs;
 fp32 and bf16, aligned and unaligned rows; each also with logits processing (bias, penalties,
 an allowed mask, banned ids, min_tokens stop ids: the prep kernel and the processing kernels).
 Each result is compared with the reference (token identity), so the run fails on a wrong token
@@ -22,7 +23,9 @@ from tokenspeed_kernel.ops import sampling as S
 from tokenspeed_kernel.reference import logits_processing as LP
 
 MODES = {"greedy": dict(T=0.0), "temperature": dict(), "top_k": dict(k=50),
-         "top_p": dict(p=0.9), "min_p": dict(mp=0.1), "all": dict(k=200, p=0.8, mp=0.05)}
+         "top_p": dict(p=0.9), "min_p": dict(mp=0.1), "all": dict(k=200, p=0.8, mp=0.05),
+         # rows alternating filtered / unfiltered (top-k 0, top-p 1: temperature-only rows)
+         "mixed": dict(k=(50, 0), p=(0.9, 1.0)), "mixed_p": dict(p=(0.9, 1.0))}
 
 
 def processing(B: int, V: int, g: torch.Generator, dev) -> LP.LogitsInputs:
@@ -56,8 +59,9 @@ def processing(B: int, V: int, g: torch.Generator, dev) -> LP.LogitsInputs:
 def run(quick: bool) -> int:
     dev = torch.device("cuda")
     n = 0
-    flag_sets = [0] if quick else [0, S.F_NO_RESIDENT, S.F_FORCE_EXACT, S.F_FORCE_GENERIC,
-                                   S.F_NO_SPLIT]
+    opt_in = S.F_SCAND_PROC | S.F_SCAND_TOPP
+    flag_sets = [0, opt_in] if quick else [0, S.F_NO_RESIDENT, S.F_FORCE_EXACT,
+                                           S.F_FORCE_GENERIC, S.F_NO_SPLIT, opt_in]
     for dtype in ([torch.float32] if quick else [torch.float32, torch.bfloat16]):
         for B in ((2,) if quick else (2, 24)):
             for unaligned in ((False,) if quick else (False, True)):
@@ -69,13 +73,17 @@ def run(quick: bool) -> int:
                 offset = torch.zeros(B, dtype=torch.int64, device=dev)
                 proc = processing(B, V, g, dev)
                 for (mode, m), pr in [(x, pr) for x in MODES.items() for pr in (None, proc)]:
-                    kw = {"temperature": torch.full((B,), m.get("T", 0.8), device=dev)}
+                    def col(v, dt=torch.float32):   # one value, or a pair alternated over rows
+                        v = v if isinstance(v, tuple) else (v,)
+                        return torch.tensor([v[i % len(v)] for i in range(B)], dtype=dt,
+                                            device=dev)
+                    kw = {"temperature": col(m.get("T", 0.8))}
                     if "k" in m:
-                        kw["top_k"] = torch.full((B,), m["k"], dtype=torch.int32, device=dev)
+                        kw["top_k"] = col(m["k"], torch.int32)
                     if "p" in m:
-                        kw["top_p"] = torch.full((B,), m["p"], device=dev)
+                        kw["top_p"] = col(m["p"])
                     if "mp" in m:
-                        kw["min_p"] = torch.full((B,), m["mp"], device=dev)
+                        kw["min_p"] = col(m["mp"])
                     want = ops.sample(z, seed, offset, backend="reference", processing=pr,
                                       **kw).tokens
                     for fl in flag_sets:
