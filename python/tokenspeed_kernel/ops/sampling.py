@@ -20,16 +20,21 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # streamed gap test for temperature-only rows), F_NO_RESIDENT (never stage the row chunk in
 # shared memory), F_NO_SPLIT (small batches take the cluster launch instead of the split launch
 # (calls without filter tensors) or the split-candidates launch (calls with a top-k tensor)).
-# F_SCAND_PROC (opt-in, not the default yet): calls with ``processing`` inputs may take the
-# split-candidates launch too (its processing instantiation; without the bit they take the
-# cluster launch). F_SCAND_TOPP (opt-in, not the default yet): calls with top-p but no top-k
-# tensor take the split-candidates launch too, and its rows with top-p on and top-k off bound
-# their total mass from the chunks' float64 sums ("band masses", DESIGN.md) instead of reading
-# the row again in the finishing CTA. The tokens must not change. ``_CUDA_TEST_FLAGS`` (an OR of them) and the
-# levels' switches below are set through ``tokenspeed_kernel.testing.knobs`` (the one door).
+# Opt-in launch paths (not the default yet, see _DEFAULT_LAUNCH_FLAGS): F_SCAND_PROC, calls with
+# ``processing`` inputs may take the split-candidates launch (its processing instantiation;
+# without the bit they take the cluster launch); F_SCAND_TOPP, calls with top-p but no top-k
+# tensor take it too, its rows with top-p on and top-k off bound their total mass from the
+# chunks' float64 sums ("band masses", DESIGN.md) and its temperature-only rows use the streamed
+# gap test, instead of the finishing CTA reading the row again. The tokens must not change.
+# ``_CUDA_TEST_FLAGS`` (an OR of them) and the levels' switches below are set through
+# ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
 F_SCAND_PROC, F_SCAND_TOPP = 8192, 16384
 _CUDA_TEST_FLAGS = 0
+# The CUDA sampler's launch-policy bits every call passes (the kernels obey the bits; the policy
+# lives here, so that an opt-in path joins the default without a rebuild): none of the opt-in
+# split-candidates paths yet, as they have not been run on a GPU (docs/DESIGN.md).
+_DEFAULT_LAUNCH_FLAGS = 0
 
 # The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
 # own testing flags (ops/verify.py passes them): F_NO_LIST never compacts a level's active keys
@@ -351,7 +356,7 @@ def param_flags(params: C.SamplingParams) -> int:
             | (F_TOPK if params.top_k is not None else 0)
             | (F_TOPP if params.top_p is not None else 0)
             | (F_MINP if params.min_p is not None else 0)
-            | _CUDA_TEST_FLAGS)
+            | _DEFAULT_LAUNCH_FLAGS | _CUDA_TEST_FLAGS)
 
 
 def level_test_flags() -> int:
