@@ -46,7 +46,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _sampling_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default=None,
-                   help="comma list of greedy,temp,top_k,top_p,top_k_top_p,min_p")
+                   help="comma list of greedy,temp,top_k,top_p,top_k_top_p,min_p,proc,mixed")
     p.add_argument("--providers", default=None,
                    help="comma list of ours-cuda,ours-triton,torch,flashinfer")
 

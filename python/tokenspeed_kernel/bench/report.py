@@ -156,10 +156,11 @@ def env_header(env: Dict[str, str], extra: Optional[Dict[str, str]] = None) -> s
 PROVIDER_ORDER = ["ours-cuda", "ours-triton", "ours-cuda+proc", "ours-triton+proc",
                   "torch-proc+ours-cuda", "torch-proc+ours-triton", "torch", "flashinfer",
                   "reference", "reference+proc"]
-MODE_ORDER = ["greedy", "temp", "top_k", "top_p", "top_k_top_p", "min_p", "proc"]
+MODE_ORDER = ["greedy", "temp", "top_k", "top_p", "top_k_top_p", "mixed", "min_p", "proc"]
 MODE_LABEL = {"greedy": "greedy", "temp": "temperature 0.8", "top_k": "top-k 50",
               "top_p": "top-p 0.9", "top_k_top_p": "top-k 50 + top-p 0.9", "min_p": "min-p 0.1",
-              "proc": "top-k 50 + top-p 0.9 + processing"}
+              "proc": "top-k 50 + top-p 0.9 + processing",
+              "mixed": "top-k 50 + top-p 0.9 on even rows, off on odd rows (k = V, p = 1)"}
 DTYPE_ORDER = ["fp32", "bf16", "fp16"]
 
 

@@ -31,6 +31,9 @@ bitmask unpacked), then ``ops.sample`` on the processed copy; ``torch`` = those 
 torch sampler. The per-entry request index of the CSR lists (COO form) is built outside the
 timed region. Processed providers are verified against the reference on ``apply(logits)``.
 
+Mode ``mixed``: the tensors vLLM passes when only some requests filter: even rows top-k 50 +
+top-p 0.9, odd rows k = V and p = 1 (off), every provider as in top-k + top-p.
+
 Verification: tokens in [0, V) and ``valid``; greedy: equal to the argmax (lowest id among
 ties); otherwise in the kept set of ``reference.sampling.kept_mask``. Ours are held to the exact
 contract (kept set, and the same token as ``reference.sampling.sample`` for the same seeds on the
@@ -76,6 +79,9 @@ MODES = {
     "top_k_top_p": dict(T=TEMP, k=TOP_K, p=TOP_P),
     "min_p": dict(T=TEMP, mp=MIN_P),
     "proc": dict(T=TEMP, k=TOP_K, p=TOP_P, proc=True),
+    # vLLM's tensors when only some requests filter: even rows top-k 50 + top-p 0.9, odd rows
+    # neither (k = V, p = 1: the values vLLM passes for "off")
+    "mixed": dict(T=TEMP, k=TOP_K, p=TOP_P, mixed=True),
 }
 MODE_ALIASES = {"temperature": "temp", "topk": "top_k", "topp": "top_p", "minp": "min_p",
                 "top_k_p": "top_k_top_p", "topk_topp": "top_k_top_p", "top-k": "top_k",
@@ -162,11 +168,16 @@ def make_params(mode: str, B: int, device, salt: int = 0, V: Optional[int] = Non
     seed = torch.arange(B, dtype=torch.int64, device=device) * 7919 + 12345 + 1000003 * salt
     offset = torch.full((B,), 17 + salt, dtype=torch.int64, device=device)
     k = torch.full((B,), m["k"], dtype=torch.int32, device=device) if "k" in m else None
+    p = torch.full((B,), m["p"], **f32) if "p" in m else None
+    if m.get("mixed"):
+        if V is None:
+            raise ValueError('make_params: mode "mixed" needs V (its unfiltered rows pass k = V)')
+        k[1::2] = V
+        p[1::2] = 1.0
     proc = coo = None
     if m.get("proc"):
         proc, coo = make_processing(B, V, device, salt)
-    return Params(T=torch.full((B,), m["T"], **f32), k=k,
-                  p=torch.full((B,), m["p"], **f32) if "p" in m else None,
+    return Params(T=torch.full((B,), m["T"], **f32), k=k, p=p,
                   mp=torch.full((B,), m["mp"], **f32) if "mp" in m else None,
                   seed=seed, offset=offset, proc=proc, coo=coo)
 
@@ -400,7 +411,7 @@ def _fi_providers(mode: str, fs) -> Optional[Provider]:
         return Provider("flashinfer", "softmax(T) + top_p_sampling_from_probs",
                         lambda x, P: fs.top_p_sampling_from_probs(
                             fs.softmax(x, temperature=P.T), P.p, **kw(P)), False)
-    if mode == "top_k_top_p":
+    if mode in ("top_k_top_p", "mixed"):
         return Provider("flashinfer", "top_k_top_p_sampling_from_logits",
                         lambda x, P: fs.top_k_top_p_sampling_from_logits(x, P.k, P.p, **kw(P)),
                         False, True, "logits / T precomputed (untimed)")
@@ -756,7 +767,9 @@ def default_notes() -> List[str]:
             f"{PROC_OUTPUT} output tokens, ~half the vocabulary allowed, {PROC_BANNED} banned, "
             f"{PROC_STOP} stop ids under min_tokens); ours-* without +proc = the same call "
             "without processing; torch-proc+* = torch passes (a processed float32 copy) + "
-            "ops.sample."]
+            "ops.sample.",
+            f"Mode mixed: even rows top-k {TOP_K} + top-p {TOP_P}, odd rows off (k = V, p = 1: "
+            "what vLLM passes for requests without filters when others have them)."]
 
 
 def _fail(row: Dict, why: str) -> None:
