@@ -3,8 +3,8 @@
     python bench/lab/tools/prof_sampling.py [backend,mode,B,V,dtype ...]
         e.g. cuda,top_p,1,151936,fp32 triton,temp,1,151936,fp32 cuda,proc,64,151936,fp32
 Modes are the bench's (greedy, temp, top_k, top_p, top_k_top_p, min_p, proc; proc = top-k +
-top-p with the bench's processing inputs), and mixed / mixed_p (even rows top-k 50 + top-p 0.9,
-odd rows top-k off with top-p 1 / 0.9, as vLLM passes rows without filters in such a call). Prints, per config, the mean device time of every
+top-p with the bench's processing inputs; mixed = even rows top-k 50 + top-p 0.9, odd rows off),
+and mixed_p (mixed with top-p 0.9 on the odd, top-k-off rows). Prints, per config, the mean device time of every
 kernel one call launches (20 calls) and the call's graph-replay time (mean of 200 back-to-back
 replays, warm L2).
 A config may end in ",f<flags>": the CUDA sampler's testing flags for its calls (e.g. ",f512" =
@@ -53,15 +53,9 @@ def run(c):
     B, V = int(B), int(V)
     dev = torch.device("cuda")
     x = make_logits(B, V, DT[dt], dev)
-    if mode.startswith("mixed"):
-        # vLLM-like calls where only some rows filter: the even rows top-k 50 + top-p 0.9, the
-        # odd rows top-k off (k = V) with top-p 1 ("mixed": temperature only) or 0.9
-        # ("mixed_p": top-p only)
-        P = make_params("top_k_top_p", B, dev, V=V)
-        P.k[1::2] = V
-        P.p[1::2] = 0.9 if mode == "mixed_p" else 1.0
-    else:
-        P = make_params(mode, B, dev, V=V)
+    P = make_params("mixed" if mode == "mixed_p" else mode, B, dev, V=V)
+    if mode == "mixed_p":   # the bench's mixed rows, the odd (top-k off) rows with top-p 0.9
+        P.p[1::2] = 0.9
     call = _ours_call(backend, proc=mode == "proc")
     for _ in range(3):
         call(x, P)
