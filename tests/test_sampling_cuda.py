@@ -371,7 +371,7 @@ def test_cuda_scand_mixed_and_sparse_rows():
     > 512, top-p with top-k off, min-p), rows with fewer finite logits than k, and with a single
     one; the same rows without a top-k tensor (the cluster launch); each also with the opt-in
     F_SCAND_TOPP (the k-off rows decided from the chunks' band masses / streamed top-2 scores,
-    and the top-p call on this launch at B = 12 > SMs / 16: the cluster launch)."""
+    and the top-p call at B = 12, past the route's B <= 6: the cluster launch)."""
     skip_unless_backend("cuda")
     g = _gen(18)
     B, V = 12, 151936
@@ -398,11 +398,11 @@ def test_cuda_scand_mixed_and_sparse_rows():
 # ---------------------------------------------------------------------------------------------
 # opt-in (F_SCAND_TOPP): top-p without a top-k tensor on the split-candidates launch, band masses
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("B", [1, 2, 4, 8])
+@pytest.mark.parametrize("B", [1, 2, 4, 6, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_scand_topp_rows(B, dtype):
-    """Calls with a top-p tensor and no top-k tensor on the split-candidates launch (B <= SMs /
-    16): per-row top-p (band masses), top-p = 1 rows (temperature only, min-p only), greedy,
+    """Calls with a top-p tensor and no top-k tensor on the split-candidates launch (B <= 6 on
+    132 SMs; B = 8: the cluster launch, or this launch on GPUs with more SMs): per-row top-p (band masses), top-p = 1 rows (temperature only, min-p only), greedy,
     top-p + min-p, T = 1e-3 and 50, T so small that 1 / T overflows (band masses off), flat
     rows (the kept set beyond the 512 candidates), logits of magnitude 1e30, a row with 3
     finite logits: == the reference, and == the cluster launch (nosplit)."""

@@ -2889,8 +2889,9 @@ cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
 // with it) when B <= SMs / kScandRowsPer: S = SMs / B CTAs per row (one per SM), at least 1024
 // elements each; 0: not taken (F_NO_SPLIT / F_FORCE_GENERIC / a forced cluster size, or
 // processing inputs without F_SCAND_PROC: the kProc instantiation is opt-in). With the opt-in
-// F_SCAND_TOPP also calls with a top-p tensor and no top-k tensor, when S >= kCandCap / 32
-// (B <= SMs / 16); its band masses replace the finishing CTA's pass over the row for the mass.
+// F_SCAND_TOPP also calls with a top-p tensor and no top-k tensor, when S >= 22 (S * 24 >=
+// kCandCap; B <= 6 on 132 SMs); its band masses replace the finishing CTA's pass over the row
+// for the mass.
 // By default top-p or min-p without a top-k tensor stays on the cluster launch: there the total
 // top-p mass and the min-p exact pass are spread over the cluster's CTAs, where this launch's
 // finishing CTA would read the whole row alone (measured slower on an H200).
@@ -2910,9 +2911,11 @@ int scand_ctas(const Params& p) {
   int S = d.sms / p.rows;
   S = S < kScandMaxS ? S : kScandMaxS;
   S = S < p.vocab / 1024 ? S : p.vocab / 1024;
-  // top-p without a top-k tensor (F_SCAND_TOPP): its rows' K = kCandCap candidates need at
-  // least K forwarded keys (>= min(32, ...) per CTA), else every such row takes the generic path
-  if (!(p.flags & F_TOPK) && S < kCandCap / 32) return 0;
+  // top-p without a top-k tensor (F_SCAND_TOPP): its rows' K = kCandCap candidates need enough
+  // forwarded keys per CTA (>= min(32, ...)): a CPU model of the forwarding on randn rows
+  // (bench/lab/tools/scand_forward_sim.py) reads 0-2 % of the chunks again at S >= 22, 82 % at
+  // S = 16, and goes generic at S = 8
+  if (!(p.flags & F_TOPK) && S * 24 < kCandCap) return 0;
   return S >= 2 ? S : 0;
 }
 inline size_t scand_ws_bytes(const Params& p, int S) {
