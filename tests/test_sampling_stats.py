@@ -181,6 +181,17 @@ def _draw(backend, z, kw, n, seed0=0, chunk=None):
     return torch.cat(out)
 
 
+def _assert_follows(tok, z, kw, n, what, min_support=0):
+    """n draws from row z with parameters kw follow ref.probabilities: none outside the support,
+    at least min_support tokens in it, chi-square p > ALPHA."""
+    counts = torch.bincount(tok, minlength=z.shape[1]).cpu().numpy()
+    probs = ref.probabilities(z, **_param_tensors(kw, 1, DEVICE))[0].cpu().numpy()
+    assert counts[probs == 0].sum() == 0, f"draws outside the support ({what})"
+    assert (probs > 0).sum() >= min_support
+    pval = _pooled_chisquare(counts[probs > 0], probs[probs > 0] * n)
+    assert pval > ALPHA, f"chi-square p = {pval:.2e} ({what})"
+
+
 def _pooled_chisquare(obs: np.ndarray, exp: np.ndarray) -> float:
     """Chi-square p-value; the bins with expected count < 5 are pooled into one bin (grown with
     the next smallest bins until its expected count reaches 5)."""
@@ -284,11 +295,7 @@ def test_sample_distribution_large_vocab(be, V, kw):
     n, chunk = {"reference": (50_000, 256), "triton": (100_000, 1 << 14),
                 "cuda": (1_000_000, 1 << 14)}[be]
     tok = _draw(be, z, kw, n, chunk=chunk)
-    counts = torch.bincount(tok, minlength=V).cpu().numpy()
-    probs = ref.probabilities(z, **_param_tensors(kw, 1, DEVICE))[0].cpu().numpy()
-    assert counts[probs == 0].sum() == 0
-    pval = _pooled_chisquare(counts[probs > 0], probs[probs > 0] * n)
-    assert pval > ALPHA, f"chi-square p = {pval:.2e}"
+    _assert_follows(tok, z, kw, n, f"{be}, V = {V}")
 
 
 @pytest.mark.gpu
@@ -312,12 +319,7 @@ def test_small_batch_launch_distribution(chunk, case):
     z = z.to(DEVICE)
     n = 1 << 17
     tok = _draw("cuda", z, kw, n, chunk=chunk)
-    counts = torch.bincount(tok, minlength=V).cpu().numpy()
-    probs = ref.probabilities(z, **_param_tensors(kw, 1, DEVICE))[0].cpu().numpy()
-    assert counts[probs == 0].sum() == 0, "draws outside the support"
-    assert (probs > 0).sum() >= 10
-    pval = _pooled_chisquare(counts[probs > 0], probs[probs > 0] * n)
-    assert pval > ALPHA, f"chi-square p = {pval:.2e} ({case}, B = {chunk})"
+    _assert_follows(tok, z, kw, n, f"{case}, B = {chunk}", min_support=10)
 
 
 @pytest.mark.gpu
@@ -342,9 +344,4 @@ def test_small_batch_top_p_band_distribution(case):
     with testing.knobs(sampler_flags=S.F_SCAND_TOPP):
         tok = _draw("cuda", z, kw, n, chunk=4)
     assert torch.equal(tok[:4096], _draw("reference", z, kw, 4096, chunk=512))
-    counts = torch.bincount(tok, minlength=V).cpu().numpy()
-    probs = ref.probabilities(z, **_param_tensors(kw, 1, DEVICE))[0].cpu().numpy()
-    assert counts[probs == 0].sum() == 0, "draws outside the support"
-    assert (probs > 0).sum() >= 10
-    pval = _pooled_chisquare(counts[probs > 0], probs[probs > 0] * n)
-    assert pval > ALPHA, f"chi-square p = {pval:.2e} ({case})"
+    _assert_follows(tok, z, kw, n, case, min_support=10)

@@ -83,6 +83,7 @@ constexpr int kUnroll = 4;  // 16-byte vectors in flight per thread and iteratio
 constexpr float kDead = -19.5f;
 constexpr float kGumbelHi = 16.64f;  // > max G = 16.6356
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr double kLog2eD = 1.4426950408889634;
 constexpr float kRel = 4.76837158203125e-07f;  // 2^-21: relative margin of the filters
 
 // Flags shared with ops/sampling.py: the request bits F_TEMP .. F_LOGPROBS
@@ -401,6 +402,16 @@ struct Fin {
 };
 static_assert(sizeof(Fin) <= size_t(kCandBuf) * 8, "Fin must fit the candidate buffer");
 
+// kProc: a vector's raw values into the raw log-sum-exp (raw logprobs) and the raw NaN / +inf flag
+template <int VEC>
+__device__ __forceinline__ void raw_vec(Lse& raw, unsigned& bad, const float (&z)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    raw.add(z[j], 1.0f);
+    bad |= z[j] < INFINITY ? 0u : 1u;
+  }
+}
+
 // the neutral summary, and the merge of two (order-free up to the float sums of the logprobs)
 __device__ __forceinline__ Summary summ_empty() {
   Summary u;
@@ -521,20 +532,30 @@ __device__ __forceinline__ void block_maxmin_u64(unsigned long long& mx, unsigne
     mn = b < mn ? b : mn;
   }
 }
-// Block-wide sums (every thread gets the result): warp sums, one slot per warp (slot(w): a
-// reference to warp w's shared-memory slot), then the 32 warp sums.
-template <typename V, typename Slot>
-__device__ __forceinline__ V block_sum_in(V v, Slot slot) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+// Block-wide reduction (every thread gets the result): wr(v) reduces v over the warp; lane 0 of
+// each warp stores its value (put(w, v): warp w's shared-memory slot), then every warp reduces
+// the 32 slots (get(lane)) the same way.
+template <typename V, typename WarpReduce, typename Put, typename Get>
+__device__ __forceinline__ V block_reduce(V v, WarpReduce wr, Put put, Get get) {
+  wr(v);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
-  if (lane == 0) slot(warp) = v;
+  if (lane == 0) put(warp, v);
   __syncthreads();
-  v = slot(lane);
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += shfl_x(v, o);
+  v = get(lane);
+  wr(v);
   return v;
+}
+// Block-wide sums: one slot per warp (slot(w): a reference to warp w's shared-memory slot).
+template <typename V, typename Slot>
+__device__ __forceinline__ V block_sum_in(V v, Slot slot) {
+  return block_reduce(
+      v,
+      [](V& x) {
+#pragma unroll
+        for (int o = 16; o; o >>= 1) x += shfl_x(x, o);
+      },
+      [&](int w, V x) { slot(w) = x; }, [&](int l) -> V { return slot(l); });
 }
 __device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, Smem& s) {
   return block_sum_in(v, [&](int w) -> unsigned long long& { return s.red64[w]; });
@@ -1432,13 +1453,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   // kProc: the raw values' sums (raw logprobs) and NaN / +inf flag, in the same passes
   unsigned rawbad = 0;
   auto rawf = [&](int, const float (&z)[VEC]) {
-    if (lp) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        raw.add(z[j], 1.0f);
-        rawbad |= z[j] < INFINITY ? 0u : 1u;
-      }
-    }
+    if (lp) raw_vec<VEC>(raw, rawbad, z);
   };
   unsigned long long th0 = 0;
   if (FILT && r.mode == kCand) {
@@ -2200,6 +2215,21 @@ __device__ __forceinline__ void band_warp_merge(float& m, double& a, double c) {
     m = mx;
   }
 }
+// the same over the block; returns the sum relative to the block's max (every thread)
+struct BandSum {
+  float m;
+  double a;
+};
+__device__ __forceinline__ double block_band_merge(float m, double a, double c, Smem& s) {
+  return block_reduce(
+             BandSum{m, a}, [&](BandSum& x) { band_warp_merge(x.m, x.a, c); },
+             [&](int w, BandSum x) {
+               s.redd[w][1] = x.a;
+               s.redf[w][3] = x.m;
+             },
+             [&](int l) { return BandSum{s.redf[l][3], s.redd[l][1]}; })
+      .a;
+}
 
 // plain rows (F_SCAND_TOPP): a CTA's record in its forwarded-key slots (FC >= 16 keys: 128 bytes)
 struct ScandPlain {
@@ -2207,6 +2237,14 @@ struct ScandPlain {
   float z1;       // the best's (processed) logit
   int w1;         // its id
   float pm, ps;   // processed: max z, sum exp((z - pm) / T) (logprobs)
+  __device__ __forceinline__ void unpack(PlainAcc& a, Lse& l) const {
+    a.h1 = h1;
+    a.h2 = h2;
+    a.z1 = z1;
+    a.w1 = w1;
+    l.m = pm;
+    l.s = ps;
+  }
 };
 static_assert(sizeof(ScandPlain) == 32, "ScandPlain: 32 bytes");
 
@@ -2317,19 +2355,13 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   // flag (bit 1 of bad) come from the same read
   unsigned rawbad = 0;
   auto rawf = [&](int, const float (&z)[VEC]) {
-    if (lp) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        raw.add(z[j], 1.0f);
-        rawbad |= z[j] < INFINITY ? 0u : 1u;
-      }
-    }
+    if (lp) raw_vec<VEC>(raw, rawbad, z);
   };
   // Band and plain rows run loops of their own (the same body plus their sums), and their state
   // lives in their branches, so that the other rows' loop keeps its registers.
   double cta_mass;  // band rows: the chunk's mass relative to its max (every thread), else 0
   if (band()) {
-    const double bc64 = double(r.inv_t) * 1.4426950408889634;
+    const double bc64 = double(r.inv_t) * kLog2eD;
     float bm = -INFINITY;  // the thread's running max, and the sum relative to it
     double bacc = 0.0;
     auto body_band = [&](int i, const float (&z)[VEC]) {
@@ -2350,17 +2382,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
                              rawf);
     else
       for_each_vec<T>(rowp, c0, c1, aligned, nullptr, false, false, body_band);
-    band_warp_merge(bm, bacc, bc64);
-    __syncthreads();
-    if (lane == 0) {
-      s.redd[warp][1] = bacc;
-      s.redf[warp][3] = bm;
-    }
-    __syncthreads();
-    bm = s.redf[lane][3];
-    bacc = s.redd[lane][1];
-    band_warp_merge(bm, bacc, bc64);
-    cta_mass = bacc;  // (bm: the chunk's max, its summary's zmax)
+    cta_mass = block_band_merge(bm, bacc, bc64, s);  // (relative to the chunk's max: its zmax)
   } else if (plain()) {
     PlainAcc pa;  // the thread's top-2 approximate scores, processed exp sums
     Lse proc;
@@ -2384,16 +2406,9 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     Summary t2;
     block_top2(pa, s, t2);
     const Lse pl = lp ? block_lse(proc, r.inv_t, s, 1) : Lse{};
-    if (tid == 0) {
-      ScandPlain rec;
-      rec.h1 = t2.h1;
-      rec.h2 = t2.h2;
-      rec.z1 = t2.z1;
-      rec.w1 = t2.w1;
-      rec.pm = pl.m;
-      rec.ps = pl.s;
-      *reinterpret_cast<ScandPlain*>(fkeys + int64_t(blockIdx.x) * FC) = rec;
-    }
+    if (tid == 0)
+      *reinterpret_cast<ScandPlain*>(fkeys + int64_t(blockIdx.x) * FC) =
+          ScandPlain{t2.h1, t2.h2, t2.z1, t2.w1, pl.m, pl.s};
     cta_mass = 0.0;
   } else {
     if constexpr (kProc)
@@ -2597,12 +2612,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
         for (int h = 0; h < 4; ++h) w[h] = __ldcg(src + h);
         ScandPlain rec;
         memcpy(&rec, w, sizeof(rec));
-        q.h1 = rec.h1;
-        q.h2 = rec.h2;
-        q.z1 = rec.z1;
-        q.w1 = rec.w1;
-        pq.m = rec.pm;
-        pq.s = rec.ps;
+        rec.unpack(q, pq);
       }
       Summary t2;
       block_top2(q, s, t2);
@@ -2705,7 +2715,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       bool banded = false;
       if (!r.k_on && r.p_on && band()) {
         // the row's mass from the chunks' band masses: S_row <= S <= S_hi (kBandRel)
-        const double bc64 = double(r.inv_t) * 1.4426950408889634;
+        const double bc64 = double(r.inv_t) * kLog2eD;
         const double Sx =
             block_sum_d(tid < S ? band_scale(band_m, band_z, zmax, bc64) : 0.0, s) * 274877906944.0;
         const double slack = Sx * kBandRel + kBandAbs * double(p.vocab);
