@@ -83,3 +83,14 @@ def pytest_collection_modifyitems(config, items):
             n = mg.args[0] if mg.args else mg.kwargs.get("n", 2)
             if N_GPUS < n:
                 item.add_marker(pytest.mark.skip(reason=f"needs {n} CUDA GPUs, found {N_GPUS}"))
+
+
+def sampler_path(flags):
+    """The CUDA sampler's forced path for the body of a ``with``: ``flags`` an int (testing bits
+    ORed into the default launch policy, the ``sampler_flags`` knob) or a pair (testing bits,
+    launch-policy bits replacing the default: ``(0, 0)`` = the launches without the default
+    split-candidates bits)."""
+    from tokenspeed_kernel import testing
+    if isinstance(flags, tuple):
+        return testing.knobs(sampler_flags=flags[0], sampler_launch_flags=flags[1])
+    return testing.knobs(sampler_flags=flags)

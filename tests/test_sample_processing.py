@@ -29,7 +29,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_CUDA, skip_unless_backend
+from conftest import DEVICE, HAS_CUDA, sampler_path, skip_unless_backend
 import tokenspeed_kernel
 from tokenspeed_kernel import ops
 from tokenspeed_kernel.reference import logits_processing as LP
@@ -658,12 +658,15 @@ def test_gpu_cuda_processing():
 # B, one streamed CTA per row at large B; "generic" the radix thresholds + exact pass for every
 # filtered row, "exact" the exact pass instead of the gap test, "stream" no shared-memory copy,
 # "nosplit" the cluster launch for small temperature batches, "scand" the split-candidates launch
-# (its processing instantiation, opt-in: F_SCAND_PROC) for small batches with a top-k tensor
+# (its processing instantiation, default F_SCAND_PROC) for small batches with a top-k tensor, at
+# more batch sizes; "launch0" without the default launch-policy bits (processing calls on the
+# cluster launch)
 def _cuda_flag_sets():
     from tokenspeed_kernel.ops import sampling as S
     return {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
             "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
-            "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand": S.F_SCAND_PROC}
+            "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand": S.F_SCAND_PROC,
+            "launch0": (0, 0)}
 
 
 def _kind_only(inp, kind):
@@ -696,12 +699,11 @@ def _cycled(n, **cols):
 
 def _gpu_cuda_check(z, inp, kw, tpr, flags, seed=0):
     """CUDA with the forced path == the reference (tokens, valid bit for bit; logprobs)."""
-    from tokenspeed_kernel import testing
     n = z.shape[0] // tpr
     s = torch.arange(n, device=DEVICE) * 13 + seed
     want = ops.sample_with_logprobs(z, s, s * 3, tokens_per_request=tpr, processing=inp,
                                     backend="reference", **kw)
-    with testing.knobs(sampler_flags=flags):
+    with sampler_path(flags):
         got = ops.sample_with_logprobs(z, s, s * 3, tokens_per_request=tpr, processing=inp,
                                        backend="cuda", **kw)
         plain = ops.sample(z, s, s * 3, tokens_per_request=tpr, processing=inp, backend="cuda",
@@ -721,7 +723,7 @@ def _gpu_cuda_check(z, inp, kw, tpr, flags, seed=0):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("flags", ["default", "generic", "exact", "stream", "nosplit",
-                                   "nosplit_exact", "scand"])
+                                   "nosplit_exact", "scand", "launch0"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpu_cuda_paths_with_processing(kind, flags):
     """Every read of the logits by the CUDA sampler applies the processing: each input kind on
@@ -730,16 +732,16 @@ def test_gpu_cuda_paths_with_processing(kind, flags):
     (one streamed CTA per row), greedy / temperature rows and mixed top-k (50 and 1000: the
     candidates and the radix thresholds) / top-p / min-p rows: == the reference. "scand": the
     split-candidates launch with processing (the mixed top-k rows at B = 1 / 3 / 24 / 33 on a
-    132-SM GPU: 132 down to 4 CTAs per row; k = 0 and 1000 rows take its finishing CTA's
-    generic path)."""
+    132-SM GPU: 132 down to 4 CTAs per row; k = 1000 rows take its finishing CTA's generic
+    path); "launch0": the cluster launch with processing at B = 1 / 3."""
     _skip_unless("cuda")
     flag = _cuda_flag_sets()[flags]
     cases = ((1, 151936, 1), (3, 151936, 1), (40, 32000, 2), (300, 4099, 1))
     if flags == "scand":
         cases = ((1, 151936, 1), (3, 151936, 1), (24, 151936, 2), (33, 32000, 1))
     for B, V, tpr in cases:
-        if flags.startswith("nosplit") and B > 3:
-            continue   # (the split launch only takes small temperature batches)
+        if (flags.startswith("nosplit") or flags == "launch0") and B > 3:
+            continue   # (the split launches only take small batches)
         if flags == "stream" and B == 300:
             continue   # (already streams)
         gen = _gen(B * 31 + KINDS.index(kind))
@@ -760,7 +762,7 @@ def test_gpu_cuda_paths_with_processing(kind, flags):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_gpu_cuda_scand_processing_distribution():
-    """The split-candidates launch with processing (opt-in F_SCAND_PROC): 2^16 draws made 32
+    """The split-candidates launch with processing (F_SCAND_PROC): 2^16 draws made 32
     rows per call (V = 8192: 4 CTAs per row on a 132-SM GPU) follow softmax(apply(z) / T) over
     the top-k + top-p set (chi-square), and every draw is the reference's."""
     _skip_unless("cuda")
@@ -819,7 +821,7 @@ def test_gpu_cuda_processing_dtypes_and_rows():
                 (B,), 0.9, device=DEVICE)), dict(temperature=T, top_p=torch.full(
                 (B,), 0.95, device=DEVICE)), dict(temperature=T, min_p=torch.full(
                 (B,), 0.3, device=DEVICE))):
-            for f in ("default", "generic", "stream", "nosplit_exact", "scand"):
+            for f in ("default", "generic", "stream", "nosplit_exact", "scand", "launch0"):
                 _gpu_cuda_check(z, inp, kw, 1, flags[f])
 
 

@@ -1206,10 +1206,13 @@ def test_flag_bits_match_cuda_headers():
         assert v == getattr(S, name), name
     sampler = enum_values("csrc/sampling/sampler.cuh", "F_FORCE_GENERIC")
     for name in ("F_FORCE_GENERIC", "F_FORCE_EXACT", "F_NO_RESIDENT", "F_NO_SPLIT",
-                 "F_SCAND_PROC", "F_SCAND_TOPP"):
+                 "F_SCAND_PROC", "F_SCAND_BAND", "F_SCAND_TOPP"):
         assert sampler[name] == getattr(S, name), name
-    # the flag bits are distinct from the forced cluster size's field
-    assert (S.F_SCAND_PROC | S.F_SCAND_TOPP) & (7 << sampler["F_CS_SHIFT"]) == 0
+    # the flag bits are distinct from the forced cluster size's field, and the launch-policy
+    # default only holds launch-policy bits (never a testing bit)
+    launch = S.F_SCAND_PROC | S.F_SCAND_BAND | S.F_SCAND_TOPP
+    assert launch & (7 << sampler["F_CS_SHIFT"]) == 0
+    assert S._DEFAULT_LAUNCH_FLAGS & ~launch == 0
     # each family's own bits start above the request bits (F_CS_SHIFT is a shift, not a bit)
     assert min(v for k, v in sampler.items() if k != "F_CS_SHIFT") > max(common.values())
     from tokenspeed_kernel import testing
@@ -1241,7 +1244,13 @@ def test_testing_knobs_door():
     assert testing.SAMPLER_FORCE_EXACT == S.F_FORCE_EXACT
     assert testing.SAMPLER_FORCE_GENERIC == S.F_FORCE_GENERIC
     assert testing.SAMPLER_NO_RESIDENT == S.F_NO_RESIDENT
+    assert testing.SAMPLER_SCAND_BAND == S.F_SCAND_BAND
     before = {n: testing.get(n) for n in testing.KNOBS}
+    with testing.knobs(sampler_launch_flags=0):
+        assert S._DEFAULT_LAUNCH_FLAGS == 0
+        assert S.param_flags(S.C.sampling_params(1, torch.device("cpu"), 1, 0, None, None, None,
+                                                 None)) == 0
+    assert S._DEFAULT_LAUNCH_FLAGS == before["sampler_launch_flags"] != 0
     with testing.knobs(sampler_flags=testing.SAMPLER_FORCE_EXACT, verify_exact_coins=True,
                        comm_ll_variant="w4"):
         assert S._CUDA_TEST_FLAGS == testing.SAMPLER_FORCE_EXACT

@@ -20,20 +20,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, skip_unless_backend
-from tokenspeed_kernel import ops, testing
+from conftest import DEVICE, sampler_path, skip_unless_backend
+from tokenspeed_kernel import ops
 from tokenspeed_kernel.ops import sampling as S
 from tokenspeed_kernel.reference import sampling as ref
 
 pytestmark = pytest.mark.gpu
 
+# "launch0": the launches without the default launch-policy bits (k-off rows of the
+# split-candidates launch read again by its finishing CTA instead of band masses / the streamed
+# gap test); "scand_topp": opt-in, top-p calls without a top-k tensor on that launch
 FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
          "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
-         "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand_topp": S.F_SCAND_TOPP}
+         "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand_topp": S.F_SCAND_TOPP,
+         "launch0": (0, 0)}
 
 
-def cuda_flags(flags: int):
-    return testing.knobs(sampler_flags=flags)
+def cuda_flags(flags):
+    return sampler_path(flags)
 
 
 def _gen(seed):
@@ -100,12 +104,12 @@ MODES = {
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("B", [1, 3, 40, 300])
 @pytest.mark.parametrize("flags", ["default", "generic", "exact", "stream", "nosplit",
-                                   "nosplit_exact", "scand_topp"])
+                                   "nosplit_exact", "scand_topp", "launch0"])
 def test_cuda_paths_match_reference(mode, B, flags):
     skip_unless_backend("cuda")
     if flags == "stream" and B == 300:
         pytest.skip("B = 300 already streams")
-    if (flags.startswith("nosplit") or flags == "scand_topp") and B > 3:
+    if (flags.startswith("nosplit") or flags in ("scand_topp", "launch0")) and B > 3:
         pytest.skip("the split launches only take small batches")
     V = 151936 if B <= 40 else 32000
     g = _gen(B * 100 + len(mode))
@@ -369,9 +373,10 @@ def test_cuda_scand_rescans(B, where):
 def test_cuda_scand_mixed_and_sparse_rows():
     """Per-row modes in one call with a top-k tensor (greedy, temperature only, top-k <= 512 and
     > 512, top-p with top-k off, min-p), rows with fewer finite logits than k, and with a single
-    one; the same rows without a top-k tensor (the cluster launch); each also with the opt-in
-    F_SCAND_TOPP (the k-off rows decided from the chunks' band masses / streamed top-2 scores,
-    and the top-p call at B = 12, past the route's B <= 6: the cluster launch)."""
+    one; the same rows without a top-k tensor (the cluster launch). The k-off rows are decided
+    from the chunks' band masses / streamed top-2 scores (default F_SCAND_BAND), and read again
+    by the finishing CTA without the launch-policy bits ("launch0"); also with the opt-in
+    F_SCAND_TOPP (the top-p call at B = 12, past the route's B <= 6: the cluster launch)."""
     skip_unless_backend("cuda")
     g = _gen(18)
     B, V = 12, 151936
@@ -390,9 +395,8 @@ def test_cuda_scand_mixed_and_sparse_rows():
     mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3])
     for kw in (dict(temperature=T, top_k=k, top_p=p, min_p=mp), dict(temperature=T, top_k=k),
                dict(temperature=T, top_p=p), dict(temperature=T, min_p=mp)):
-        _check(z, {n: v.to(DEVICE) for n, v in kw.items()})
-        # opt-in: k-off rows from the distributed summaries (band masses, streamed gap test)
-        _check(z, {n: v.to(DEVICE) for n, v in kw.items()}, S.F_SCAND_TOPP)
+        for fl in ("default", "launch0", "scand_topp"):
+            _check(z, {n: v.to(DEVICE) for n, v in kw.items()}, FLAGS[fl])
 
 
 # ---------------------------------------------------------------------------------------------

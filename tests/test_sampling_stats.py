@@ -323,13 +323,14 @@ def test_small_batch_launch_distribution(chunk, case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["top_p", "top_p_min_p"])
+@pytest.mark.parametrize("case", ["top_p", "top_p_min_p", "k_off_top_p"])
 def test_small_batch_top_p_band_distribution(case):
-    """Opt-in F_SCAND_TOPP: top-p calls without a top-k tensor on the split-candidates launch,
-    whose finishing CTA bounds the row's total mass from the chunks' float64 sums (band masses)
-    instead of reading the row: chi-square over 2^16 draws made 4 rows per call (V = 32768: 32
-    CTAs per row on a 132-SM GPU), 100 dominant tokens so that the kept set fits the
-    candidates."""
+    """Band masses: the split-candidates launch's finishing CTA bounds a top-p row's total mass
+    from the chunks' float64 sums instead of reading the row. "k_off_top_p": rows with top-k off
+    (k = 0) in a call with a top-k tensor (the default F_SCAND_BAND); the others: opt-in
+    F_SCAND_TOPP, top-p calls without a top-k tensor on that launch. Chi-square over 2^16 draws
+    made 4 rows per call (V = 32768: 32 CTAs per row on a 132-SM GPU), 100 dominant tokens so
+    that the kept set fits the candidates."""
     skip_unless_backend("cuda")
     from tokenspeed_kernel import testing
     from tokenspeed_kernel.ops import sampling as S
@@ -338,10 +339,11 @@ def test_small_batch_top_p_band_distribution(case):
     z = torch.randn(1, V, generator=g) * 1.5
     z[0, torch.randperm(V, generator=g)[:100]] += 12.0
     kw = {"top_p": dict(temperature=0.9, top_p=0.9),
-          "top_p_min_p": dict(temperature=1.1, top_p=0.95, min_p=0.02)}[case]
+          "top_p_min_p": dict(temperature=1.1, top_p=0.95, min_p=0.02),
+          "k_off_top_p": dict(temperature=0.8, top_k=0, top_p=0.85)}[case]
     z = z.to(DEVICE)
     n = 1 << 16
-    with testing.knobs(sampler_flags=S.F_SCAND_TOPP):
+    with testing.knobs(sampler_flags=0 if case == "k_off_top_p" else S.F_SCAND_TOPP):
         tok = _draw("cuda", z, kw, n, chunk=4)
     assert torch.equal(tok[:4096], _draw("reference", z, kw, 4096, chunk=512))
     _assert_follows(tok, z, kw, n, case, min_support=10)

@@ -59,9 +59,12 @@ def processing(B: int, V: int, g: torch.Generator, dev) -> LP.LogitsInputs:
 def run(quick: bool) -> int:
     dev = torch.device("cuda")
     n = 0
-    opt_in = S.F_SCAND_PROC | S.F_SCAND_TOPP
-    flag_sets = [0, opt_in] if quick else [0, S.F_NO_RESIDENT, S.F_FORCE_EXACT,
-                                           S.F_FORCE_GENERIC, S.F_NO_SPLIT, opt_in]
+    # (testing bits, launch-policy bits; None = the default policy): the default, the launches
+    # without the default policy bits, and the opt-in top-p route
+    flag_sets = [(0, None), (0, 0), (S.F_SCAND_TOPP, None)]
+    if not quick:
+        flag_sets += [(f, None) for f in (S.F_NO_RESIDENT, S.F_FORCE_EXACT, S.F_FORCE_GENERIC,
+                                          S.F_NO_SPLIT)]
     for dtype in ([torch.float32] if quick else [torch.float32, torch.bfloat16]):
         for B in ((2,) if quick else (2, 24)):
             for unaligned in ((False,) if quick else (False, True)):
@@ -87,7 +90,8 @@ def run(quick: bool) -> int:
                     want = ops.sample(z, seed, offset, backend="reference", processing=pr,
                                       **kw).tokens
                     for fl in flag_sets:
-                        with testing.knobs(sampler_flags=fl):
+                        launch = {} if fl[1] is None else {"sampler_launch_flags": fl[1]}
+                        with testing.knobs(sampler_flags=fl[0], **launch):
                             got = ops.sample_with_logprobs(z, seed, offset, backend="cuda",
                                                            processing=pr, **kw)
                         torch.cuda.synchronize()

@@ -96,8 +96,10 @@ enum Flags : int {
   F_NO_RESIDENT = 256,
   F_NO_SPLIT = 512,
   F_CS_SHIFT = 10,
-  F_SCAND_PROC = 8192,  // calls with processing may take the split-candidates launch (opt-in)
-  F_SCAND_TOPP = 16384  // top-p without top-k takes it too; band masses for its rows (opt-in)
+  // launch-policy bits (ops/sampling.py _DEFAULT_LAUNCH_FLAGS sets the default ones):
+  F_SCAND_PROC = 8192,   // calls with processing may take the split-candidates launch
+  F_SCAND_BAND = 16384,  // its k-off rows: band masses (top-p), streamed gap test (temperature)
+  F_SCAND_TOPP = 32768   // top-p calls without a top-k tensor take it too (opt-in; implies BAND)
 };
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
@@ -2188,7 +2190,7 @@ static_assert(sizeof(ScandSum) == 48, "ScandSum: three 16-byte words");
     }                                                    \
   } while (0)
 
-// Band masses (F_SCAND_TOPP; rows with top-p on and top-k off): phase 1 sums 2^((z - m) c) over
+// Band masses (F_SCAND_BAND; rows with top-p on and top-k off): phase 1 sums 2^((z - m) c) over
 // the chunk, c = inv_t log2(e), all in float64 (exp2: ~1 ulp of float64), relative to each
 // thread's running max m (a new max rescales the sum), merged relative to the chunk max; the
 // finishing CTA scales the chunks to the row max: S~ = sum over the row of exp((z - zmax) inv_t)
@@ -2231,7 +2233,7 @@ __device__ __forceinline__ double block_band_merge(float m, double a, double c, 
       .a;
 }
 
-// plain rows (F_SCAND_TOPP): a CTA's record in its forwarded-key slots (FC >= 16 keys: 128 bytes)
+// plain rows (F_SCAND_BAND): a CTA's record in its forwarded-key slots (FC >= 16 keys: 128 bytes)
 struct ScandPlain {
   double h1, h2;  // the chunk's best / second-best approximate score (PLAIN streamed)
   float z1;       // the best's (processed) logit
@@ -2294,15 +2296,17 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   const int c1 = min(p.vocab, c0 + p.chunk);
   const bool lp = p.flags & F_LOGPROBS;
   const bool cand_row = r.mode == kCand;
-  // band masses (F_SCAND_TOPP, top-p rows with top-k off; kBandRel above), and streamed
-  // temperature-only rows (F_SCAND_TOPP: the cluster kernel's PLAIN gap test, each CTA's top-2
+  // band masses (F_SCAND_BAND, top-p rows with top-k off; kBandRel above), and streamed
+  // temperature-only rows (F_SCAND_BAND: the cluster kernel's PLAIN gap test, each CTA's top-2
   // approximate scores in its forwarded-key slots, ScandPlain). (Functions, evaluated where
   // used, so that nothing of theirs stays live across the other rows' loop.)
   auto band = [&]() {
-    return cand_row && !r.k_on && r.p_on && (p.flags & F_SCAND_TOPP) && r.inv_t < INFINITY;
+    return cand_row && !r.k_on && r.p_on && (p.flags & (F_SCAND_BAND | F_SCAND_TOPP)) &&
+           r.inv_t < INFINITY;
   };
   auto plain = [&]() {
-    return r.mode == kPlain && (p.flags & F_SCAND_TOPP) && !(p.flags & F_FORCE_EXACT);
+    return r.mode == kPlain && (p.flags & (F_SCAND_BAND | F_SCAND_TOPP)) &&
+           !(p.flags & F_FORCE_EXACT);
   };
   unsigned* ctr = static_cast<unsigned*>(p.ws);
   ScandSum* sums =
@@ -2800,6 +2804,11 @@ inline DeviceInfo device_info(Kernel kernel) {
   DeviceInfo d;
   cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
   cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  // the dynamic budget: the opt-in maximum less the kernel's static shared memory (asking for
+  // more is an invalid value)
+  cudaFuncAttributes fa = {};
+  if (cudaFuncGetAttributes(&fa, kernel) == cudaSuccess)
+    d.max_smem -= int(fa.sharedSizeBytes) < d.max_smem ? int(fa.sharedSizeBytes) : d.max_smem;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, d.max_smem);
   int major = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -2898,13 +2907,13 @@ cudaError_t launch_split(Params p, cudaStream_t stream, int S) {
 // Split-candidates launch (scand_kernel): calls with a top-k tensor (top-p / min-p may come
 // with it) when B <= SMs / kScandRowsPer: S = SMs / B CTAs per row (one per SM), at least 1024
 // elements each; 0: not taken (F_NO_SPLIT / F_FORCE_GENERIC / a forced cluster size, or
-// processing inputs without F_SCAND_PROC: the kProc instantiation is opt-in). With the opt-in
-// F_SCAND_TOPP also calls with a top-p tensor and no top-k tensor, when S >= 22 (S * 24 >=
-// kCandCap; B <= 6 on 132 SMs); its band masses replace the finishing CTA's pass over the row
-// for the mass.
+// processing inputs without F_SCAND_PROC). With the opt-in F_SCAND_TOPP also calls with a
+// top-p tensor and no top-k tensor, when S >= 22 (S * 24 >= kCandCap; B <= 6 on 132 SMs), with
+// band masses for their rows.
 // By default top-p or min-p without a top-k tensor stays on the cluster launch: there the total
-// top-p mass and the min-p exact pass are spread over the cluster's CTAs, where this launch's
-// finishing CTA would read the whole row alone (measured slower on an H200).
+// top-p mass and the min-p exact pass are spread over the cluster's CTAs (measured faster on an
+// H200 than this launch, band masses included: top-p 0.9 at B = 1 46 vs 49 us, flat rows whose
+// kept set passes the 512 candidates 86 vs 300 us).
 // The caller provides p.ws, scand_ws_bytes() bytes, ordered on `stream` (one per call).
 constexpr int kScandRowsPer = 4;
 template <typename T>

@@ -9,7 +9,8 @@ kept sets past the 512 candidates). Prints, per config, the mean device time of 
 kernel one call launches (20 calls) and the call's graph-replay time (mean of 200 back-to-back
 replays, warm L2).
 A config may end in ",f<flags>": the CUDA sampler's testing flags for its calls (e.g. ",f512" =
-F_NO_SPLIT: small batches on the cluster launch), to compare launches in one run.
+F_NO_SPLIT: small batches on the cluster launch), and ",l<flags>": its launch-policy bits instead
+of the default (",l0": without F_SCAND_PROC / F_SCAND_BAND), to compare launches in one run.
 PROF_ONCE=1: only six calls per config (for ncu: `--launch-skip 3 --launch-count 1` with a
 `--kernel-name` filter profiles the fourth matching launch).
 """
@@ -92,7 +93,11 @@ def run(c):
 
 for c in sys.argv[1:] or DEFAULT:
     rest = c.split(",")[5:]
-    # the CUDA testing flags through the one door (tokenspeed_kernel.testing.knobs)
-    with testing.knobs(sampler_flags=int(rest[0][1:]) if rest else 0):
+    # the CUDA testing flags through the one door (tokenspeed_kernel.testing.knobs): ",f<bits>"
+    # ORs bits into the default launch policy, ",l<bits>" replaces the policy (l0: without it)
+    kn = {"sampler_flags": 0}
+    for x in rest:
+        kn["sampler_flags" if x[0] == "f" else "sampler_launch_flags"] = int(x[1:])
+    with testing.knobs(**kn):
         run(c)
     torch.cuda.empty_cache()   # run()'s tensors are gone

@@ -20,21 +20,23 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # streamed gap test for temperature-only rows), F_NO_RESIDENT (never stage the row chunk in
 # shared memory), F_NO_SPLIT (small batches take the cluster launch instead of the split launch
 # (calls without filter tensors) or the split-candidates launch (calls with a top-k tensor)).
-# Opt-in launch paths (not the default yet, see _DEFAULT_LAUNCH_FLAGS): F_SCAND_PROC, calls with
-# ``processing`` inputs may take the split-candidates launch (its processing instantiation;
-# without the bit they take the cluster launch); F_SCAND_TOPP, calls with top-p but no top-k
-# tensor take it too, its rows with top-p on and top-k off bound their total mass from the
-# chunks' float64 sums ("band masses", DESIGN.md) and its temperature-only rows use the streamed
-# gap test, instead of the finishing CTA reading the row again. The tokens must not change.
-# ``_CUDA_TEST_FLAGS`` (an OR of them) and the levels' switches below are set through
+# Launch-policy bits of the split-candidates launch (small batches; docs/DESIGN.md):
+# F_SCAND_PROC, calls with ``processing`` inputs may take it (its processing instantiation;
+# without the bit they take the cluster launch); F_SCAND_BAND, its rows with top-k off (in a call
+# with a top-k tensor) are decided from what phase 1 streamed: top-p rows bound their total mass
+# from the chunks' float64 sums ("band masses"), temperature-only rows use the streamed gap test,
+# instead of the finishing CTA reading the row again; F_SCAND_TOPP (opt-in, measured slower than
+# the cluster launch): calls with top-p but no top-k tensor take it too (with band masses). The
+# tokens never depend on these bits.
+# ``_CUDA_TEST_FLAGS`` (an OR of the bits above) and the levels' switches below are set through
 # ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
-F_SCAND_PROC, F_SCAND_TOPP = 8192, 16384
+F_SCAND_PROC, F_SCAND_BAND, F_SCAND_TOPP = 8192, 16384, 32768
 _CUDA_TEST_FLAGS = 0
-# The CUDA sampler's launch-policy bits every call passes (the kernels obey the bits; the policy
-# lives here, so that an opt-in path joins the default without a rebuild): none of the opt-in
-# split-candidates paths yet, as they have not been run on a GPU (docs/DESIGN.md).
-_DEFAULT_LAUNCH_FLAGS = 0
+# The launch-policy bits every CUDA sampler call passes (ORed with _CUDA_TEST_FLAGS; the kernels
+# obey the bits, the policy lives here; the ``sampler_launch_flags`` knob replaces it, e.g. 0 for
+# the launches without them). Both measured faster on an H200 (docs/BENCHMARKS.md).
+_DEFAULT_LAUNCH_FLAGS = F_SCAND_PROC | F_SCAND_BAND
 
 # The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
 # own testing flags (ops/verify.py passes them): F_NO_LIST never compacts a level's active keys
