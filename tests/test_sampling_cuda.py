@@ -399,6 +399,34 @@ def test_cuda_scand_mixed_and_sparse_rows():
             _check(z, {n: v.to(DEVICE) for n, v in kw.items()}, FLAGS[fl])
 
 
+@pytest.mark.parametrize("B", [8, 16, 33])
+def test_cuda_scand_k_off_prefix_rows(B):
+    """Rows with top-k off in a call with a top-k tensor at B = 8 / 16 / 33 (16 / 8 / 4 CTAs per
+    row on a 132-SM GPU: fewer forwarded keys than the 512 candidates, so the finishing CTA
+    decides from the complete prefix above the largest chunk bound when the kept set ends in
+    it): top-p 0.5 / 0.9 / 0.99, with min-p, min-p alone, T from 0.3 to 2, flat rows (the kept
+    set past the prefix: the generic path), with logprobs: == the reference, and == the
+    launches without the default bits (launch0) and the cluster launch (nosplit)."""
+    skip_unless_backend("cuda")
+    g = _gen(60 + B)
+    V = 151936
+    z = torch.randn(B, V, generator=g) * 4
+    z[3] *= 0.02                                          # flat: kept set of thousands
+    z[5, torch.randperm(V, generator=g)[:40]] += 30.0     # 40 dominant tokens
+    z = z.to(DEVICE)
+    i = torch.arange(B)
+    k = torch.where(i % 2 == 0, 50, 0).to(torch.int32)
+    p = torch.tensor([0.9, 0.5, 0.99, 0.9, 1.0, 0.95, 0.7, 1.0])[i % 8]
+    mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.0, 0.02, 0.0])[i % 8]
+    T = torch.tensor([0.8, 0.3, 1.0, 1.0, 0.7, 2.0, 1.3, 0.9])[i % 8]
+    for kw in (dict(temperature=T, top_k=k, top_p=p, min_p=mp), dict(temperature=T, top_k=k,
+                                                                      top_p=p)):
+        kw = {n: v.to(DEVICE) for n, v in kw.items()}
+        a = _check(z, kw)
+        for fl in ("launch0", "nosplit"):
+            assert torch.equal(_check(z, kw, FLAGS[fl]).tokens, a.tokens), fl
+
+
 # ---------------------------------------------------------------------------------------------
 # opt-in (F_SCAND_TOPP): top-p without a top-k tensor on the split-candidates launch, band masses
 # ---------------------------------------------------------------------------------------------

@@ -2654,7 +2654,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     const int noff = __syncthreads_count(
         tid < S && ((tab_n[tid] >> 32) || (nU < r.K ? tab_th[tid] != 0 : tab_th[tid] > t)));
     Fin& fin = *reinterpret_cast<Fin*>(cand);
-    int n = 0;
+    int n = 0, Kp = 0;  // Kp > 0: the candidates are a complete prefix of Kp keys (below)
     if (noff == 0) {
       if (tid == 0) s.counter = 0;
       __syncthreads();
@@ -2668,7 +2668,33 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       __syncthreads();
       n = min(int(s.counter), r.K);
     } else if (nU < r.K || !t) {
+      // fewer forwarded keys than K (few CTAs per row: rows with top-k off have K = kCandCap).
+      // For such a row with no incomplete chunk, the keys >= the largest chunk bound tq are
+      // all forwarded: a complete prefix of the row (every chunk's keys >= its bound are). The
+      // candidates decide when the kept set ends inside it (cand_finish with K = n: undecided
+      // otherwise, then the generic path).
       generic = true;
+      if (!r.k_on) {
+        const int ninc = __syncthreads_count(tid < S && (tab_n[tid] >> 32));
+        const unsigned long long tq = block_max_u64(tid < S ? tab_th[tid] : 0ull, s);
+        if (ninc == 0 && tq) {
+          if (tid == 0) s.counter = 0;
+          __syncthreads();
+#pragma unroll
+          for (int i = 0; i < RU; ++i) {
+            if (keys[i] >= tq) {
+              const unsigned pos = atomicAdd(&s.counter, 1u);
+              if (pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
+            }
+          }
+          __syncthreads();
+          if (int(s.counter) < r.K) {
+            n = int(s.counter);
+            Kp = n;
+            generic = false;
+          }
+        }
+      }
     } else {
       // collect the keys >= t: U's from the complete chunks, the offending chunks read again
       if (p.stats && tid == 0) atomicAdd(&p.stats[2], unsigned(noff));
@@ -2734,13 +2760,15 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
         S_row = cluster_mass<T, kProc>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax,
                                        0ull, rp);
       float ps = 0.0f, ytok = 0.0f;
-      int tok = banded ? cand_finish<true>(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok, S_hi)
-                       : cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
+      Row rf = r;
+      if (Kp) rf.K = Kp;
+      int tok = banded ? cand_finish<true>(rf, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok, S_hi)
+                       : cand_finish(rf, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
       if (tok == -2) {  // a prefix mass within the band: the exact mass (one pass), then again
         if (p.stats && tid == 0) atomicAdd(&p.stats[3], 1u);
         S_row = cluster_mass<T, kProc>(whole(), r, s, rowp, 0, p.vocab, aligned, nullptr, zmax,
                                        0ull, rp);
-        tok = cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
+        tok = cand_finish(rf, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);
       }
       if (tok >= 0) {
         if (tid == 0) write_row(p, row, tok, true, raw_lp(tok), ytok - logf(ps));
