@@ -29,11 +29,12 @@ pytestmark = pytest.mark.gpu
 
 # "launch0": the launches without the default launch-policy bits (k-off rows of the
 # split-candidates launch read again by its finishing CTA instead of band masses / the streamed
-# gap test); "scand_topp": opt-in, top-p calls without a top-k tensor on that launch
+# gap test); "scand_topp": opt-in, top-p calls without a top-k tensor on that launch;
+# "scand_rescan": opt-in, its top-k-off rows with few forwarded keys read chunks again
 FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
          "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
          "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand_topp": S.F_SCAND_TOPP,
-         "launch0": (0, 0)}
+         "launch0": (0, 0), "scand_rescan": S.F_SCAND_RESCAN}
 
 
 def cuda_flags(flags):
@@ -399,14 +400,15 @@ def test_cuda_scand_mixed_and_sparse_rows():
             _check(z, {n: v.to(DEVICE) for n, v in kw.items()}, FLAGS[fl])
 
 
-@pytest.mark.parametrize("B", [8, 16, 33])
+@pytest.mark.parametrize("B", [8, 16, 24, 33])
 def test_cuda_scand_k_off_prefix_rows(B):
-    """Rows with top-k off in a call with a top-k tensor at B = 8 / 16 / 33 (16 / 8 / 4 CTAs per
+    """Rows with top-k off in a call with a top-k tensor at B = 8 / 16 / 24 / 33 (16 / 8 / 5 / 4 CTAs per
     row on a 132-SM GPU: fewer forwarded keys than the 512 candidates, so the finishing CTA
     decides from the complete prefix above the largest chunk bound when the kept set ends in
     it): top-p 0.5 / 0.9 / 0.99, with min-p, min-p alone, T from 0.3 to 2, flat rows (the kept
     set past the prefix: the generic path), with logprobs: == the reference, and == the
-    launches without the default bits (launch0) and the cluster launch (nosplit)."""
+    launches without the default bits (launch0), the cluster launch (nosplit) and the opt-in
+    rescan of the chunks (scand_rescan: the row's keys above the smallest forwarded key)."""
     skip_unless_backend("cuda")
     g = _gen(60 + B)
     V = 151936
@@ -423,7 +425,7 @@ def test_cuda_scand_k_off_prefix_rows(B):
                                                                       top_p=p)):
         kw = {n: v.to(DEVICE) for n, v in kw.items()}
         a = _check(z, kw)
-        for fl in ("launch0", "nosplit"):
+        for fl in ("launch0", "nosplit", "scand_rescan"):
             assert torch.equal(_check(z, kw, FLAGS[fl]).tokens, a.tokens), fl
 
 

@@ -323,7 +323,8 @@ def test_small_batch_launch_distribution(chunk, case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["top_p", "top_p_min_p", "k_off_top_p", "k_off_prefix"])
+@pytest.mark.parametrize("case", ["top_p", "top_p_min_p", "k_off_top_p", "k_off_prefix",
+                                  "k_off_rescan"])
 def test_small_batch_top_p_band_distribution(case):
     """Band masses: the split-candidates launch's finishing CTA bounds a top-p row's total mass
     from the chunks' float64 sums instead of reading the row. "k_off_top_p": rows with top-k off
@@ -337,16 +338,19 @@ def test_small_batch_top_p_band_distribution(case):
     V = 32768
     g = _gen(33)
     # "k_off_prefix": the same rows 16 per call (8 CTAs per row: fewer forwarded keys than the
-    # candidates; the finishing CTA decides from the complete prefix above the chunks' bounds)
+    # candidates; the finishing CTA decides from the complete prefix above the chunks' bounds);
+    # "k_off_rescan": 32 per call (4 CTAs per row) with the opt-in F_SCAND_RESCAN
     z = torch.randn(1, V, generator=g) * 1.5
     z[0, torch.randperm(V, generator=g)[:100]] += 12.0
     kw = {"top_p": dict(temperature=0.9, top_p=0.9),
           "top_p_min_p": dict(temperature=1.1, top_p=0.95, min_p=0.02),
           "k_off_top_p": dict(temperature=0.8, top_k=0, top_p=0.85),
-          "k_off_prefix": dict(temperature=0.8, top_k=0, top_p=0.85)}[case]
+          "k_off_prefix": dict(temperature=0.8, top_k=0, top_p=0.85),
+          "k_off_rescan": dict(temperature=0.8, top_k=0, top_p=0.85)}[case]
     z = z.to(DEVICE)
     n = 1 << 16
-    with testing.knobs(sampler_flags=0 if case.startswith("k_off") else S.F_SCAND_TOPP):
-        tok = _draw("cuda", z, kw, n, chunk=16 if case == "k_off_prefix" else 4)
+    flags = {"k_off_top_p": 0, "k_off_prefix": 0, "k_off_rescan": S.F_SCAND_RESCAN}
+    with testing.knobs(sampler_flags=flags.get(case, S.F_SCAND_TOPP)):
+        tok = _draw("cuda", z, kw, n, chunk={"k_off_prefix": 16, "k_off_rescan": 32}.get(case, 4))
     assert torch.equal(tok[:4096], _draw("reference", z, kw, 4096, chunk=512))
     _assert_follows(tok, z, kw, n, case, min_support=10)

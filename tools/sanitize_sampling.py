@@ -3,8 +3,9 @@ every row mode (greedy, temperature, top-k, top-p, min-p, all filters) at batch 
 the split launch (B = 2: temperature / greedy), the split-candidates launch (B = 2 / 24 with a
 top-k tensor: S CTAs per row, the last to arrive finishing it), clusters of 16 and of 2-4 CTAs
 (B = 2 / 24: top-p / min-p without top-k, and every mode with F_NO_SPLIT), chunks in shared
-memory and streamed, the forced exact / generic paths, the opt-in split-candidates paths
-(processing, top-p without top-k, band masses, streamed temperature-only rows), with logprobs;
+memory and streamed, the forced exact / generic paths, the split-candidates launch's
+launch-policy bits (processing, band masses, streamed temperature-only rows, the complete
+prefix of top-k-off rows; without them; the opt-in top-p route and rescan), with logprobs;
 fp32 and bf16, aligned and unaligned rows; each also with logits processing (bias, penalties,
 an allowed mask, banned ids, min_tokens stop ids: the prep kernel and the processing kernels).
 Each result is compared with the reference (token identity), so the run fails on a wrong token
@@ -12,7 +13,7 @@ as well as on a sanitizer error.
 
     compute-sanitizer --tool memcheck --error-exitcode 3 python tools/sanitize_sampling.py
     compute-sanitizer --tool racecheck --error-exitcode 3 python tools/sanitize_sampling.py --quick
-(--quick: B = 2 only, fp32, no forced paths; racecheck is slow)
+(--quick: fp32, aligned rows, no forced paths; racecheck is slow)
 """
 import sys
 
@@ -25,7 +26,9 @@ from tokenspeed_kernel.reference import logits_processing as LP
 MODES = {"greedy": dict(T=0.0), "temperature": dict(), "top_k": dict(k=50),
          "top_p": dict(p=0.9), "min_p": dict(mp=0.1), "all": dict(k=200, p=0.8, mp=0.05),
          # rows alternating filtered / unfiltered (top-k 0, top-p 1: temperature-only rows)
-         "mixed": dict(k=(50, 0), p=(0.9, 1.0)), "mixed_p": dict(p=(0.9, 1.0))}
+         "mixed": dict(k=(50, 0), p=(0.9, 1.0)), "mixed_p": dict(p=(0.9, 1.0)),
+         # top-k-off top-p rows in calls with a top-k tensor (the complete prefix, the rescan)
+         "k_off_p": dict(k=(50, 0), p=(0.9, 0.9))}
 
 
 def processing(B: int, V: int, g: torch.Generator, dev) -> LP.LogitsInputs:
@@ -60,13 +63,13 @@ def run(quick: bool) -> int:
     dev = torch.device("cuda")
     n = 0
     # (testing bits, launch-policy bits; None = the default policy): the default, the launches
-    # without the default policy bits, and the opt-in top-p route
-    flag_sets = [(0, None), (0, 0), (S.F_SCAND_TOPP, None)]
+    # without the default policy bits, the opt-in top-p route and rescan
+    flag_sets = [(0, None), (0, 0), (S.F_SCAND_TOPP, None), (S.F_SCAND_RESCAN, None)]
     if not quick:
         flag_sets += [(f, None) for f in (S.F_NO_RESIDENT, S.F_FORCE_EXACT, S.F_FORCE_GENERIC,
                                           S.F_NO_SPLIT)]
     for dtype in ([torch.float32] if quick else [torch.float32, torch.bfloat16]):
-        for B in ((2,) if quick else (2, 24)):
+        for B in (2, 24):
             for unaligned in ((False,) if quick else (False, True)):
                 g = torch.Generator().manual_seed(B * 7 + unaligned)
                 V = 40000

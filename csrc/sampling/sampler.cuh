@@ -97,9 +97,10 @@ enum Flags : int {
   F_NO_SPLIT = 512,
   F_CS_SHIFT = 10,
   // launch-policy bits (ops/sampling.py _DEFAULT_LAUNCH_FLAGS sets the default ones):
-  F_SCAND_PROC = 8192,   // calls with processing may take the split-candidates launch
-  F_SCAND_BAND = 16384,  // its k-off rows: band masses (top-p), streamed gap test (temperature)
-  F_SCAND_TOPP = 32768   // top-p calls without a top-k tensor take it too (opt-in; implies BAND)
+  F_SCAND_PROC = 8192,    // calls with processing may take the split-candidates launch
+  F_SCAND_BAND = 16384,   // its k-off rows: band masses (top-p), streamed gap test (temperature)
+  F_SCAND_TOPP = 32768,   // top-p calls without a top-k tensor take it too (opt-in; implies BAND)
+  F_SCAND_RESCAN = 65536  // its k-off rows with fewer forwarded keys than K: rescan (opt-in)
 };
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
@@ -2650,9 +2651,14 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     }
     int nU = 0;
     const unsigned long long t = block_select<RU>(keys, r.K, s, &nU);
+    // rows with top-k off and fewer forwarded keys than K (t: the smallest forwarded key), with
+    // the opt-in F_SCAND_RESCAN: the chunks that may hold keys >= t are read again (below), and
+    // the row's keys >= t are its top K, or when fewer a complete prefix (Kp)
+    const bool rescan = nU < r.K && t && !r.k_on && (p.flags & F_SCAND_RESCAN);
     // offending chunks: keys >= t may be missing from U
     const int noff = __syncthreads_count(
-        tid < S && ((tab_n[tid] >> 32) || (nU < r.K ? tab_th[tid] != 0 : tab_th[tid] > t)));
+        tid < S &&
+        ((tab_n[tid] >> 32) || (nU < r.K && !rescan ? tab_th[tid] != 0 : tab_th[tid] > t)));
     Fin& fin = *reinterpret_cast<Fin*>(cand);
     int n = 0, Kp = 0;  // Kp > 0: the candidates are a complete prefix of Kp keys (below)
     if (noff == 0) {
@@ -2667,7 +2673,9 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       }
       __syncthreads();
       n = min(int(s.counter), r.K);
-    } else if (nU < r.K || !t) {
+      // (rescan: U holds every key >= t; not the whole row when a chunk has a bound)
+      if (rescan && n < r.K && __syncthreads_or(tid < S && tab_th[tid] != 0)) Kp = n;
+    } else if (!rescan && (nU < r.K || !t)) {
       // fewer forwarded keys than K (few CTAs per row: rows with top-k off have K = kCandCap).
       // For such a row with no incomplete chunk, the keys >= the largest chunk bound tq are
       // all forwarded: a complete prefix of the row (every chunk's keys >= its bound are). The
@@ -2738,6 +2746,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
         }
         __syncthreads();
         n = min(int(s.counter), r.K);
+        if (rescan && n < r.K) Kp = n;  // the row's keys >= t, fewer than K: a prefix
       }
     }
     if (!generic) {

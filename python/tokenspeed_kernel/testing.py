@@ -44,21 +44,23 @@ _C = "tokenspeed_kernel.ops.comm"
 # launch-policy bits (``sampler_flags`` ORs them into the default, ``sampler_launch_flags``
 # replaces the default): SAMPLER_SCAND_PROC, calls with processing may take the split-candidates
 # launch; SAMPLER_SCAND_BAND, its top-k-off rows use band masses / the streamed gap test (both
-# default); SAMPLER_SCAND_TOPP, calls with top-p but no top-k tensor take it too (opt-in)
+# default); SAMPLER_SCAND_TOPP, calls with top-p but no top-k tensor take it too (opt-in);
+# SAMPLER_SCAND_RESCAN, its top-k-off rows with few forwarded keys read chunks again (opt-in)
 from .ops.sampling import (F_FORCE_EXACT as SAMPLER_FORCE_EXACT,  # noqa: E402
                            F_FORCE_GENERIC as SAMPLER_FORCE_GENERIC,
                            F_NO_RESIDENT as SAMPLER_NO_RESIDENT,
                            F_NO_SPLIT as SAMPLER_NO_SPLIT,
                            F_SCAND_PROC as SAMPLER_SCAND_PROC,
                            F_SCAND_BAND as SAMPLER_SCAND_BAND,
-                           F_SCAND_TOPP as SAMPLER_SCAND_TOPP)
+                           F_SCAND_TOPP as SAMPLER_SCAND_TOPP,
+                           F_SCAND_RESCAN as SAMPLER_SCAND_RESCAN)
 SAMPLER_CLUSTER_SHIFT = 10    # (v << 10), v = 1..5: a forced cluster size 2^(v - 1)
 
 KNOBS: Dict[str, Knob] = {
     "sampler_flags": Knob(
         _S, "_CUDA_TEST_FLAGS", (int,),
         "OR of SAMPLER_* bits: force the CUDA sampler's rare paths, or opt into its launches "
-        "that are not the default (SAMPLER_SCAND_TOPP) (ops.sample, dp_sample)"),
+        "that are not the default (SAMPLER_SCAND_TOPP / _RESCAN) (ops.sample, dp_sample)"),
     "sampler_launch_flags": Knob(
         _S, "_DEFAULT_LAUNCH_FLAGS", (int,),
         "the CUDA sampler's default launch-policy bits (SAMPLER_SCAND_PROC | SAMPLER_SCAND_BAND); "
@@ -133,4 +135,4 @@ def describe() -> str:
 __all__ = ["KNOBS", "Knob", "knobs", "get", "describe", "SAMPLER_FORCE_GENERIC",
            "SAMPLER_FORCE_EXACT", "SAMPLER_NO_RESIDENT", "SAMPLER_NO_SPLIT",
            "SAMPLER_SCAND_PROC", "SAMPLER_SCAND_BAND", "SAMPLER_SCAND_TOPP",
-           "SAMPLER_CLUSTER_SHIFT"]
+           "SAMPLER_SCAND_RESCAN", "SAMPLER_CLUSTER_SHIFT"]

@@ -26,12 +26,15 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # with a top-k tensor) are decided from what phase 1 streamed: top-p rows bound their total mass
 # from the chunks' float64 sums ("band masses"), temperature-only rows use the streamed gap test,
 # instead of the finishing CTA reading the row again; F_SCAND_TOPP (opt-in, measured slower than
-# the cluster launch): calls with top-p but no top-k tensor take it too (with band masses). The
-# tokens never depend on these bits.
+# the cluster launch): calls with top-p but no top-k tensor take it too (with band masses);
+# F_SCAND_RESCAN (opt-in, not yet run on a GPU): its rows with top-k off and fewer forwarded keys
+# than their 512 candidates (B > 6 on 132 SMs) read again the chunks that may hold keys above the
+# smallest forwarded key, for more candidates than the forwarded prefix. The tokens never depend
+# on these bits.
 # ``_CUDA_TEST_FLAGS`` (an OR of the bits above) and the levels' switches below are set through
 # ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
-F_SCAND_PROC, F_SCAND_BAND, F_SCAND_TOPP = 8192, 16384, 32768
+F_SCAND_PROC, F_SCAND_BAND, F_SCAND_TOPP, F_SCAND_RESCAN = 8192, 16384, 32768, 65536
 _CUDA_TEST_FLAGS = 0
 # The launch-policy bits every CUDA sampler call passes (ORed with _CUDA_TEST_FLAGS; the kernels
 # obey the bits, the policy lives here; the ``sampler_launch_flags`` knob replaces it, e.g. 0 for
