@@ -37,8 +37,7 @@ FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
          "launch0": (0, 0), "scand_rescan": S.F_SCAND_RESCAN}
 
 
-def cuda_flags(flags):
-    return sampler_path(flags)
+cuda_flags = sampler_path   # an int (testing bits) or a (testing, launch-policy) pair
 
 
 def _gen(seed):
@@ -402,13 +401,14 @@ def test_cuda_scand_mixed_and_sparse_rows():
 
 @pytest.mark.parametrize("B", [8, 16, 24, 33])
 def test_cuda_scand_k_off_prefix_rows(B):
-    """Rows with top-k off in a call with a top-k tensor at B = 8 / 16 / 24 / 33 (16 / 8 / 5 / 4 CTAs per
-    row on a 132-SM GPU: fewer forwarded keys than the 512 candidates, so the finishing CTA
-    decides from the complete prefix above the largest chunk bound when the kept set ends in
-    it): top-p 0.5 / 0.9 / 0.99, with min-p, min-p alone, T from 0.3 to 2, flat rows (the kept
-    set past the prefix: the generic path), with logprobs: == the reference, and == the
-    launches without the default bits (launch0), the cluster launch (nosplit) and the opt-in
-    rescan of the chunks (scand_rescan: the row's keys above the smallest forwarded key)."""
+    """Rows with top-k off in a call with a top-k tensor at B = 8 / 16 / 24 / 33 (16 / 8 / 5 / 4
+    CTAs per row on a 132-SM GPU: fewer forwarded keys than the 512 candidates, so the
+    finishing CTA decides from the complete prefix above the largest chunk bound when the kept
+    set ends in it): top-p 0.5 / 0.9 / 0.99, with min-p, min-p alone, T from 0.3 to 2, flat
+    rows (the kept set past the prefix: the generic path), with logprobs: == the reference, and
+    == the launches without the default bits (launch0), the cluster launch (nosplit) and the
+    opt-in rescan of the chunks (scand_rescan: the row's keys above the smallest forwarded
+    key)."""
     skip_unless_backend("cuda")
     g = _gen(60 + B)
     V = 151936
@@ -436,7 +436,8 @@ def test_cuda_scand_k_off_prefix_rows(B):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_scand_topp_rows(B, dtype):
     """Calls with a top-p tensor and no top-k tensor on the split-candidates launch (B <= 6 on
-    132 SMs; B = 8: the cluster launch, or this launch on GPUs with more SMs): per-row top-p (band masses), top-p = 1 rows (temperature only, min-p only), greedy,
+    132 SMs; B = 8: the cluster launch, or this launch on GPUs with more SMs): per-row top-p
+    (band masses), top-p = 1 rows (temperature only, min-p only), greedy,
     top-p + min-p, T = 1e-3 and 50, T so small that 1 / T overflows (band masses off), flat
     rows (the kept set beyond the 512 candidates), logits of magnitude 1e30, a row with 3
     finite logits: == the reference, and == the cluster launch (nosplit)."""

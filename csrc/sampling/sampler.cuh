@@ -2660,19 +2660,23 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
         tid < S &&
         ((tab_n[tid] >> 32) || (nU < r.K && !rescan ? tab_th[tid] != 0 : tab_th[tid] > t)));
     Fin& fin = *reinterpret_cast<Fin*>(cand);
-    int n = 0, Kp = 0;  // Kp > 0: the candidates are a complete prefix of Kp keys (below)
-    if (noff == 0) {
+    // the keys[] >= th (th > 0) into fin.skey (the first kCandCap); returns their count
+    auto collect = [&](unsigned long long th) -> int {
       if (tid == 0) s.counter = 0;
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < RU; ++i) {
-        if (t && keys[i] >= t) {
+        if (th && keys[i] >= th) {
           const unsigned pos = atomicAdd(&s.counter, 1u);
           if (pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
         }
       }
       __syncthreads();
-      n = min(int(s.counter), r.K);
+      return int(s.counter);
+    };
+    int n = 0, Kp = 0;  // Kp > 0: the candidates are a complete prefix of Kp keys (below)
+    if (noff == 0) {
+      n = min(collect(t), r.K);
       // (rescan: U holds every key >= t; not the whole row when a chunk has a bound)
       if (rescan && n < r.K && __syncthreads_or(tid < S && tab_th[tid] != 0)) Kp = n;
     } else if (!rescan && (nU < r.K || !t)) {
@@ -2685,22 +2689,10 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       if (!r.k_on) {
         const int ninc = __syncthreads_count(tid < S && (tab_n[tid] >> 32));
         const unsigned long long tq = block_max_u64(tid < S ? tab_th[tid] : 0ull, s);
-        if (ninc == 0 && tq) {
-          if (tid == 0) s.counter = 0;
-          __syncthreads();
-#pragma unroll
-          for (int i = 0; i < RU; ++i) {
-            if (keys[i] >= tq) {
-              const unsigned pos = atomicAdd(&s.counter, 1u);
-              if (pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
-            }
-          }
-          __syncthreads();
-          if (int(s.counter) < r.K) {
-            n = int(s.counter);
-            Kp = n;
-            generic = false;
-          }
+        const int c = ninc == 0 && tq ? collect(tq) : r.K;
+        if (c < r.K) {
+          n = Kp = c;
+          generic = false;
         }
       }
     } else {
@@ -2734,18 +2726,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
           const unsigned slot = unsigned(tid + i * kThreads);
           keys[i] = slot < nb ? cand[slot] : 0ull;
         }
-        const unsigned long long t2 = block_select<RU>(keys, r.K, s);
-        if (tid == 0) s.counter = 0;
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < RU; ++i) {
-          if (t2 && keys[i] >= t2) {
-            const unsigned pos = atomicAdd(&s.counter, 1u);
-            if (pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
-          }
-        }
-        __syncthreads();
-        n = min(int(s.counter), r.K);
+        n = min(collect(block_select<RU>(keys, r.K, s)), r.K);
         if (rescan && n < r.K) Kp = n;  // the row's keys >= t, fewer than K: a prefix
       }
     }

@@ -97,7 +97,7 @@ for c in sys.argv[1:] or DEFAULT:
     # ORs bits into the default launch policy, ",l<bits>" replaces the policy (l0: without it)
     kn = {"sampler_flags": 0}
     for x in rest:
-        kn["sampler_flags" if x[0] == "f" else "sampler_launch_flags"] = int(x[1:])
+        kn[{"f": "sampler_flags", "l": "sampler_launch_flags"}[x[0]]] = int(x[1:])
     with testing.knobs(**kn):
         run(c)
     torch.cuda.empty_cache()   # run()'s tensors are gone
