@@ -29,12 +29,16 @@ pytestmark = pytest.mark.gpu
 
 # "launch0": the launches without the default launch-policy bits (k-off rows of the
 # split-candidates launch read again by its finishing CTA instead of band masses / the streamed
-# gap test); "scand_topp": opt-in, top-p calls without a top-k tensor on that launch;
-# "scand_rescan": opt-in, its top-k-off rows with few forwarded keys read chunks again
+# gap test, no rescan, undecided rows sampled by that CTA); "scand_topp": opt-in, top-p calls
+# without a top-k tensor on that launch; "no_rescan" / "no_defer": the default without
+# F_SCAND_RESCAN (top-k-off rows with few forwarded keys read chunks again) / F_SCAND_DEFER
+# (undecided rows go to a cluster launch after it)
 FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
          "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
          "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand_topp": S.F_SCAND_TOPP,
-         "launch0": (0, 0), "scand_rescan": S.F_SCAND_RESCAN}
+         "launch0": (0, 0),
+         "no_rescan": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_SCAND_RESCAN),
+         "no_defer": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_SCAND_DEFER)}
 
 
 cuda_flags = sampler_path   # an int (testing bits) or a (testing, launch-policy) pair
@@ -405,10 +409,12 @@ def test_cuda_scand_k_off_prefix_rows(B):
     CTAs per row on a 132-SM GPU: fewer forwarded keys than the 512 candidates, so the
     finishing CTA decides from the complete prefix above the largest chunk bound when the kept
     set ends in it): top-p 0.5 / 0.9 / 0.99, with min-p, min-p alone, T from 0.3 to 2, flat
-    rows (the kept set past the prefix: the generic path), with logprobs: == the reference, and
-    == the launches without the default bits (launch0), the cluster launch (nosplit) and the
-    opt-in rescan of the chunks (scand_rescan: the row's keys above the smallest forwarded
-    key)."""
+    rows (the kept set past the candidates: at B = 24 / 33 sampled by the cluster launch that
+    follows, F_SCAND_DEFER; at B = 8 / 16 by the finishing CTA's generic path), with logprobs:
+    == the reference, and == the launches without the default bits (launch0), the cluster
+    launch (nosplit), the default without the rescan of the chunks (no_rescan; at >= 8 CTAs per
+    row it reads the row's keys above the smallest forwarded key) and without the deferral
+    (no_defer)."""
     skip_unless_backend("cuda")
     g = _gen(60 + B)
     V = 151936
@@ -425,7 +431,7 @@ def test_cuda_scand_k_off_prefix_rows(B):
                                                                       top_p=p)):
         kw = {n: v.to(DEVICE) for n, v in kw.items()}
         a = _check(z, kw)
-        for fl in ("launch0", "nosplit", "scand_rescan"):
+        for fl in ("launch0", "nosplit", "no_rescan", "no_defer"):
             assert torch.equal(_check(z, kw, FLAGS[fl]).tokens, a.tokens), fl
 
 
@@ -491,23 +497,30 @@ def test_cuda_scand_topp_band_boundary():
         assert torch.equal(got.tokens, want[0]), rep
 
 
-@pytest.mark.parametrize("route", ["top_k", "top_p_opt_in"])
+@pytest.mark.parametrize("route", ["top_k", "top_p_opt_in", "deferred"])
 def test_cuda_scand_graph_replay_and_streams(route):
     """The split-candidates launch (an arrival-counter memset, then one kernel, a per-call
     workspace) under CUDA-graph capture and replay with new inputs, and on two streams at
     once: calls with a top-k tensor, and (opt-in F_SCAND_TOPP) top-p calls without one, with a
-    greedy row and a top-p = 1 row."""
+    greedy row and a top-p = 1 row; "deferred": 24 rows, the odd ones flat with top-k off and
+    top-p on (kept sets of thousands: left undecided, sampled by the cluster launch that
+    follows, F_SCAND_DEFER, a PDL launch)."""
     skip_unless_backend("cuda")
     g = _gen(19)
-    B, V = 4, 151936
-    topk = route == "top_k"
+    B, V = (24 if route == "deferred" else 4), 151936
+    topk = route != "top_p_opt_in"
 
     def inputs():
-        z = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
+        z = torch.randn(B, V, generator=g) * 4
+        if route == "deferred":
+            z[1::2] *= 0.05
+        z = z.to(DEVICE)
         T = (torch.rand(B, generator=g) + 0.3).to(DEVICE)
-        T[1] = 0.0
+        T[1 if route != "deferred" else 0] = 0.0
         k = torch.randint(1, 300, (B,), generator=g).to(torch.int32).to(DEVICE)
         p = (torch.rand(B, generator=g) * 0.5 + 0.5).to(DEVICE)
+        if route == "deferred":
+            k[1::2] = 0
         if not topk:
             p[2] = 1.0
         seed, offset = _seeds(B, int(torch.randint(0, 1 << 30, (1,), generator=g)))

@@ -338,8 +338,9 @@ def test_small_batch_top_p_band_distribution(case):
     V = 32768
     g = _gen(33)
     # "k_off_prefix": the same rows 16 per call (8 CTAs per row: fewer forwarded keys than the
-    # candidates; the finishing CTA decides from the complete prefix above the chunks' bounds);
-    # "k_off_rescan": 32 per call (4 CTAs per row) with the opt-in F_SCAND_RESCAN
+    # candidates) without F_SCAND_RESCAN: the finishing CTA decides from the complete prefix
+    # above the chunks' bounds; "k_off_rescan": the same with the default F_SCAND_RESCAN (the
+    # chunks that may hold keys above the smallest forwarded key read again)
     z = torch.randn(1, V, generator=g) * 1.5
     z[0, torch.randperm(V, generator=g)[:100]] += 12.0
     kw = {"top_p": dict(temperature=0.9, top_p=0.9),
@@ -349,8 +350,10 @@ def test_small_batch_top_p_band_distribution(case):
           "k_off_rescan": dict(temperature=0.8, top_k=0, top_p=0.85)}[case]
     z = z.to(DEVICE)
     n = 1 << 16
-    flags = {"k_off_top_p": 0, "k_off_prefix": 0, "k_off_rescan": S.F_SCAND_RESCAN}
-    with testing.knobs(sampler_flags=flags.get(case, S.F_SCAND_TOPP)):
-        tok = _draw("cuda", z, kw, n, chunk={"k_off_prefix": 16, "k_off_rescan": 32}.get(case, 4))
+    launch = {"k_off_prefix": S._DEFAULT_LAUNCH_FLAGS & ~S.F_SCAND_RESCAN}.get(
+        case, S._DEFAULT_LAUNCH_FLAGS)
+    with testing.knobs(sampler_flags=0 if case.startswith("k_off") else S.F_SCAND_TOPP,
+                       sampler_launch_flags=launch):
+        tok = _draw("cuda", z, kw, n, chunk=16 if case in ("k_off_prefix", "k_off_rescan") else 4)
     assert torch.equal(tok[:4096], _draw("reference", z, kw, 4096, chunk=512))
     _assert_follows(tok, z, kw, n, case, min_support=10)

@@ -63,8 +63,10 @@ def run(quick: bool) -> int:
     dev = torch.device("cuda")
     n = 0
     # (testing bits, launch-policy bits; None = the default policy): the default, the launches
-    # without the default policy bits, the opt-in top-p route and rescan
-    flag_sets = [(0, None), (0, 0), (S.F_SCAND_TOPP, None), (S.F_SCAND_RESCAN, None)]
+    # without the default policy bits, the opt-in top-p route, the default without the deferral
+    # of undecided rows (the finishing CTA's generic path)
+    flag_sets = [(0, None), (0, 0), (S.F_SCAND_TOPP, None),
+                 (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_SCAND_DEFER)]
     if not quick:
         flag_sets += [(f, None) for f in (S.F_NO_RESIDENT, S.F_FORCE_EXACT, S.F_FORCE_GENERIC,
                                           S.F_NO_SPLIT)]

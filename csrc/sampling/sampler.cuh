@@ -97,10 +97,11 @@ enum Flags : int {
   F_NO_SPLIT = 512,
   F_CS_SHIFT = 10,
   // launch-policy bits (ops/sampling.py _DEFAULT_LAUNCH_FLAGS sets the default ones):
-  F_SCAND_PROC = 8192,    // calls with processing may take the split-candidates launch
-  F_SCAND_BAND = 16384,   // its k-off rows: band masses (top-p), streamed gap test (temperature)
-  F_SCAND_TOPP = 32768,   // top-p calls without a top-k tensor take it too (opt-in; implies BAND)
-  F_SCAND_RESCAN = 65536  // its k-off rows with fewer forwarded keys than K: rescan (opt-in)
+  F_SCAND_PROC = 8192,     // calls with processing may take the split-candidates launch
+  F_SCAND_BAND = 16384,    // its k-off rows: band masses (top-p), streamed gap test (temperature)
+  F_SCAND_TOPP = 32768,    // top-p calls without a top-k tensor take it too (opt-in; implies BAND)
+  F_SCAND_RESCAN = 65536,  // its k-off rows with fewer forwarded keys than K: rescan
+  F_SCAND_DEFER = 131072   // its rows left undecided go to a cluster launch after it
 };
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
@@ -128,6 +129,9 @@ struct Params {
   float* plp;
   unsigned int* stats;  // optional [4] counters (lab builds): exact plain passes, generic rows,
                         // chunks read again, band masses that needed the exact mass
+  unsigned int* defer;  // F_SCAND_DEFER: [rows] flags, 1 = the row was left to the cluster
+                        // launch after the split-candidates launch (launch_scand); the cluster
+                        // kernel then samples only the flagged rows
   ProcParams proc;      // logits processing (sampling/processing.cuh); all null: none
 };
 
@@ -1408,6 +1412,14 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   uint4* sdata = reinterpret_cast<uint4*>(cand + (FILT ? kCandBuf : 0));
 
   const int row = blockIdx.x / cs;
+  if (p.defer) {
+    // after the split-candidates launch (launch_scand, PDL): only the rows it left undecided
+    // (the same flag for every CTA of the cluster: all return before any cluster barrier)
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    if (!__ldcg(p.defer + row)) return;
+  }
   const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
   const int tid = threadIdx.x;
   const Row r = row_params(p, row);
@@ -2153,6 +2165,16 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
 // Workspace (one per call): [rows] arrival counters (zeroed by a memset before the launch),
 // ScandSum[rows * S], then [rows * S * FC] forwarded keys.
 constexpr int kScandMaxS = 256;  // CTAs per row, at most (the finisher's per-CTA tables)
+// F_SCAND_RESCAN applies with at least this many CTAs per row: with fewer, the k-off rows' kept
+// sets mostly run past the rescanned prefix too (measured on an H200, top-p 0.9 k-off rows at
+// B = 24 / 32: 311 / 347 us with the rescan vs 293 / 330 without; at B = 16: 78 vs 286)
+constexpr int kRescanMinS = 8;
+// F_SCAND_DEFER applies below kRescanMinS CTAs per row (B > 16 on 132 SMs), where top-p rows with
+// top-k off mostly run past the candidates: measured on an H200 (top-p 0.9 on the k-off rows of
+// the bench's mixed calls) 119 / 143 us at B = 24 / 32 with the deferral vs 294 / 330 without.
+// With more CTAs per row the follow-up launch costs more than it saves: +2.9 / +3.2 us per call
+// for top-k + top-p at B = 1 / 16, where no row was deferred.
+constexpr int kDeferMaxS = kRescanMinS - 1;
 struct ScandSum {
   float zmax;
   int zid;
@@ -2255,8 +2277,9 @@ __host__ __device__ __forceinline__ int scand_fc(int S) {
   const int fc = kCandBuf / S;
   return fc < 2048 ? fc : 2048;
 }
+// the rows' arrival counters, then their F_SCAND_DEFER flags (zeroed by one memset per call)
 __host__ __device__ __forceinline__ size_t scand_ctr_bytes(int rows) {
-  return (size_t(rows) * 4 + 255) / 256 * 256;
+  return (size_t(rows) * 8 + 255) / 256 * 256;
 }
 
 // descending bitonic sort of one u64 per lane across the warp
@@ -2309,6 +2332,11 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     return r.mode == kPlain && (p.flags & (F_SCAND_BAND | F_SCAND_TOPP)) &&
            !(p.flags & F_FORCE_EXACT);
   };
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  // F_SCAND_DEFER: the cluster launch after this one (PDL) may start; its CTAs wait for this
+  // grid to complete (griddepcontrol.wait) before they read the flags
+  if (p.defer) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   unsigned* ctr = static_cast<unsigned*>(p.ws);
   ScandSum* sums =
       reinterpret_cast<ScandSum*>(static_cast<unsigned char*>(p.ws) + scand_ctr_bytes(p.rows));
@@ -2652,9 +2680,9 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     int nU = 0;
     const unsigned long long t = block_select<RU>(keys, r.K, s, &nU);
     // rows with top-k off and fewer forwarded keys than K (t: the smallest forwarded key), with
-    // the opt-in F_SCAND_RESCAN: the chunks that may hold keys >= t are read again (below), and
-    // the row's keys >= t are its top K, or when fewer a complete prefix (Kp)
-    const bool rescan = nU < r.K && t && !r.k_on && (p.flags & F_SCAND_RESCAN);
+    // F_SCAND_RESCAN at S >= kRescanMinS: the chunks that may hold keys >= t are read again
+    // (below), and the row's keys >= t are its top K, or when fewer a complete prefix (Kp)
+    const bool rescan = nU < r.K && t && !r.k_on && (p.flags & F_SCAND_RESCAN) && S >= kRescanMinS;
     // offending chunks: keys >= t may be missing from U
     const int noff = __syncthreads_count(
         tid < S &&
@@ -2769,6 +2797,12 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
   }
   // ---------------- generic: exact thresholds, then the exact pass (this CTA alone) ----------
   if (p.stats && tid == 0) atomicAdd(&p.stats[1], 1u);
+  if (p.defer) {
+    // F_SCAND_DEFER: the cluster launch that follows this one samples the row (its CTAs share
+    // the row's passes) instead of this CTA alone
+    if (tid == 0) p.defer[row] = 1u;
+    return;
+  }
   const Params pf = whole();
   unsigned long long thr = 0;
   const unsigned long long khi = key56(key32(zmax), 0u);
@@ -2960,12 +2994,22 @@ inline size_t scand_ws_bytes(const Params& p, int S) {
 }
 
 template <typename T, bool kProc>
+cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool pdl);
+
+// With F_SCAND_DEFER and S <= kDeferMaxS, the rows the finishing CTA cannot decide from the
+// candidates (top-p rows with top-k off whose kept set runs past them, k > kCandCap, ...) are
+// flagged in the workspace (p.defer) instead of being sampled by that one CTA (the generic path:
+// the row read several times by one CTA); a cluster launch follows (PDL) whose clusters sample
+// the flagged rows and return at once for the others. Otherwise the finishing CTA samples them.
+template <typename T, bool kProc>
 cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
   p.cs = 1;
   p.split = S;
   p.resident = 0;
   p.minp_cand = 1;
   p.chunk = int(((int64_t(p.vocab) + S - 1) / S + 7) / 8 * 8);
+  p.defer = (p.flags & F_SCAND_DEFER) && S <= kDeferMaxS ? static_cast<unsigned*>(p.ws) + p.rows
+                                                         : nullptr;
   cudaError_t err = cudaMemsetAsync(p.ws, 0, scand_ctr_bytes(p.rows), stream);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
@@ -2973,7 +3017,9 @@ cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem_fixed_bytes(1, true);
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, scand_kernel<T, kProc>, p);
+  err = cudaLaunchKernelEx(&cfg, scand_kernel<T, kProc>, p);
+  if (err != cudaSuccess || !p.defer) return err;
+  return launch_cluster<T, kProc>(p, stream, 0, true);
 }
 
 // Fills p.cs / p.chunk / p.resident (cs_override > 0 forces the cluster size) and launches:
@@ -2982,12 +3028,19 @@ cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
 template <typename T, bool kProc>
 cudaError_t launch_kernels(Params p, cudaStream_t stream, int cs_override) {
   if (p.rows == 0) return cudaSuccess;
+  p.defer = nullptr;
   if (p.ws && cs_override == 0) {
     const int S = split_ctas<T>(p);
     if (S) return launch_split<T, kProc>(p, stream, S);
     const int S2 = scand_ctas<T>(p);
     if (S2) return launch_scand<T, kProc>(p, stream, S2);
   }
+  return launch_cluster<T, kProc>(p, stream, cs_override, false);
+}
+
+// The cluster launch (p.defer set: after launch_scand, with PDL; see there).
+template <typename T, bool kProc>
+cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool pdl) {
   p.split = 0;
   // min-p alone runs on the PLAIN path (the kernel without the candidate machinery) when the
   // chunks are staged in shared memory, on the CAND path when they stream
@@ -3039,24 +3092,31 @@ cudaError_t launch_kernels(Params p, cudaStream_t stream, int cs_override) {
   p.resident = resident_ok(cs);
   p.minp_cand = !p.resident;
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
+  unsigned na = 0;
   cfg.gridDim = dim3(unsigned(int64_t(p.rows) * cs), 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = fixed + (p.resident ? res_bytes : 0);
   cfg.stream = stream;
   if (cs > 1) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cs;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = cs;
+    attr[na].val.clusterDim.y = 1;
+    attr[na].val.clusterDim.z = 1;
+    ++na;
   }
+  if (pdl) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  cfg.attrs = na ? attr : nullptr;
+  cfg.numAttrs = na;
   cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess && cs > 1) {
     // a cluster this large could not be scheduled here (shared GPU, MPS, ...): half the size
     (void)cudaGetLastError();
-    return launch_kernels<T, kProc>(p, stream, cs / 2);
+    return launch_cluster<T, kProc>(p, stream, cs / 2, pdl);
   }
   return err;
 }

@@ -27,19 +27,23 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # from the chunks' float64 sums ("band masses"), temperature-only rows use the streamed gap test,
 # instead of the finishing CTA reading the row again; F_SCAND_TOPP (opt-in, measured slower than
 # the cluster launch): calls with top-p but no top-k tensor take it too (with band masses);
-# F_SCAND_RESCAN (opt-in, not yet run on a GPU): its rows with top-k off and fewer forwarded keys
-# than their 512 candidates (B > 6 on 132 SMs) read again the chunks that may hold keys above the
-# smallest forwarded key, for more candidates than the forwarded prefix. The tokens never depend
-# on these bits.
+# F_SCAND_RESCAN: its rows with top-k off and fewer forwarded keys than their 512 candidates
+# (B > 6 on 132 SMs) read again the chunks that may hold keys above the smallest forwarded key,
+# for more candidates than the forwarded prefix (the kernel does it at >= 8 CTAs per row, B <= 16
+# on 132 SMs; with fewer the rows mostly stay undecided); F_SCAND_DEFER: with fewer than 8 CTAs
+# per row, the rows its finishing CTA cannot decide from the candidates are sampled by a cluster
+# launch that follows it (PDL), instead of by that CTA alone. The tokens never depend on these
+# bits.
 # ``_CUDA_TEST_FLAGS`` (an OR of the bits above) and the levels' switches below are set through
 # ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
 F_SCAND_PROC, F_SCAND_BAND, F_SCAND_TOPP, F_SCAND_RESCAN = 8192, 16384, 32768, 65536
+F_SCAND_DEFER = 131072
 _CUDA_TEST_FLAGS = 0
 # The launch-policy bits every CUDA sampler call passes (ORed with _CUDA_TEST_FLAGS; the kernels
 # obey the bits, the policy lives here; the ``sampler_launch_flags`` knob replaces it, e.g. 0 for
-# the launches without them). Both measured faster on an H200 (docs/BENCHMARKS.md).
-_DEFAULT_LAUNCH_FLAGS = F_SCAND_PROC | F_SCAND_BAND
+# the launches without them). Each measured faster on an H200 (docs/BENCHMARKS.md).
+_DEFAULT_LAUNCH_FLAGS = F_SCAND_PROC | F_SCAND_BAND | F_SCAND_RESCAN | F_SCAND_DEFER
 
 # The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
 # own testing flags (ops/verify.py passes them): F_NO_LIST never compacts a level's active keys
