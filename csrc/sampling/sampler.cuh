@@ -2162,8 +2162,8 @@ __global__ void __launch_bounds__(kThreads, 1) split2_kernel(const Params p) {
 //   that dropped some, a candidate buffer overflow) take the generic path in the same CTA:
 //   radix thresholds and the exact pass over the whole row.
 // Same tokens as every other path (the contract fixes them; which CTA finishes is irrelevant).
-// Workspace (one per call): [rows] arrival counters (zeroed by a memset before the launch),
-// ScandSum[rows * S], then [rows * S * FC] forwarded keys.
+// Workspace (one per call): [rows] arrival counters and [rows] F_SCAND_DEFER flags (zeroed by a
+// memset before the launch), ScandSum[rows * S], then [rows * S * FC] forwarded keys.
 constexpr int kScandMaxS = 256;  // CTAs per row, at most (the finisher's per-CTA tables)
 // F_SCAND_RESCAN applies with at least this many CTAs per row: with fewer, the k-off rows' kept
 // sets mostly run past the rescanned prefix too (measured on an H200, top-p 0.9 k-off rows at

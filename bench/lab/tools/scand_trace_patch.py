@@ -1,8 +1,9 @@
 """Adds phase stamps to the CUDA sampler's split-candidates launch (a diagnostic build; the
 library never ships it): clock64() stamps in CTA 0's phase 1 and in row 0's finishing CTA, the
 span from the first CTA's start to the last arrival (%globaltimer), the finisher's forwarded-key
-count and the number of chunks it read again. The op prints them to stderr every 10th call when
-TS_LAB_PROF is set (it synchronizes: eager calls only).
+count and the number of chunks it read again. The op prints them to stderr every Nth call when
+TS_LAB_PROF=N is set (N < 1: every 10th; it synchronizes: eager calls only, e.g. with
+prof_sampling.py's PROF_ONCE=1).
 
     python3 bench/lab/tools/scand_trace_patch.py [DIR]
         writes patched copies of csrc/sampling/sampler.cuh and sampling_ops.cu into DIR/sampling
@@ -12,7 +13,10 @@ TS_LAB_PROF is set (it synchronizes: eager calls only).
 
 Output: "LAB arrive_ns=<first start -> last arrival> fin_clk merge=.. preU=.. sel=.. cand=..
 finish=.. (cycles from the finisher's start) noff=<chunks read again> nU=<forwarded keys>
-p1_clk load=.. th=.. arrive=.. (cycles from CTA 0's start)".
+p1_clk load=.. th=.. arrive=.. (cycles from CTA 0's start) stats exact_plain=.. generic=..
+reread=.. band_exact=..": the kernels' p.stats counters of the call, every row and launch (the
+cluster kernel's too): exact passes of temperature-only rows, rows on a generic path (one CTA's,
+or deferred), chunks read again, band masses that needed the exact mass".
 """
 import sys
 from pathlib import Path
@@ -53,6 +57,7 @@ OPS = [
      "    cudaMemsetAsync(labbuf, 0, 16 * 8, stream);\n"
      "    cudaMemsetAsync(labbuf, 0xff, 8, stream);\n"
      "    p.lab = labbuf;\n"
+     "    p.stats = reinterpret_cast<unsigned int*>(labbuf + 12);\n"
      "  }"),
     ("  TS_CHECK(err == cudaSuccess, \"tokenspeed_kernel.sample: CUDA error: \", cudaGetErrorString(err));",
      "  if (labon) {\n"
@@ -60,10 +65,13 @@ OPS = [
      "    unsigned long long h[16];\n"
      "    cudaStreamSynchronize(stream);\n"
      "    cudaMemcpy(h, labbuf, sizeof(h), cudaMemcpyDeviceToHost);\n"
-     "    if (++calls % 10 == 0)\n"
+     "    static const int every = atoi(getenv(\"TS_LAB_PROF\")) > 0 ? atoi(getenv(\"TS_LAB_PROF\")) : 10;\n"
+     "    if (++calls % every == 0)\n"
      "      fprintf(stderr, \"LAB arrive_ns=%llu fin_clk merge=%llu preU=%llu sel=%llu cand=%llu \"\n"
-     "              \"finish=%llu noff=%llu nU=%llu p1_clk load=%llu th=%llu arrive=%llu\\n\",\n"
-     "              h[1] - h[0], h[2], h[3], h[4], h[5], h[6], h[7], h[11], h[8], h[9], h[10]);\n"
+     "              \"finish=%llu noff=%llu nU=%llu p1_clk load=%llu th=%llu arrive=%llu \"\n"
+     "              \"stats exact_plain=%u generic=%u reread=%u band_exact=%u\\n\",\n"
+     "              h[1] - h[0], h[2], h[3], h[4], h[5], h[6], h[7], h[11], h[8], h[9], h[10],\n"
+     "              unsigned(h[12]), unsigned(h[12] >> 32), unsigned(h[13]), unsigned(h[13] >> 32));\n"
      "  }"),
 ]
 
