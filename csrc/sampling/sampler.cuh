@@ -2996,11 +2996,13 @@ inline size_t scand_ws_bytes(const Params& p, int S) {
 template <typename T, bool kProc>
 cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool pdl);
 
-// With F_SCAND_DEFER and S <= kDeferMaxS, the rows the finishing CTA cannot decide from the
-// candidates (top-p rows with top-k off whose kept set runs past them, k > kCandCap, ...) are
-// flagged in the workspace (p.defer) instead of being sampled by that one CTA (the generic path:
-// the row read several times by one CTA); a cluster launch follows (PDL) whose clusters sample
-// the flagged rows and return at once for the others. Otherwise the finishing CTA samples them.
+// With F_SCAND_DEFER, S <= kDeferMaxS and a top-p tensor, the rows the finishing CTA cannot
+// decide from the candidates (top-p rows with top-k off whose kept set runs past them, k >
+// kCandCap, ...) are flagged in the workspace (p.defer) instead of being sampled by that one CTA
+// (the generic path: the row read several times by one CTA); a cluster launch follows (PDL)
+// whose clusters sample the flagged rows and return at once for the others. Otherwise the
+// finishing CTA samples them (without a top-p tensor only rows with k > kCandCap or a min-p
+// window past the candidates can be left undecided: not worth the follow-up launch's cost).
 template <typename T, bool kProc>
 cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
   p.cs = 1;
@@ -3008,8 +3010,8 @@ cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
   p.resident = 0;
   p.minp_cand = 1;
   p.chunk = int(((int64_t(p.vocab) + S - 1) / S + 7) / 8 * 8);
-  p.defer = (p.flags & F_SCAND_DEFER) && S <= kDeferMaxS ? static_cast<unsigned*>(p.ws) + p.rows
-                                                         : nullptr;
+  const bool defer = (p.flags & F_SCAND_DEFER) && (p.flags & F_TOPP) && S <= kDeferMaxS;
+  p.defer = defer ? static_cast<unsigned*>(p.ws) + p.rows : nullptr;
   cudaError_t err = cudaMemsetAsync(p.ws, 0, scand_ctr_bytes(p.rows), stream);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
