@@ -409,8 +409,9 @@ def test_cuda_scand_k_off_prefix_rows(B):
     CTAs per row on a 132-SM GPU: fewer forwarded keys than the 512 candidates, so the
     finishing CTA decides from the complete prefix above the largest chunk bound when the kept
     set ends in it): top-p 0.5 / 0.9 / 0.99, with min-p, min-p alone, T from 0.3 to 2, flat
-    rows (the kept set past the candidates: at B = 24 / 33 sampled by the cluster launch that
-    follows, F_SCAND_DEFER; at B = 8 / 16 by the finishing CTA's generic path), with logprobs:
+    rows (the kept set past the candidates) and rows with k = 1000 > 512 (at B = 24 / 33 both
+    sampled by the cluster launch that follows, F_SCAND_DEFER; at B = 8 / 16 by the finishing
+    CTA's generic path), with logprobs:
     == the reference, and == the launches without the default bits (launch0), the cluster
     launch (nosplit), the default without the rescan of the chunks (no_rescan; at >= 8 CTAs per
     row it reads the row's keys above the smallest forwarded key) and without the deferral
@@ -424,6 +425,7 @@ def test_cuda_scand_k_off_prefix_rows(B):
     z = z.to(DEVICE)
     i = torch.arange(B)
     k = torch.where(i % 2 == 0, 50, 0).to(torch.int32)
+    k[6::8] = 1000                                        # k > 512: never decided by candidates
     p = torch.tensor([0.9, 0.5, 0.99, 0.9, 1.0, 0.95, 0.7, 1.0])[i % 8]
     mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.0, 0.02, 0.0])[i % 8]
     T = torch.tensor([0.8, 0.3, 1.0, 1.0, 0.7, 2.0, 1.3, 0.9])[i % 8]
