@@ -1215,6 +1215,14 @@ def test_flag_bits_match_cuda_headers():
               | S.F_SCAND_DEFER)
     assert launch & (7 << sampler["F_CS_SHIFT"]) == 0
     assert S._DEFAULT_LAUNCH_FLAGS & ~launch == 0
+    # the op passes every bit of the enum through (kCallerFlags; a bit missing there is dropped
+    # silently)
+    m = re.search(r"constexpr int kCallerFlags =([^;]*);",
+                  (root / "csrc/sampling/sampler.cuh").read_text())
+    assert m, "kCallerFlags"
+    passed = set(re.findall(r"F_\w+", m.group(1)))
+    assert set(sampler) <= passed and "F_LOGPROBS" in passed, set(sampler) - passed
+    assert "kCallerFlags" in (root / "csrc/sampling/sampling_ops.cu").read_text()
     # each family's own bits start above the request bits (F_CS_SHIFT is a shift, not a bit)
     assert min(v for k, v in sampler.items() if k != "F_CS_SHIFT") > max(common.values())
     from tokenspeed_kernel import testing

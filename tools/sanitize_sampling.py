@@ -5,7 +5,9 @@ top-k tensor: S CTAs per row, the last to arrive finishing it), clusters of 16 a
 (B = 2 / 24: top-p / min-p without top-k, and every mode with F_NO_SPLIT), chunks in shared
 memory and streamed, the forced exact / generic paths, the split-candidates launch's
 launch-policy bits (processing, band masses, streamed temperature-only rows, the complete
-prefix of top-k-off rows; without them; the opt-in top-p route and rescan), with logprobs;
+prefix and the rescan of top-k-off rows, at B = 24 the deferral of undecided rows to a cluster
+launch; the default without the deferral; without any of them; the opt-in top-p route), with
+logprobs;
 fp32 and bf16, aligned and unaligned rows; each also with logits processing (bias, penalties,
 an allowed mask, banned ids, min_tokens stop ids: the prep kernel and the processing kernels).
 Each result is compared with the reference (token identity), so the run fails on a wrong token
@@ -28,7 +30,10 @@ MODES = {"greedy": dict(T=0.0), "temperature": dict(), "top_k": dict(k=50),
          # rows alternating filtered / unfiltered (top-k 0, top-p 1: temperature-only rows)
          "mixed": dict(k=(50, 0), p=(0.9, 1.0)), "mixed_p": dict(p=(0.9, 1.0)),
          # top-k-off top-p rows in calls with a top-k tensor (the complete prefix, the rescan)
-         "k_off_p": dict(k=(50, 0), p=(0.9, 0.9))}
+         "k_off_p": dict(k=(50, 0), p=(0.9, 0.9)),
+         # k = 1000 > 512 rows with a top-p tensor: never decided by the candidates (at B = 24
+         # deferred to the cluster launch after the split-candidates launch)
+         "k_gt_512": dict(k=(50, 1000), p=(0.9, 0.95))}
 
 
 def processing(B: int, V: int, g: torch.Generator, dev) -> LP.LogitsInputs:

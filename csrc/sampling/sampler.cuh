@@ -103,6 +103,11 @@ enum Flags : int {
   F_SCAND_RESCAN = 65536,  // its k-off rows with fewer forwarded keys than K: rescan
   F_SCAND_DEFER = 131072   // its rows left undecided go to a cluster launch after it
 };
+// The bits the op passes through from its caller (the request bits come from the tensors given);
+// a new bit above must be added here, or the op drops it.
+constexpr int kCallerFlags = F_LOGPROBS | F_FORCE_GENERIC | F_FORCE_EXACT | F_NO_RESIDENT |
+                             F_NO_SPLIT | (7 << F_CS_SHIFT) | F_SCAND_PROC | F_SCAND_BAND |
+                             F_SCAND_TOPP | F_SCAND_RESCAN | F_SCAND_DEFER;
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
 struct Params {

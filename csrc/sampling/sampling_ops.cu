@@ -183,9 +183,7 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   p.rows = int(rows);
   p.vocab = int(vocab);
   p.tpr = int(tokens_per_request);
-  p.flags = int(flags) & (F_LOGPROBS | F_FORCE_GENERIC | F_FORCE_EXACT | F_NO_RESIDENT |
-                          F_NO_SPLIT | (7 << F_CS_SHIFT) | F_SCAND_PROC | F_SCAND_BAND |
-                          F_SCAND_TOPP | F_SCAND_RESCAN | F_SCAND_DEFER);
+  p.flags = int(flags) & kCallerFlags;
   p.temperature = opt_ptr<float>(temperature, at::kFloat, "temperature", n, logits);
   p.top_k = opt_ptr<int>(top_k, at::kInt, "top_k", n, logits);
   p.top_p = opt_ptr<float>(top_p, at::kFloat, "top_p", n, logits);

@@ -32,8 +32,8 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # for more candidates than the forwarded prefix (the kernel does it at >= 8 CTAs per row, B <= 16
 # on 132 SMs; with fewer the rows mostly stay undecided); F_SCAND_DEFER: in calls with a top-p
 # tensor and fewer than 8 CTAs per row, the rows its finishing CTA cannot decide from the
-# candidates are sampled by a cluster launch that follows it (PDL), instead of by that CTA alone. The tokens never depend on these
-# bits.
+# candidates are sampled by a cluster launch that follows it (PDL), instead of by that CTA
+# alone. The tokens never depend on these bits.
 # ``_CUDA_TEST_FLAGS`` (an OR of the bits above) and the levels' switches below are set through
 # ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
