@@ -16,7 +16,11 @@ finish=.. (cycles from the finisher's start) noff=<chunks read again> nU=<forwar
 p1_clk load=.. th=.. arrive=.. (cycles from CTA 0's start) stats exact_plain=.. generic=..
 reread=.. band_exact=..": the kernels' p.stats counters of the call, every row and launch (the
 cluster kernel's too): exact passes of temperature-only rows, rows on a generic path (one CTA's,
-or deferred), chunks read again, band masses that needed the exact mass".
+or deferred), chunks read again, band masses that needed the exact mass". Calls on the cluster
+launch add "LABCL clk head=.. p1=.. wait=.. sel=.. B1=.. merged=.. mass=.. rsel=.. fin0=..
+fin1=..": cycles from the start of CTA 0 (rank 0 of row 0) to the end of the head's select, of
+pass 1, the wait for the peers, the CTA's candidate select, the summary barrier, the row merge,
+the total mass, rank 0's select, and before / after `cand_finish`.
 """
 import sys
 from pathlib import Path
@@ -48,13 +52,29 @@ KERNEL = [  # (anchor, text inserted after the anchor's line, or before with a l
     ("      if (tok == -2) {  // a prefix mass within the band",
      "<      if (labf) p.lab[6] = clock64() - lf0;"),
 ]
+CLUSTER = [  # stamps in the cluster kernel (sample_kernel), CTA 0 of row 0, lab[16..25]
+    ("  const int row = blockIdx.x / cs;",
+     "  const long long lk0 = clock64();\n  const bool labk = p.lab && blockIdx.x == 0 && threadIdx.x == 0;"),
+    ("    if (nvalid < r.K) th0 = 0;", "  if (labk) p.lab[16] = clock64() - lk0;"),
+    ("  // ---------------- CTA summary ----------------", "<  if (labk) p.lab[17] = clock64() - lk0;"),
+    ("  if (cs > 1) cg::this_cluster().barrier_wait();", "<  if (labk) p.lab[18] = clock64() - lk0;"),
+    ("    mine.ovf = nb > unsigned(kCandBuf) ? 1u : 0u;", "<    if (labk) p.lab[19] = clock64() - lk0;"),
+    ("  cluster_sync(cs);  // B1", "<  if (labk) p.lab[20] = clock64() - lk0;"),
+    ("  // ---------------- row summary", "<  if (labk) p.lab[21] = clock64() - lk0;"),
+    ("    int need_generic = 0;", "<    if (labk) p.lab[22] = clock64() - lk0;"),
+    ("        const unsigned long long t = block_select<RR>(keys, r.K, s);",
+     "        if (labk) p.lab[23] = clock64() - lk0;"),
+    ("      const int tok = cand_finish(r, s, fin, n, p.vocab, zmax, S_row, lp, ps, ytok);",
+     "<      if (labk) p.lab[24] = clock64() - lk0;"),
+    ("      if (tok < 0) {", "<      if (labk) p.lab[25] = clock64() - lk0;"),
+]
 OPS = [
     ("  cudaError_t err = cudaSuccess;",
      "  static unsigned long long* labbuf = nullptr;\n"
      "  static const bool labon = getenv(\"TS_LAB_PROF\") != nullptr;\n"
      "  if (labon) {\n"
-     "    if (!labbuf) cudaMalloc(&labbuf, 16 * 8);\n"
-     "    cudaMemsetAsync(labbuf, 0, 16 * 8, stream);\n"
+     "    if (!labbuf) cudaMalloc(&labbuf, 32 * 8);\n"
+     "    cudaMemsetAsync(labbuf, 0, 32 * 8, stream);\n"
      "    cudaMemsetAsync(labbuf, 0xff, 8, stream);\n"
      "    p.lab = labbuf;\n"
      "    p.stats = reinterpret_cast<unsigned int*>(labbuf + 12);\n"
@@ -62,7 +82,7 @@ OPS = [
     ("  TS_CHECK(err == cudaSuccess, \"tokenspeed_kernel.sample: CUDA error: \", cudaGetErrorString(err));",
      "  if (labon) {\n"
      "    static int calls = 0;\n"
-     "    unsigned long long h[16];\n"
+     "    unsigned long long h[32];\n"
      "    cudaStreamSynchronize(stream);\n"
      "    cudaMemcpy(h, labbuf, sizeof(h), cudaMemcpyDeviceToHost);\n"
      "    static const int every = atoi(getenv(\"TS_LAB_PROF\")) > 0 ? atoi(getenv(\"TS_LAB_PROF\")) : 10;\n"
@@ -72,16 +92,20 @@ OPS = [
      "              \"stats exact_plain=%u generic=%u reread=%u band_exact=%u\\n\",\n"
      "              h[1] - h[0], h[2], h[3], h[4], h[5], h[6], h[7], h[11], h[8], h[9], h[10],\n"
      "              unsigned(h[12]), unsigned(h[12] >> 32), unsigned(h[13]), unsigned(h[13] >> 32));\n"
+     "    if (calls % every == 0 && h[17])\n"
+     "      fprintf(stderr, \"LABCL clk head=%llu p1=%llu wait=%llu sel=%llu B1=%llu merged=%llu \"\n"
+     "              \"mass=%llu rsel=%llu fin0=%llu fin1=%llu\\n\", h[16], h[17], h[18], h[19], h[20],\n"
+     "              h[21], h[22], h[23], h[24], h[25]);\n"
      "  }"),
 ]
 
 
-def patch(text, edits, name):
+def patch(text, edits, name, kernel="scand_kernel"):
     lines = text.split("\n")
     for anchor, ins in edits:
         hits = [i for i, l in enumerate(lines) if anchor in l]
-        if len(hits) > 1:  # the first one inside scand_kernel
-            k0 = [i for i, l in enumerate(lines) if "scand_kernel(const Params p)" in l]
+        if len(hits) > 1:  # the first one inside the kernel
+            k0 = [i for i, l in enumerate(lines) if f"{kernel}(const Params p)" in l]
             hits = [i for i in hits if k0 and i > k0[0]][:1]
         if len(hits) != 1:
             raise SystemExit(f"{name}: marker found {len(hits)} times (want 1): {anchor!r}")
@@ -98,6 +122,8 @@ def main():
     dst.mkdir(parents=True, exist_ok=True)
     for fname, edits in (("sampler.cuh", KERNEL), ("sampling_ops.cu", OPS)):
         out = patch((SRC / fname).read_text(), edits, fname)
+        if fname == "sampler.cuh":
+            out = patch(out, CLUSTER, fname, "sample_kernel")
         (dst / fname).write_text(out)
         print(dst / fname)
 
