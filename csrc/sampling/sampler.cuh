@@ -396,8 +396,6 @@ struct Smem {
   int redi[kWarps][2];
   unsigned long long bcast[8];                // block / cluster broadcasts
   unsigned int hist[256];                     // radix select counts
-  unsigned int hist2[256];                    // block_select: the other level's counts
-  unsigned long long sel_min;                 // block_select: the threshold (atomicMin)
   unsigned long long hmass[256];              // radix select masses (generic top-p)
   unsigned long long hmin[256];               // radix select: smallest key of each bin
   unsigned long long cl_u64[kMaxCluster][2];  // per-CTA 64-bit values pushed to rank 0
@@ -412,7 +410,6 @@ struct Smem {
 struct Fin {
   unsigned long long skey[kCandCap];
   unsigned long long sprefix[kCandCap];  // inclusive mass prefix in key order
-  unsigned long long sort2[kCandCap];    // cand_finish's sort: the second exchange array
   float sy[kCandCap];
 };
 static_assert(sizeof(Fin) <= size_t(kCandBuf) * 8, "Fin must fit the candidate buffer");
@@ -642,11 +639,7 @@ __device__ __forceinline__ void block_argmax(float& z, int& id, Smem& s) {
 template <int R>
 __device__ unsigned long long block_select(const unsigned long long (&keys)[R], int K, Smem& s,
                                            int* n_out = nullptr) {
-  // Latency-bound (one CTA, a few thousand keys): barriers are the cost, so the count, max and
-  // min share one reduction round, the digit histograms alternate between two arrays (a level
-  // clears the next one's while it fills its own: two barriers per level) and the boundary
-  // bin's smallest key comes from a shared atomicMin.
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   int cnt = 0;
   unsigned long long mx = 0, mn = ~0ull;
 #pragma unroll
@@ -657,30 +650,9 @@ __device__ unsigned long long block_select(const unsigned long long (&keys)[R], 
       mn = keys[i] < mn ? keys[i] : mn;
     }
   }
-  auto warp_red = [&]() {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-      const unsigned long long a = shfl_x(mx, o), b = shfl_x(mn, o);
-      cnt += shfl_x(cnt, o);
-      mx = a > mx ? a : mx;
-      mn = b < mn ? b : mn;
-    }
-  };
-  warp_red();
-  __syncthreads();  // (the slots' and hist's previous readers are done)
-  if (lane == 0) {
-    s.red64[warp] = mx;
-    s.red64b[warp] = mn;
-    s.redi[warp][0] = cnt;
-  }
-  if (tid < 256) s.hist[tid] = 0;  // the first level's counts
-  __syncthreads();
-  mx = s.red64[lane];
-  mn = s.red64b[lane];
-  cnt = s.redi[lane][0];
-  warp_red();
-  const int n = cnt;
+  const int n = block_sum_int(cnt, s);
   if (n_out) *n_out = n;
+  block_maxmin_u64(mx, mn, s);
   if (n <= K) return n ? mn : 0ull;
   // bits above the highest differing one are common to every key; the first digit is the 8 bits
   // from there down (so that it spreads the keys over the bins), then 8 bits at a time
@@ -693,17 +665,14 @@ __device__ unsigned long long block_select(const unsigned long long (&keys)[R], 
   unsigned long long pmask = ~((2ull << hb) - 1);
   unsigned long long prefix = mx & pmask;
   int need = K;
-  for (int level = 0;; ++level) {
-    // this level's counts were cleared before a barrier (the first: above; the others: by the
-    // previous level); the other array, read by the previous level's scan before its second
-    // barrier, is cleared here for the next level
-    unsigned int* h = (level & 1) ? s.hist2 : s.hist;
-    if (tid < 256) ((level & 1) ? s.hist : s.hist2)[tid] = 0;
+  for (;;) {
     const unsigned dmask = (1u << width) - 1;
+    if (tid < 256) s.hist[tid] = 0;
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       if (keys[i] && (keys[i] & pmask) == prefix)
-        atomicAdd(&h[unsigned(keys[i] >> shift) & dmask], 1u);
+        atomicAdd(&s.hist[unsigned(keys[i] >> shift) & dmask], 1u);
     }
     __syncthreads();
     if (tid < 32) {
@@ -711,7 +680,7 @@ __device__ unsigned long long block_select(const unsigned long long (&keys)[R], 
       unsigned c[8], tot = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        c[j] = h[255 - 8 * tid - j];
+        c[j] = s.hist[255 - 8 * tid - j];
         tot += c[j];
       }
       unsigned incl = tot;
@@ -732,12 +701,11 @@ __device__ unsigned long long block_select(const unsigned long long (&keys)[R], 
           above += c[j];
         }
       }
-      if (tid == 0) s.sel_min = ~0ull;
     }
     __syncthreads();
-    // (bcast is written again only after the next level's first barrier: all have read it)
     const unsigned long long d = s.bcast[0];
     const int above = int(s.bcast[1]), c = int(s.bcast[2]);
+    __syncthreads();
     prefix |= d << shift;
     pmask |= (unsigned long long)dmask << shift;
     need -= above;
@@ -749,33 +717,14 @@ __device__ unsigned long long block_select(const unsigned long long (&keys)[R], 
       shift = 0;
     }
   }
-  // the threshold: the smallest selected key of the boundary bin (sel_min was reset by the last
-  // level's scan, before its second barrier)
+  // the threshold: the smallest selected key of the boundary bin
   unsigned long long m2 = ~0ull;
 #pragma unroll
   for (int i = 0; i < R; ++i)
     if (keys[i] && (keys[i] & pmask) == prefix && keys[i] < m2) m2 = keys[i];
-#pragma unroll
-  for (int o = 16; o; o >>= 1) {
-    const unsigned long long b = shfl_x(m2, o);
-    m2 = b < m2 ? b : m2;
-  }
-  if (lane == 0 && m2 != ~0ull) atomicMin(&s.sel_min, m2);
-  __syncthreads();
-  return s.sel_min;
-}
-
-// A slot of the shared counter *ctr for each lane with `take`: slots base.. in lane order, one
-// atomic per warp (a per-key atomic on one address serializes hundreds of them). All 32 lanes
-// of the warp call it.
-__device__ __forceinline__ unsigned warp_slot(bool take, unsigned* ctr) {
-  const unsigned m = __ballot_sync(0xffffffffu, take);
-  if (!m) return 0u;
-  const int lane = threadIdx.x & 31, first = __ffs(m) - 1;
-  unsigned base = 0;
-  if (lane == first) base = atomicAdd(ctr, unsigned(__popc(m)));
-  base = __shfl_sync(0xffffffffu, base, first);
-  return base + unsigned(__popc(m & ((1u << lane) - 1u)));
+  unsigned long long dummy = 0;
+  block_maxmin_u64(dummy, m2, s);
+  return m2;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1353,37 +1302,25 @@ __device__ int cand_finish(const Row& r, Smem& s, Fin& f, int n, int vocab, floa
                            unsigned long long S_row, bool lp, float& psum, float& ytok,
                            unsigned long long S_hi = 0) {
   const int tid = threadIdx.x;
-  // skey[0..n) holds the candidates unsorted (distinct keys): sorted descending by a bitonic
-  // network over N = pow2 >= n slots, one key per thread of the first N (0 pads sort last):
-  // strides < 32 by warp shuffles, wider ones through two shared arrays in turn, one barrier
-  // each (a stride's array is written again two wide strides later, past the barrier in
-  // between; the first one is sort2, as skey is still being read)
-  static_assert(kCandCap <= kThreads && kCandCap % 32 == 0, "one key per thread");
-  int N = 32;
-  while (N < n) N <<= 1;
-  unsigned long long key = tid < n ? f.skey[tid] : 0ull;
-  bool second = false;
-  for (int k = 2; k <= N; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      unsigned long long o;
-      if (j >= 32) {
-        unsigned long long* x = second ? f.skey : f.sort2;
-        second = !second;
-        if (tid < N) x[tid] = key;
-        __syncthreads();
-        o = tid < N ? x[tid ^ j] : 0ull;
-      } else {
-        o = shfl_x(key, j);
-      }
-      // element tid pairs with tid ^ j; blocks of k alternate direction (descending where
-      // tid & k == 0: at k = N every slot), the lower index keeps the first in that order
-      const bool keep_max = ((tid & j) == 0) == ((tid & k) == 0);
-      key = keep_max ? (o > key ? o : key) : (o < key ? o : key);
-    }
+  // skey[0..n) holds the candidates unsorted: rank by counting (kTpk threads per key)
+  constexpr int kTpk = kThreads / kCandCap;
+  static_assert(kTpk >= 1 && kTpk <= 32 && (kTpk & (kTpk - 1)) == 0, "threads per key");
+  unsigned long long key = 0;
+  int rk = 0;
+  const int kk = tid / kTpk, part = tid % kTpk;
+  if (kk < n) {
+    key = f.skey[kk];
+    for (int j = part; j < n; j += kTpk) rk += f.skey[j] > key;
   }
+#pragma unroll
+  for (int o = 1; o < kTpk; o <<= 1) rk += __shfl_xor_sync(0xffffffffu, rk, o);
+  __syncthreads();
+  if (kk < n && part == 0) f.sprefix[rk] = key;  // sprefix as scratch for the sorted keys
+  __syncthreads();
   float y = -INFINITY;
   unsigned long long e = 0;
   if (tid < n) {
+    key = f.sprefix[tid];
     y = centered(key56_value(key), zmax, r.inv_t);
     if (r.p_on) e = (unsigned long long)mass_fixed_nonpos(y);
   }
@@ -1656,9 +1593,10 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     unsigned long long* dst = cs > 1 ? peer(cbuf, 0) : cbuf;
 #pragma unroll
     for (int i = 0; i < RB; ++i) {
-      const bool take = t && keys[i] >= t;
-      const unsigned pos = warp_slot(take, &s.counter);
-      if (take && pos < unsigned(r.K)) dst[rank * kCandCap + pos] = keys[i];
+      if (t && keys[i] >= t) {
+        const unsigned pos = atomicAdd(&s.counter, 1u);
+        if (pos < unsigned(r.K)) dst[rank * kCandCap + pos] = keys[i];
+      }
     }
     __syncthreads();
     mine.ncand = min(int(s.counter), r.K);
@@ -1756,9 +1694,10 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < RR; ++i) {
-          const bool take = t && keys[i] >= t;
-          const unsigned pos = warp_slot(take, &s.counter);
-          if (take && pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
+          if (t && keys[i] >= t) {
+            const unsigned pos = atomicAdd(&s.counter, 1u);
+            if (pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
+          }
         }
         __syncthreads();
         n = min(int(s.counter), r.K);
@@ -2760,9 +2699,10 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < RU; ++i) {
-        const bool take = th && keys[i] >= th;
-        const unsigned pos = warp_slot(take, &s.counter);
-        if (take && pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
+        if (th && keys[i] >= th) {
+          const unsigned pos = atomicAdd(&s.counter, 1u);
+          if (pos < unsigned(kCandCap)) fin.skey[pos] = keys[i];
+        }
       }
       __syncthreads();
       return int(s.counter);
@@ -2797,9 +2737,10 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
       for (int i = 0; i < RU; ++i) {
         const int g = tid + i * kThreads;
         const int q = g / FC;
-        const bool take = keys[i] >= t && keys[i] && !((tab_n[q] >> 32) || tab_th[q] > t);
-        const unsigned pos = warp_slot(take, &s.ncb);
-        if (take && pos < unsigned(kCandBuf)) cand[pos] = keys[i];
+        if (keys[i] >= t && keys[i] && !((tab_n[q] >> 32) || tab_th[q] > t)) {
+          const unsigned pos = atomicAdd(&s.ncb, 1u);
+          if (pos < unsigned(kCandBuf)) cand[pos] = keys[i];
+        }
       }
       for (int q = 0; q < S; ++q) {
         if (!((tab_n[q] >> 32) || tab_th[q] > t)) continue;
