@@ -161,6 +161,7 @@ import triton
 import triton.language as tl
 
 from . import prims as P
+from .launch import launch
 from .prims import Const
 
 # row modes
@@ -1455,12 +1456,12 @@ def _processing_args(proc: Optional[list], n: int, V: int, dummy: torch.Tensor):
 
         def d(t):
             return t if t is not None else dummy
-        _prep_masks[(n,)](keep, hasb, d(allowed), d(ban_ip), d(ban_ids), d(min_t), d(n_out),
-                          d(stop_ip), d(stop_ids), d(bias_ip), d(bias_ids), V,
-                          _nnz(ban_ids), _nnz(stop_ids), _nnz(bias_ids),
-                          BUILD_KEEP=build_keep, HAS_ALLOWED=allowed is not None,
-                          HAS_BAN=has_ban, HAS_STOP=has_stop, HAS_BIAS=bias_ip is not None,
-                          BLOCK=_PREP_BLOCK)
+        launch(_prep_masks, (n,), keep, hasb, d(allowed), d(ban_ip), d(ban_ids), d(min_t),
+               d(n_out), d(stop_ip), d(stop_ids), d(bias_ip), d(bias_ids), V,
+               _nnz(ban_ids), _nnz(stop_ids), _nnz(bias_ids),
+               BUILD_KEEP=build_keep, HAS_ALLOWED=allowed is not None,
+               HAS_BAN=has_ban, HAS_STOP=has_stop, HAS_BIAS=bias_ip is not None,
+               BLOCK=_PREP_BLOCK)
     ptrs = tuple(t if t is not None else dummy
                  for t in (bias_ip, bias_ids, bias_val, rep, freq, pres, seen, outc, slots))
     # the bounds of unvalidated inputs: bias entries, count slots (_proc_ctx)
@@ -1521,7 +1522,8 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
     stride = logits.stride(0)
     tpr = tokens_per_request
     warps = cfg["warps"]
-    _k1_partial[(rows, S1)](
+    launch(
+        _k1_partial, (rows, S1),
         logits, stride, rows, V, cfg["chunk"], S1, cfg["slot_t"], cfg["slot_w"], cfg["NW"], tpr,
         *params, pf, pi, pk, cand, *proc_ptrs, pr, **flags, WANT_LP=want_logprobs,
         BLOCK=cfg["BLOCK"], BLOCK_T=cfg["BLOCK_T"], KCAP=cfg["KCAP"], KSLOT=cfg["KSLOT"],
@@ -1529,11 +1531,13 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
         DEPTH=cfg["DEPTH_P"] if (has_p and not has_k and S1 == 1) else 4, PROC=PROC,
         num_warps=cfg["warps_t"] if topr else warps, enable_fp_fusion=False)
     if has_p:
-        _k2_mass[(rows, S2)](
+        launch(
+            _k2_mass, (rows, S2),
             logits, stride, rows, V, cfg["chunk2"], S1, S2, tpr, *params, pf, pi, mass,
             *proc_ptrs, pr, **flags, BLOCK=cfg["BLOCK"], KCAP=cfg["KCAP"], SMAX=cfg["SMAX"],
             NSTAGE=cfg["NSTAGE"], PROC=PROC, num_warps=warps, enable_fp_fusion=False)
-    _k3_finalize[(rows,)](
+    launch(
+        _k3_finalize, (rows,),
         logits, stride, rows, V, S1, cfg["slot_t"], cfg["slot_w"], cfg["NW"], S2, tpr, *params,
         pf, pi, pk, cand, mass, tokens, valid,
         lp if lp is not None else pf, plp if plp is not None else pf, stats, *proc_ptrs, pr,
