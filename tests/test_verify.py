@@ -1441,3 +1441,24 @@ def test_unvalidated_malformed_ragged_layouts(backend, mode):
                              draft_logits=drf[c0:c1] if mode == "probabilistic" else None,
                              temperature=torch.full((1,), 0.8, device=DEV), backend=backend)
             assert torch.equal(one.tokens[0], got.tokens[i]), (cu, i)
+
+
+def test_triton_verify_scratch_is_16_byte_aligned_at_every_batch():
+    """The verify scratch arrays share one allocation; each must start on a 16-byte boundary at
+    every batch size, or Triton's alignment specialization of pointer arguments compiles the
+    kernels again for some batches (rows = bs * (n + 1) + bs * n is odd for odd bs). CPU check
+    of the offsets behind test_triton_compile.py::test_triton_verify_no_recompile_across_batch_and_values."""
+    from tokenspeed_kernel.triton import verify as triv
+    for bs in range(0, 40):
+        for n in range(0, 5):
+            rows = bs * (n + 1) + bs * n
+            arrs = triv._scratch(rows, bs, torch.device("cpu"))
+            base = arrs[0].data_ptr()
+            for name, a in zip(("key", "S", "thr", "nan", "se", "cand", "minp"), arrs):
+                assert (a.data_ptr() - base) % 16 == 0, (bs, n, name)
+            key, S, thr, nan, se, cand, minp0 = arrs
+            assert key.numel() == S.numel() == thr.numel() == nan.numel() == se.numel() == \
+                max(rows, 1), (bs, n)
+            assert cand.numel() == 2 * bs and minp0.numel() == bs, (bs, n)
+            assert cand.dtype == torch.int64 and minp0.dtype == torch.float32
+            assert not any(a.any() for a in arrs), "scratch must be zero-initialized"

@@ -686,6 +686,23 @@ def _row_req(R_t, R_d, cu, bs, max_n, padded, device):
     return out
 
 
+def _scratch(rows: int, bs: int, device):
+    """Every zero-initialized scratch array of ``verify_probabilistic`` in one allocation (one
+    fill kernel): key, S, thr (int64 [rows]), nan (int32 [rows]), se (float32 [rows]), cand
+    (int64 [2 bs]) and the default min-p (float32 [bs]). Each starts on a 16-byte boundary:
+    Triton specializes pointer arguments on 16-byte alignment, so offsets that moved with the
+    batch size (rows odd) compiled the kernels again for such batches."""
+    n = max(rows, 1)
+    R1 = (n + 1) // 2 * 2       # even: every array below starts at a multiple of 16 bytes
+    zb = torch.zeros(5 * R1 + 2 * bs + (bs + 1) // 2 * 2, dtype=torch.int64, device=device)
+    key, S, thr = zb[:n], zb[R1:R1 + n], zb[2 * R1:2 * R1 + n]
+    nan = zb[3 * R1:4 * R1].view(torch.int32)[:n]
+    se = zb[4 * R1:5 * R1].view(torch.float32)[:n]
+    cand = zb[5 * R1:5 * R1 + 2 * bs]
+    minp0 = zb[5 * R1 + 2 * bs:].view(torch.float32)[:bs]
+    return key, S, thr, nan, se, cand, minp0
+
+
 def verify_probabilistic(tgt, drf, ids, cu, seed, offset, temperature, min_p, max_n, padded,
                          ngram, tokens, num_accepted, valid, logprobs, processed_logprobs,
                          top_k=None, top_p=None, block: int = 0):
@@ -708,16 +725,9 @@ def verify_probabilistic(tgt, drf, ids, cu, seed, offset, temperature, min_p, ma
     chunk = triton.cdiv(triton.cdiv(V, splits), block) * block
     row_req = _row_req(R_t, R_d, cu, bs, max_n, padded, dev)
     f32, i32, i64 = torch.float32, torch.int32, torch.int64
-    # every zero-initialized scratch array in one allocation (one fill kernel): key, S, thr,
-    # cand (int64), nan (int32), se and the default min-p (float32)
-    R1 = max(rows, 1)
-    zb = torch.zeros(5 * R1 + 3 * bs, dtype=i64, device=dev)
-    key, S, thr = zb[:R1], zb[R1:2 * R1], zb[2 * R1:3 * R1]
-    nan = zb[3 * R1:4 * R1].view(i32)[:R1]
-    se = zb[4 * R1:5 * R1].view(f32)[:R1]
-    cand = zb[5 * R1:5 * R1 + 2 * bs]
+    key, S, thr, nan, se, cand, minp0 = _scratch(rows, bs, dev)
     temp_ = temperature if temperature is not None else torch.ones(bs, dtype=f32, device=dev)
-    minp_ = min_p if min_p is not None else zb[5 * R1 + 2 * bs:].view(f32)[:bs]
+    minp_ = min_p if min_p is not None else minp0
     lp_on = logprobs is not None
     lp_ = logprobs if lp_on else se
     plp_ = processed_logprobs if lp_on else se
