@@ -6,7 +6,9 @@ CompiledKernel, a ``device_caches`` binder like triton 3.3-3.8's) and a fake dri
 
 * a second call with arguments of the same specialization hits the cache and launches the
   compiled kernel with the padded grid and every parameter in signature order (positional
-  arguments, then keyword arguments by name, then defaults; constexprs included);
+  arguments, then keyword arguments by name, then defaults; constexprs included), positional
+  tensors as raw pointers; CPU tensors always take Triton's path; a launcher that refuses raw
+  pointers turns the key off at its first fast launch, with one warning;
 * a change of a tensor's 16-byte alignment or dtype, of an int's divisibility by 16 or == 1, or
   of a constexpr / option value (also True vs 1) misses (Triton's normal path);
 * a binder that disagrees with our argument list (or has another protocol) turns the fast path
@@ -96,6 +98,7 @@ def fast_env(monkeypatch):
     monkeypatch.setattr(L, "_CACHE", {})
     monkeypatch.setattr(L, "_FN_INFO", {})
     monkeypatch.setattr(L, "_WARNED", False)
+    monkeypatch.setattr(L, "_on_device", lambda v: True)   # CPU tensors stand in for CUDA ones
 
 
 def _t(dtype=torch.float32, aligned=True):
@@ -114,12 +117,14 @@ def test_hit_passes_every_parameter_in_order_and_the_padded_grid():
     k2 = L.launch(fn, (5, 7), x2, 48, y2, BLOCK=64, num_warps=4)
     assert len(fn.slow) == 1, "same specialization: a cache hit"
     assert k2 is k1
-    assert fn.launches == [(k1, (5, 7, 1), (x2, 48, y2, 64, True, None), 777)]
+    # positional tensors reach the launcher as raw pointers (ints)
+    assert fn.launches == [(k1, (5, 7, 1), (x2.data_ptr(), 48, y2.data_ptr(), 64, True, None),
+                            777)]
     # keyword arguments by name in signature order, whatever order they are given in
     L.launch(fn, (9,), x2, 48, z=y, FLAG=False, BLOCK=64, y=y2)
     L.launch(fn, (9,), x2, 48, z=y, FLAG=False, BLOCK=64, y=y2)
     assert len(fn.slow) == 2
-    assert fn.launches[-1][1:] == ((9, 1, 1), (x2, 48, y2, 64, False, y), 777)
+    assert fn.launches[-1][1:] == ((9, 1, 1), (x2.data_ptr(), 48, y2, 64, False, y), 777)
     assert len(L._CACHE) == 2
 
 
@@ -297,3 +302,42 @@ def test_triton_version_has_the_binder_protocol():
     (on a GPU the binder check itself guards every key)."""
     src = inspect.getsource(JITFunction.run)
     assert "binder(*args, **kwargs)" in src and "*bound_args.values()" in src, triton.__version__
+
+
+def test_cpu_tensors_take_tritons_path(monkeypatch):
+    """A CPU tensor is never passed as a raw pointer: Triton's own path refuses it by name."""
+    monkeypatch.setattr(L, "_on_device", lambda v: v.is_cuda)
+    fn = FakeFn()
+    for _ in range(2):
+        L.launch(fn, (1,), _t(), 32, _t(), BLOCK=64)
+    assert len(fn.slow) == 2 and fn.launches == [] and L._CACHE == {}
+
+
+def test_a_launcher_refusing_raw_pointers_turns_the_key_off():
+    """The first fast launch of an entry is guarded: an argument-parsing error (raised before
+    anything launches) sends that call and every later one with the key through fn[grid], with
+    one warning; the kernel is launched once per call either way."""
+    class Refusing(FakeKernel):
+        def __getitem__(self, grid):
+            def runner(*args, stream=None):
+                raise TypeError("Pointer argument must be either uint64 or have data_ptr method")
+            return runner
+
+    class RefusingFn(FakeFn):   # Triton's path launches, and returns a refusing kernel
+        def __getitem__(self, grid):
+            run = super().__getitem__(grid)
+
+            def slow(*a, **k):
+                run(*a, **k)
+                return Refusing(self.launches)
+            return slow
+
+    fn = RefusingFn()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            L.launch(fn, (2,), _t(), 32, _t(), BLOCK=64)
+    assert len(fn.slow) == 3, "miss, then the refused fast launch falls back, then off"
+    assert fn.launches == []
+    assert len([x for x in w if "fast Triton launch off" in str(x.message)]) == 1
+    assert list(L._CACHE.values()) == [L._OFF]

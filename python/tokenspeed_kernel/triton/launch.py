@@ -1,8 +1,7 @@
 """Low-overhead launch of ``triton.jit`` kernels: ``launch(fn, grid, *args, **kwargs)`` runs the
 same compiled kernel as ``fn[grid](*args, **kwargs)`` without the Python work of
 ``JITFunction.run`` on every call (one native ``specialize_impl`` call per argument, the check of
-every global the kernel uses, option parsing, ...). Measured on an H200, triton 3.6, without a
-profiler: ~50 instead of ~57 us per sampler launch; the rest is ``CompiledKernel``'s launcher.
+every global the kernel uses, option parsing, ...; docs/BENCHMARKS.md, "Host time").
 
 **Fast path.** A module-level cache maps (fn, current device, our specialization key of the
 arguments, the keyword arguments, Triton's global debug / instrumentation settings) to the
@@ -34,6 +33,13 @@ protocol) the key is marked off: it always takes ``fn[grid](...)``, and one warn
 The fast path skips two things of ``JITFunction.run``: its check that the globals a kernel uses
 kept their compile-time values (a changed global raises there; it never selects another kernel),
 and a kernel cache cleared behind Triton's back (``fn.device_caches``) keeps our entry.
+
+**Raw pointers.** Positional tensor arguments (CUDA tensors: a CPU tensor takes Triton's path,
+which refuses it) reach the launcher as their ``data_ptr()`` ints: Triton's launcher takes an int
+pointer as it is, where for a tensor it calls ``data_ptr()`` and ``cuPointerGetAttribute`` once
+per argument (its source, triton 3.x). The first fast launch of an entry is guarded: a launcher
+that refused them would raise while parsing its arguments, before launching; the key is then
+marked off, with one warning. (Not yet timed on a GPU.)
 
 **Bypass** (always ``fn[grid](...)``): ``TOKENSPEED_TRITON_FAST_LAUNCH=0``, ``TRITON_INTERPRET=1``
 (read on every call), a launch enter / exit hook (``triton.knobs.runtime``, older
@@ -152,13 +158,31 @@ def _fn_info(fn):
     return info
 
 
+def _on_device(v) -> bool:
+    return v.is_cuda
+
+
 def _key(fn, info, device, args, kwargs):
+    """(the cache key, the positional arguments with every tensor replaced by its data_ptr()).
+    Tensors and ints, most of the arguments, are keyed inline (the same parts as ``_spec``)."""
     ce, runtime = info[0], info[1]
     parts = [fn, device, _global_state(fn), len(args)]
     ap = parts.append
-    for v, c in zip(args, ce):
+    vals = list(args)
+    for i, (v, c) in enumerate(zip(args, ce)):
+        t = v.__class__
         if c:
             _value(ap, v)
+        elif t is _Tensor:
+            if not _on_device(v):   # Triton's path says "cpu tensor?"; a raw pointer would not
+                raise _Uncacheable
+            ptr = v.data_ptr()
+            ap(v.dtype)
+            ap(ptr & 15 == 0)
+            vals[i] = ptr
+        elif t is int:
+            ap("i")
+            ap((v & 15 == 0, v == 1, _I32_LO <= v < _I32_HI, v >= _U64_LO))
         else:
             _spec(ap, v)
     for k, v in kwargs.items():
@@ -167,7 +191,7 @@ def _key(fn, info, device, args, kwargs):
             _spec(ap, v)
         else:
             _value(ap, v)
-    return tuple(parts)
+    return tuple(parts), vals
 
 
 def _rest_getter(names):
@@ -189,7 +213,7 @@ def launch(fn, grid, *args, **kwargs):
     device = d.get_current_device()
     try:
         info = _fn_info(fn)
-        key = _key(fn, info, device, args, kwargs)
+        key, vals = _key(fn, info, device, args, kwargs)
         entry = _CACHE.get(key)
     except (_Uncacheable, TypeError, AttributeError):
         # an argument outside the key's types, an unhashable value, or fn has no params
@@ -198,10 +222,32 @@ def launch(fn, grid, *args, **kwargs):
         return _miss(fn, grid, info, device, key, args, kwargs)
     if entry is _OFF:
         return fn[grid](*args, **kwargs)
-    kernel, rest, defaults = entry
+    kernel, rest, defaults, tried = entry
     src = {**defaults, **kwargs} if defaults else kwargs
-    kernel[grid + _PAD[len(grid)]](*args, *rest(src), stream=d.get_current_stream(device))
+    run = kernel[grid + _PAD[len(grid)]]
+    stream = d.get_current_stream(device)
+    if tried:
+        run(*vals, *rest(src), stream=stream)
+        return kernel
+    # first fast launch of this entry: a launcher that refuses the raw pointers raises while
+    # parsing its arguments, before anything is launched; then Triton's path, for good
+    try:
+        run(*vals, *rest(src), stream=stream)
+    except (TypeError, ValueError, OverflowError) as e:
+        _CACHE[key] = _OFF
+        _warn_off(fn, e)
+        return fn[grid](*args, **kwargs)
+    _CACHE[key] = (kernel, rest, defaults, True)
     return kernel
+
+
+def _warn_off(fn, e):
+    global _WARNED
+    if not _WARNED:
+        _WARNED = True
+        warnings.warn(f"tokenspeed_kernel: fast Triton launch off for {fn} with triton "
+                      f"{triton.__version__} ({type(e).__name__}: {e}); using fn[grid]",
+                      RuntimeWarning, stacklevel=4)
 
 
 def _miss(fn, grid, info, device, key, args, kwargs):
@@ -219,15 +265,10 @@ def _miss(fn, grid, info, device, key, args, kwargs):
         bound = tuple(res[0].values())
         if len(bound) != len(ours) or any(a is not b for a, b in zip(bound, ours)):
             raise RuntimeError(f"bound arguments of {names} differ from ours")
-        entry = (kernel, rest, defaults)
+        entry = (kernel, rest, defaults, False)
     except Exception as e:   # any failure: Triton's own path for this key
         entry = _OFF
-        global _WARNED
-        if not _WARNED:
-            _WARNED = True
-            warnings.warn(f"tokenspeed_kernel: fast Triton launch off for {fn} with triton "
-                          f"{triton.__version__} ({type(e).__name__}: {e}); using fn[grid]",
-                          RuntimeWarning, stacklevel=3)
+        _warn_off(fn, e)
     if len(_CACHE) > _MAX_ENTRIES:
         _CACHE.clear()
     _CACHE[key] = entry
