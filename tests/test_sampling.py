@@ -1419,3 +1419,22 @@ def test_scand_band_mass_bound_holds():
         worst = max(worst, err / allowed)
     assert worst < 0.5, f"band-mass error {worst:.3f} of the allowed bound"
     print(f"band-mass error: at most {worst:.3f} of the allowed bound")
+
+
+def test_triton_sampler_scratch_views_are_aligned_and_disjoint():
+    """triton/sampling.py's scratch arrays share one allocation: each view has its dtype and
+    size, starts on a 128-byte boundary (Triton's 16-byte pointer specialization must not move
+    with the batch size), and no two overlap."""
+    from tokenspeed_kernel.triton import sampling as tri
+    for rows in (1, 3, 7, 64, 257):
+        parts = ((rows * 5, torch.float32), (rows * 4 + 1, torch.int32), (rows, torch.int64),
+                 (1, torch.int64), (rows * 3, torch.float32))
+        views = tri._scratch(torch.device("cpu"), *parts)
+        base = views[0].data_ptr()
+        spans = []
+        for v, (n, dt) in zip(views, parts):
+            assert v.dtype == dt and v.numel() == n and v.is_contiguous()
+            assert (v.data_ptr() - base) % 128 == 0
+            spans.append((v.data_ptr(), v.data_ptr() + n * dt.itemsize))
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
