@@ -3,10 +3,11 @@ same compiled kernel as ``fn[grid](*args, **kwargs)`` without the Python work of
 ``JITFunction.run`` on every call (one native ``specialize_impl`` call per argument, the check of
 every global the kernel uses, option parsing, ...; docs/BENCHMARKS.md, "Host time").
 
-**Fast path.** A module-level cache maps (fn, current device, our specialization key of the
+**Fast path.** A module-level cache maps (id(fn), current device, our specialization key of the
 arguments, the keyword arguments, Triton's global debug / instrumentation settings) to the
-``CompiledKernel`` that Triton's own ``fn[grid](...)`` returned for that key, which is then
-launched directly: ``kernel[grid3](*all_params, stream=current stream)``. ``all_params`` is every
+``CompiledKernel`` that Triton's own ``fn[grid](...)`` returned for that key (the entry keeps fn
+and a reused id is a miss; hashing a JITFunction would compute its dependency hash, which raises
+when its globals are interpreter objects), which is then launched directly: ``kernel[grid3](*all_params, stream=current stream)``. ``all_params`` is every
 kernel parameter in signature order (positional arguments, then each remaining parameter from the
 keyword arguments, else its default; constexprs included): since triton 3.3 ``JITFunction.run``
 launches with ``kernel.run(..., *bound_args.values())``, the binder's dict of every parameter,
@@ -147,14 +148,16 @@ def _spec(ap, v) -> None:
 def _fn_info(fn):
     """(constexpr flag per parameter, names of non-constexpr parameters, parameter names,
     defaults by name) of a JITFunction, from ``fn.params`` (triton >= 3.0 ``KernelParam``)."""
-    info = _FN_INFO.get(fn)
-    if info is None:
-        params = fn.params
-        names = tuple(p.name for p in params)
-        ce = tuple(bool(p.is_constexpr) for p in params)
-        runtime = frozenset(n for n, c in zip(names, ce) if not c)
-        defaults = {p.name: p.default for p in params if p.has_default}
-        info = _FN_INFO[fn] = (ce, runtime, names, defaults)
+    got = _FN_INFO.get(id(fn))
+    if got is not None and got[0] is fn:
+        return got[1]
+    params = fn.params
+    names = tuple(p.name for p in params)
+    ce = tuple(bool(p.is_constexpr) for p in params)
+    runtime = frozenset(n for n, c in zip(names, ce) if not c)
+    defaults = {p.name: p.default for p in params if p.has_default}
+    info = (ce, runtime, names, defaults)
+    _FN_INFO[id(fn)] = (fn, info)
     return info
 
 
@@ -166,7 +169,7 @@ def _key(fn, info, device, args, kwargs):
     """(the cache key, the positional arguments with every tensor replaced by its data_ptr()).
     Tensors and ints, most of the arguments, are keyed inline (the same parts as ``_spec``)."""
     ce, runtime = info[0], info[1]
-    parts = [fn, device, _global_state(fn), len(args)]
+    parts = [id(fn), device, _global_state(fn), len(args)]
     ap = parts.append
     vals = list(args)
     for i, (v, c) in enumerate(zip(args, ce)):
@@ -218,11 +221,11 @@ def launch(fn, grid, *args, **kwargs):
     except (_Uncacheable, TypeError, AttributeError):
         # an argument outside the key's types, an unhashable value, or fn has no params
         return fn[grid](*args, **kwargs)
-    if entry is None:
-        return _miss(fn, grid, info, device, key, args, kwargs)
     if entry is _OFF:
         return fn[grid](*args, **kwargs)
-    kernel, rest, defaults, tried = entry
+    if entry is None or entry[0] is not fn:   # (an id reused by another function: a miss)
+        return _miss(fn, grid, info, device, key, args, kwargs)
+    _, kernel, rest, defaults, tried = entry
     src = {**defaults, **kwargs} if defaults else kwargs
     run = kernel[grid + _PAD[len(grid)]]
     stream = d.get_current_stream(device)
@@ -237,7 +240,7 @@ def launch(fn, grid, *args, **kwargs):
         _CACHE[key] = _OFF
         _warn_off(fn, e)
         return fn[grid](*args, **kwargs)
-    _CACHE[key] = (kernel, rest, defaults, True)
+    _CACHE[key] = (fn, kernel, rest, defaults, True)
     return kernel
 
 
@@ -265,7 +268,7 @@ def _miss(fn, grid, info, device, key, args, kwargs):
         bound = tuple(res[0].values())
         if len(bound) != len(ours) or any(a is not b for a, b in zip(bound, ours)):
             raise RuntimeError(f"bound arguments of {names} differ from ours")
-        entry = (kernel, rest, defaults, False)
+        entry = (fn, kernel, rest, defaults, False)
     except Exception as e:   # any failure: Triton's own path for this key
         entry = _OFF
         _warn_off(fn, e)
