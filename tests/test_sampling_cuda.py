@@ -11,9 +11,10 @@ compared with the reference bit for bit; logprobs to 1e-3.
 
 Batch sizes (why): 1 and 3 (temperature / greedy rows: the split launch, up to 64 plain CTAs
 per row and a merge kernel; with top-k / top-p / min-p tensors: the split-candidates launch, one
-CTA per SM and the row's last CTA finishing it), 40 (clusters of 2-4), 300 (one CTA per row,
-streamed), so the same row is sampled by every layout. ``nosplit`` keeps small batches on the
-cluster launch (clusters of 16 CTAs, chunks in shared memory).
+CTA per SM and the row's last CTA finishing it), 40 (temperature / greedy rows: the split launch
+with a few CTAs per row; filtered rows: clusters of 2-4), 300 (one CTA per row, streamed), so the
+same row is sampled by every layout. ``nosplit`` keeps batches up to 40 on the cluster launch
+(clusters of 16 CTAs at B <= 3, chunks in shared memory; of 2-4 at B = 40).
 """
 from __future__ import annotations
 
@@ -113,8 +114,10 @@ def test_cuda_paths_match_reference(mode, B, flags):
     skip_unless_backend("cuda")
     if flags == "stream" and B == 300:
         pytest.skip("B = 300 already streams")
-    if (flags.startswith("nosplit") or flags in ("scand_topp", "launch0")) and B > 3:
-        pytest.skip("the split launches only take small batches")
+    if flags.startswith("nosplit") and B > 40:
+        pytest.skip("B = 300 takes the cluster launch anyway")
+    if flags in ("scand_topp", "launch0") and B > 3:
+        pytest.skip("the split-candidates launch only takes small batches")
     V = 151936 if B <= 40 else 32000
     g = _gen(B * 100 + len(mode))
     logits = (torch.randn(B, V, generator=g) * 4).to(DEVICE)
@@ -217,6 +220,39 @@ def test_cuda_split_launch_near_ties(dtype):
         want = ref.sample(zz, seed, offset, TT, None, None, None, 1)[0]
         got = ops.sample(zz, seed, offset, temperature=TT, backend="cuda").tokens
         assert torch.equal(got.cpu(), want.cpu()), (rep, got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_split_launch_large_batch(dtype):
+    """Temperature / greedy batches up to SMs * 2 rows take the split launch too (a few CTAs per
+    row): its Philox-free skip of a group whose fl32(z t) + 16.64 is below the CTA's best h, on
+    rows built for it (a shelf far below a few near-tied values spread over the row, so that the
+    skipping thread's bound comes from another thread), random rows, greedy rows and a row
+    beyond the gap test's |z t| limit: every token the reference's, and the cluster launch's
+    (F_NO_SPLIT), for several seeds."""
+    skip_unless_backend("cuda")
+    g = _gen(23)
+    B, V = 96, 151936
+    z = torch.randn(B, V, generator=g) * 4
+    shelf = torch.full((V,), -40.0)
+    for r in range(0, B, 3):                  # every third row: the shelf + few near ties
+        z[r] = shelf
+        idx = torch.randperm(V, generator=g)[:64]
+        z[r, idx] = torch.randint(0, 3, (64,), generator=g).float() * 0.25
+    z[5] += 30000.0                           # |zmax t| > 2^14 at T <= 1: the exact pass
+    T = torch.rand(B, generator=g) * 1.5 + 0.05
+    T[7::11] = 0.0                            # greedy rows
+    zz, TT = z.to(dtype).to(DEVICE), T.to(DEVICE)
+    for rep in range(3):
+        seed, offset = _seeds(B, 200 + rep)
+        want = ref.sample(zz, seed, offset, TT, None, None, None, 1)[0]
+        got = ops.sample(zz, seed, offset, temperature=TT, backend="cuda").tokens
+        with cuda_flags(S.F_NO_SPLIT):
+            clu = ops.sample(zz, seed, offset, temperature=TT, backend="cuda").tokens
+        bad = (got.cpu() != want.cpu()).nonzero()[:, 0]
+        assert bad.numel() == 0, (rep, bad[:5].tolist())
+        assert torch.equal(clu.cpu(), want.cpu()), rep
+    _check(zz, dict(temperature=TT))          # logprobs too
 
 
 def test_cuda_special_rows():

@@ -101,13 +101,14 @@ enum Flags : int {
   F_SCAND_BAND = 16384,    // its k-off rows: band masses (top-p), streamed gap test (temperature)
   F_SCAND_TOPP = 32768,    // top-p calls without a top-k tensor take it too (opt-in; implies BAND)
   F_SCAND_RESCAN = 65536,  // its k-off rows with fewer forwarded keys than K: rescan
-  F_SCAND_DEFER = 131072   // its rows left undecided go to a cluster launch after it
+  F_SCAND_DEFER = 131072,  // its rows left undecided go to a cluster launch after it
+  F_SPLIT_WIDE = 262144    // the split launch also for B > SMs / 4 (S >= 2; no processing)
 };
 // The bits the op passes through from its caller (the request bits come from the tensors given);
 // a new bit above must be added here, or the op drops it.
 constexpr int kCallerFlags = F_LOGPROBS | F_FORCE_GENERIC | F_FORCE_EXACT | F_NO_RESIDENT |
                              F_NO_SPLIT | (7 << F_CS_SHIFT) | F_SCAND_PROC | F_SCAND_BAND |
-                             F_SCAND_TOPP | F_SCAND_RESCAN | F_SCAND_DEFER;
+                             F_SCAND_TOPP | F_SCAND_RESCAN | F_SCAND_DEFER | F_SPLIT_WIDE;
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
 struct Params {
@@ -1881,6 +1882,9 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
   constexpr int VEC = VecOf<T>::n;
   constexpr int U = 4;  // vectors in flight per thread
   __shared__ SplitSum red[kSplitWarps];
+  __shared__ unsigned s_beta;  // key32 of the best h any thread of the CTA has evaluated
+  if (threadIdx.x == 0) s_beta = key32(-INFINITY);
+  __syncthreads();
   const int S = p.split;
   const int row = int(blockIdx.x) / S;
   const int c0 = (int(blockIdx.x) % S) * p.chunk;
@@ -1902,6 +1906,7 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
   SplitSum me = split_empty<kProc>();
   Lse raw, proc;
   bool pruned = false;
+  float pbeta = -INFINITY;  // the largest beta an element was pruned against
   RowProc rp;
   if constexpr (kProc) rp = row_proc(p.proc, q);
   unsigned rawbad = 0;  // kProc: a NaN / +inf raw logit
@@ -1982,13 +1987,27 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
         for (int j = 0; j < VEC; ++j) live |= z[j] > -INFINITY;
       }
       if (stream && live) {
-        // every element of the vector is tested against the same beta (the thread's best h
-        // before this vector): independent tests, then the updates
-        const float bterm = fmul(fsub(me.h1, kPruneC), kLog2e);
+        // every element of the vector is tested against the same beta: the best h the thread
+        // or any thread of the CTA has evaluated before this vector (the h of a token of the
+        // row, which is all the bound needs); independent tests, then the updates. A group of
+        // 4 whose largest fl32(z t) + 16.64 (> max G) is below beta - 0.02 skips Philox: its
+        // h = fl32(fl32(z t) + G) are below it (rounding is monotone), like a pruned element's.
+        const float beta = fmaxf(me.h1, key32_to_float(s_beta));
+        const float bterm = fmul(fsub(beta, kPruneC), kLog2e);
+        const float bcut = fsub(beta, kPruneMargin);
         uint32_t w[VEC];
-        unsigned need = 0;
+        unsigned need = 0, cut = 0;
+        bool pv = false;  // an element of this vector was pruned
 #pragma unroll
         for (int g = 0; g < VEC / 4; ++g) {
+          float am = fmul(z[4 * g], inv_t);
+#pragma unroll
+          for (int j = 1; j < 4; ++j) am = fmaxf(am, fmul(z[4 * g + j], inv_t));
+          if (fadd(am, kGumbelHi) < bcut) {
+            cut |= 1u << g;
+            w[4 * g] = w[4 * g + 1] = w[4 * g + 2] = w[4 * g + 3] = 0;
+            continue;
+          }
           const Philox4 r = philox_block(seed, offset, uint32_t(i + 4 * g) >> 2, kStreamSample);
           w[4 * g] = r.x;
           w[4 * g + 1] = r.y;
@@ -1998,15 +2017,24 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float x = z[j];
-          const float th = ex2approx(fmul(ex2approx(fsub(fmul(x, c1f), bterm)), -kLog2e));
           if (x > -INFINITY) {
-            if (fadd(uniform_from_bits(w[j]), kPruneDelta) >= th)
-              need |= 1u << j;
-            else
-              pruned = true;
+            if ((cut >> (j / 4)) & 1u) {
+              pv = true;
+            } else {
+              const float th = ex2approx(fmul(ex2approx(fsub(fmul(x, c1f), bterm)), -kLog2e));
+              if (fadd(uniform_from_bits(w[j]), kPruneDelta) >= th)
+                need |= 1u << j;
+              else
+                pv = true;
+            }
           }
         }
+        if (pv) {
+          pruned = true;
+          pbeta = fmaxf(pbeta, beta);
+        }
         if (need) {
+          const float h0 = me.h1;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             if ((need >> j) & 1u) {
@@ -2021,11 +2049,12 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
               }
             }
           }
+          if (me.h1 > h0) atomicMax(&s_beta, key32(me.h1));
         }
       }
     }
   }
-  if (pruned) me.h2 = fmaxf(me.h2, fsub(me.h1, kPruneMargin));
+  if (pruned) me.h2 = fmaxf(me.h2, fsub(pbeta, kPruneMargin));
   if (lp) {
     if constexpr (kProc) {
       me.ls = raw.s;
@@ -2927,7 +2956,14 @@ int split_ctas(const Params& p) {
       ((p.flags >> F_CS_SHIFT) & 7))
     return 0;
   const DeviceInfo d = device_info(sample_kernel<T, false>);
-  if (!d.pdl || int64_t(p.rows) * 4 > d.sms) return 0;
+  if (!d.pdl) return 0;
+  // B > SMs / 4, with F_SPLIT_WIDE, calls without processing: greedy calls (no temperature
+  // tensor) up to SMs * kSplitCtasPerSm / 2 rows (S >= 2), calls with one up to SMs / 2 rows
+  // (beyond, the cluster launch's temperature rows are faster: docs/BENCHMARKS.md)
+  if (int64_t(p.rows) * 4 > d.sms &&
+      (!(p.flags & F_SPLIT_WIDE) || proc_on(p.proc) ||
+       ((p.flags & F_TEMP) && int64_t(p.rows) * 2 > d.sms)))
+    return 0;
   int S = d.sms * kSplitCtasPerSm / p.rows;
   S = S < kSplitMax ? S : kSplitMax;
   const int by_vocab = p.vocab / (kSplitThreads * VecOf<T>::n);

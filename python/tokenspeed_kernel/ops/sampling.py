@@ -33,17 +33,21 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # on 132 SMs; with fewer the rows mostly stay undecided); F_SCAND_DEFER: in calls with a top-p
 # tensor and fewer than 8 CTAs per row, the rows its finishing CTA cannot decide from the
 # candidates are sampled by a cluster launch that follows it (PDL), instead of by that CTA
-# alone. The tokens never depend on these bits.
+# alone. F_SPLIT_WIDE: calls without filter tensors and without processing take the split launch
+# (a few small CTAs per row and a merge kernel) also when B > SMs / 4, up to SMs * 2 rows (at
+# least 2 CTAs per row), instead of the cluster launch's one 1024-thread CTA per row. The tokens
+# never depend on these bits.
 # ``_CUDA_TEST_FLAGS`` (an OR of the bits above) and the levels' switches below are set through
 # ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
 F_SCAND_PROC, F_SCAND_BAND, F_SCAND_TOPP, F_SCAND_RESCAN = 8192, 16384, 32768, 65536
-F_SCAND_DEFER = 131072
+F_SCAND_DEFER, F_SPLIT_WIDE = 131072, 262144
 _CUDA_TEST_FLAGS = 0
 # The launch-policy bits every CUDA sampler call passes (ORed with _CUDA_TEST_FLAGS; the kernels
 # obey the bits, the policy lives here; the ``sampler_launch_flags`` knob replaces it, e.g. 0 for
 # the launches without them). Each measured faster on an H200 (docs/BENCHMARKS.md).
-_DEFAULT_LAUNCH_FLAGS = F_SCAND_PROC | F_SCAND_BAND | F_SCAND_RESCAN | F_SCAND_DEFER
+_DEFAULT_LAUNCH_FLAGS = (F_SCAND_PROC | F_SCAND_BAND | F_SCAND_RESCAN | F_SCAND_DEFER
+                         | F_SPLIT_WIDE)
 
 # The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
 # own testing flags (ops/verify.py passes them): F_NO_LIST never compacts a level's active keys
