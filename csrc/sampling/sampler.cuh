@@ -2944,7 +2944,9 @@ inline int active_clusters(Kernel kernel, int cs, size_t smem) {
 // launched with programmatic dependent launch so that its launch overlaps phase 1) merges them
 // and finishes the row: the gap test, or the exact pass over the whole row when it fails. It
 // replaces the cluster launch, whose row gets at most 16 SMs, when B <= SMs / 4 and no filter
-// (top-k / top-p / min-p) tensor is given. split_ctas() is S (0: no split launch): one vector per
+// (top-k / top-p / min-p) tensor is given (with F_SPLIT_WIDE also for some larger batches: see
+// split_ctas, where the cluster launch's one 1024-thread CTA per row is slower for greedy rows).
+// split_ctas() is S (0: no split launch): one vector per
 // thread at least, at most kSplitCtasPerSm CTAs per SM in all. The caller provides p.ws,
 // split_ws_bytes() bytes, ordered on `stream` (one per call: nothing persists between calls, so
 // concurrent calls on other streams cannot interfere).
@@ -2960,9 +2962,8 @@ int split_ctas(const Params& p) {
   // B > SMs / 4, with F_SPLIT_WIDE, calls without processing: greedy calls (no temperature
   // tensor) up to SMs * kSplitCtasPerSm / 2 rows (S >= 2), calls with one up to SMs / 2 rows
   // (beyond, the cluster launch's temperature rows are faster: docs/BENCHMARKS.md)
-  if (int64_t(p.rows) * 4 > d.sms &&
-      (!(p.flags & F_SPLIT_WIDE) || proc_on(p.proc) ||
-       ((p.flags & F_TEMP) && int64_t(p.rows) * 2 > d.sms)))
+  if (int64_t(p.rows) * 4 > d.sms && (!(p.flags & F_SPLIT_WIDE) || proc_on(p.proc) ||
+                                      ((p.flags & F_TEMP) && int64_t(p.rows) * 2 > d.sms)))
     return 0;
   int S = d.sms * kSplitCtasPerSm / p.rows;
   S = S < kSplitMax ? S : kSplitMax;
