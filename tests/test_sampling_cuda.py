@@ -224,15 +224,15 @@ def test_cuda_split_launch_near_ties(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_split_launch_large_batch(dtype):
-    """Temperature / greedy batches up to SMs * 2 rows take the split launch too (a few CTAs per
-    row): its Philox-free skip of a group whose fl32(z t) + 16.64 is below the CTA's best h, on
-    rows built for it (a shelf far below a few near-tied values spread over the row, so that the
-    skipping thread's bound comes from another thread), random rows, greedy rows and a row
-    beyond the gap test's |z t| limit: every token the reference's, and the cluster launch's
-    (F_NO_SPLIT), for several seeds."""
+    """The split launch beyond B = SMs / 4 (F_SPLIT_WIDE: up to SMs / 2 rows; B = 48 here, a few
+    CTAs per row), with and without a temperature tensor (None: T = 1). Its Philox-free skip of
+    a group whose fl32(z t) + 16.64 is below the CTA's best h, on rows built for it (a shelf far
+    below a few near-tied values spread over the row, so that the skipping thread's bound comes
+    from another thread), random rows, greedy rows and a row beyond the gap test's |z t| limit:
+    every token the reference's, and the cluster launch's (F_NO_SPLIT), for several seeds."""
     skip_unless_backend("cuda")
     g = _gen(23)
-    B, V = 96, 151936
+    B, V = 48, 151936
     z = torch.randn(B, V, generator=g) * 4
     shelf = torch.full((V,), -40.0)
     for r in range(0, B, 3):                  # every third row: the shelf + few near ties
@@ -253,6 +253,14 @@ def test_cuda_split_launch_large_batch(dtype):
         assert bad.numel() == 0, (rep, bad[:5].tolist())
         assert torch.equal(clu.cpu(), want.cpu()), rep
     _check(zz, dict(temperature=TT))          # logprobs too
+    # without a temperature tensor (T = 1; the 30000 row: the exact pass)
+    seed, offset = _seeds(B, 300)
+    want = ref.sample(zz, seed, offset, None, None, None, None, 1)[0]
+    got = ops.sample(zz, seed, offset, backend="cuda").tokens
+    with cuda_flags(S.F_NO_SPLIT):
+        clu = ops.sample(zz, seed, offset, backend="cuda").tokens
+    assert torch.equal(got.cpu(), want.cpu())
+    assert torch.equal(clu.cpu(), want.cpu())
 
 
 def test_cuda_special_rows():

@@ -102,7 +102,7 @@ enum Flags : int {
   F_SCAND_TOPP = 32768,    // top-p calls without a top-k tensor take it too (opt-in; implies BAND)
   F_SCAND_RESCAN = 65536,  // its k-off rows with fewer forwarded keys than K: rescan
   F_SCAND_DEFER = 131072,  // its rows left undecided go to a cluster launch after it
-  F_SPLIT_WIDE = 262144    // the split launch also for B > SMs / 4 (S >= 2; no processing)
+  F_SPLIT_WIDE = 262144    // the split launch also for SMs / 4 < B <= SMs / 2 (no processing)
 };
 // The bits the op passes through from its caller (the request bits come from the tensors given);
 // a new bit above must be added here, or the op drops it.
@@ -2944,8 +2944,8 @@ inline int active_clusters(Kernel kernel, int cs, size_t smem) {
 // launched with programmatic dependent launch so that its launch overlaps phase 1) merges them
 // and finishes the row: the gap test, or the exact pass over the whole row when it fails. It
 // replaces the cluster launch, whose row gets at most 16 SMs, when B <= SMs / 4 and no filter
-// (top-k / top-p / min-p) tensor is given (with F_SPLIT_WIDE also for some larger batches: see
-// split_ctas, where the cluster launch's one 1024-thread CTA per row is slower for greedy rows).
+// (top-k / top-p / min-p) tensor is given (with F_SPLIT_WIDE up to B = SMs / 2: see
+// split_ctas).
 // split_ctas() is S (0: no split launch): one vector per
 // thread at least, at most kSplitCtasPerSm CTAs per SM in all. The caller provides p.ws,
 // split_ws_bytes() bytes, ordered on `stream` (one per call: nothing persists between calls, so
@@ -2959,11 +2959,11 @@ int split_ctas(const Params& p) {
     return 0;
   const DeviceInfo d = device_info(sample_kernel<T, false>);
   if (!d.pdl) return 0;
-  // B > SMs / 4, with F_SPLIT_WIDE, calls without processing: greedy calls (no temperature
-  // tensor) up to SMs * kSplitCtasPerSm / 2 rows (S >= 2), calls with one up to SMs / 2 rows
-  // (beyond, the cluster launch's temperature rows are faster: docs/BENCHMARKS.md)
-  if (int64_t(p.rows) * 4 > d.sms && (!(p.flags & F_SPLIT_WIDE) || proc_on(p.proc) ||
-                                      ((p.flags & F_TEMP) && int64_t(p.rows) * 2 > d.sms)))
+  // B > SMs / 4: with F_SPLIT_WIDE, calls without processing up to SMs / 2 rows (beyond, the
+  // cluster launch is faster for temperature rows, slower for greedy ones; the host cannot tell
+  // them apart without reading the temperatures: docs/BENCHMARKS.md)
+  if (int64_t(p.rows) * 4 > d.sms &&
+      (!(p.flags & F_SPLIT_WIDE) || proc_on(p.proc) || int64_t(p.rows) * 2 > d.sms))
     return 0;
   int S = d.sms * kSplitCtasPerSm / p.rows;
   S = S < kSplitMax ? S : kSplitMax;

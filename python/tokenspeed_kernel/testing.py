@@ -46,7 +46,7 @@ _C = "tokenspeed_kernel.ops.comm"
 # launch; SAMPLER_SCAND_BAND, its top-k-off rows use band masses / the streamed gap test;
 # SAMPLER_SCAND_RESCAN, its top-k-off rows with few forwarded keys read chunks again;
 # SAMPLER_SCAND_DEFER, the rows its finishing CTA cannot decide go to a cluster launch after it;
-# SAMPLER_SPLIT_WIDE, calls without filter tensors take the split launch up to SMs * 2 rows (these
+# SAMPLER_SPLIT_WIDE, calls without filter tensors take the split launch up to SMs / 2 rows (these
 # five default); SAMPLER_SCAND_TOPP, calls with top-p but no top-k tensor take the
 # split-candidates launch too (opt-in)
 from .ops.sampling import (F_FORCE_EXACT as SAMPLER_FORCE_EXACT,  # noqa: E402

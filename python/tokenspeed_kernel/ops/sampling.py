@@ -34,9 +34,9 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # tensor and fewer than 8 CTAs per row, the rows its finishing CTA cannot decide from the
 # candidates are sampled by a cluster launch that follows it (PDL), instead of by that CTA
 # alone. F_SPLIT_WIDE: calls without filter tensors and without processing take the split launch
-# (a few small CTAs per row and a merge kernel) also when B > SMs / 4, up to SMs * 2 rows (at
-# least 2 CTAs per row), instead of the cluster launch's one 1024-thread CTA per row. The tokens
-# never depend on these bits.
+# (a few small CTAs per row and a merge kernel) also when SMs / 4 < B <= SMs / 2, instead of the
+# cluster launch (clusters of 2 CTAs of 1024 threads per row there). The tokens never depend on
+# these bits.
 # ``_CUDA_TEST_FLAGS`` (an OR of the bits above) and the levels' switches below are set through
 # ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
