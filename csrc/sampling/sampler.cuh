@@ -1263,6 +1263,44 @@ __device__ unsigned long long cluster_mass(const Params& p, const Row& r, Smem& 
   return tot;
 }
 
+// Top-p rows without top-k on a cluster (cs > 1), ranks 1..cs-1: the fixed-point mass of this
+// CTA's chunk plus its share of rank 0's chunk (read from global memory: rank 0's shared memory
+// is never read by a peer), pushed into rank 0's cl_u64[rank][0]; then the cluster barrier that
+// rank 0 meets after its select of the row's candidates (it sums the partials). Rank 0's own
+// chunk is thus summed while rank 0 selects. Integer sums: the total is the one cluster_mass
+// computes, bit for bit.
+template <typename T, bool kProc = false>
+__device__ void cluster_mass_peer(const Params& p, const Row& r, Smem& s, const T* rowp, int c0,
+                                  int c1, bool aligned, uint4* sdata, float zmax, RowProc rp = {}) {
+  constexpr int VEC = VecOf<T>::n;
+  const int cs = p.cs;
+  const int rank = int(cg::this_cluster().block_rank());
+  unsigned long long acc = 0;
+  auto body = [&](int i, const float (&z)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float y = centered(z[j], zmax, r.inv_t);
+      if (!(y >= -27.0f)) continue;  // mass_fixed(y) == 0 below -26.34
+      acc += (unsigned long long)mass_fixed_nonpos(y);
+    }
+  };
+  // rank 0's chunk [0, e0) in cs - 1 shares of whole vectors
+  const int e0 = min(p.vocab, p.chunk);
+  const int nv0 = (e0 + VEC - 1) / VEC;
+  const int per = (nv0 + cs - 2) / (cs - 1);
+  const int a = min(e0, (rank - 1) * per * VEC), b = min(e0, rank * per * VEC);
+  if constexpr (kProc) {
+    for_each_pvec<true, T>(rowp, c0, c1, aligned, sdata, false, p.resident, p.proc, rp, body);
+    if (a < b) for_each_pvec<true, T>(rowp, a, b, aligned, nullptr, false, false, p.proc, rp, body);
+  } else {
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident, body);
+    if (a < b) for_each_vec<T>(rowp, a, b, aligned, nullptr, false, false, body);
+  }
+  acc = block_sum_u64(acc, s);
+  if (threadIdx.x == 0) *peer(&s.cl_u64[rank][0], 0) = acc;
+  cluster_sync(cs);
+}
+
 // ------------------------------------------------------------------------------------------
 // outputs
 // ------------------------------------------------------------------------------------------
@@ -1671,8 +1709,13 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   bool generic = r.mode == kGeneric || (r.mode == kCand && rovf);
   if (r.mode == kCand && !rovf) {
     unsigned long long S_row = 0;
-    if (!r.k_on && r.p_on)
+    // top-p without top-k: the row's total mass; on a cluster the peers sum it (rank 0's chunk
+    // included) while rank 0 selects the row's candidates (cluster_mass_peer)
+    const bool mass_overlap = !r.k_on && r.p_on && cs > 1;
+    if (!r.k_on && r.p_on && !mass_overlap)
       S_row = cluster_mass<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, 0ull, rp);
+    if (mass_overlap && rank != 0)
+      cluster_mass_peer<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, rp);
     int need_generic = 0;
     Fin& fin = *reinterpret_cast<Fin*>(cand);
     if (rank == 0) {
@@ -1704,6 +1747,11 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
         n = min(int(s.counter), r.K);
       } else {
         if (tid < n) fin.skey[tid] = cbuf[tid];
+        __syncthreads();
+      }
+      if (mass_overlap) {
+        cluster_sync(cs);  // the peers' partial masses have arrived
+        for (int q = 1; q < cs; ++q) S_row += s.cl_u64[q][0];
         __syncthreads();
       }
       float ps = 0.0f, ytok = 0.0f;
