@@ -886,7 +886,7 @@ def test_triton_topr_chunks(tri, S1):
     p = torch.tensor([0.9, 1.0, 0.5, 0.6, 0.8, 0.7])
     mp = torch.tensor([0.0, 0.1, 0.0, 0.05, 0.0, 0.0])
     T = _full(R, 0.8)
-    bt = {1: 64, 2: 128, 4: 256, 8: 256}[S1]   # lanes: super-lanes of 2 (S1 = 2) or 8 (S1 >= 4)
+    bt = {1: 64, 2: 128, 4: 256, 8: 256}[S1]   # lanes: super-lanes of 2 (S1 = 4) or 8 (S1 >= 8)
     cfgs = [dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=64, NP=1024),
             dict(BLOCK=64, BLOCK_T=bt, S1=S1, KCAP=64, KSLOT=32, NP=32 * S1)]   # slot 32
     if S1 == 1:   # top-p without top-k keeps 5 keys per lane there (DEPTH_P); also 4, as top-k

@@ -85,11 +85,11 @@ def check() -> None:
             ptx = _compile(TS._k2_mass, k2, {"num_warps": cfg["warps"]}, logits)
             print(f"{name}: _k2_mass {len(ptx)} bytes of PTX; triton-aot ok", flush=True)
         k3 = dict(flags, WANT_LP=lp, KCAP=cfg["KCAP"], NP=cfg["NP"], NC=cfg["NC"],
-                  SMAX=cfg["SMAX"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
+                  SMAX=cfg["SMAX"], NSTAGE=cfg["NSTAGE_X"], FAST=cfg["FAST"],
                   S2MAX=cfg["S2MAX"], BLOCK_X=cfg["BLOCK_X"], NTHR=TS.NT,
                   BLOCK_R=cfg["BLOCK_R"], NREF=cfg["NREF"], USE_RANK=cfg["USE_RANK"],
                   STATS=False, PROC=proc)
-        ptx = _compile(TS._k3_finalize, k3, {"num_warps": cfg["warps"]}, logits)
+        ptx = _compile(TS._k3_finalize, k3, {"num_warps": cfg["warps_x"]}, logits)
         print(f"{name}: _k3_finalize {len(ptx)} bytes of PTX; triton-aot ok", flush=True)
     prep = dict(BUILD_KEEP=True, HAS_ALLOWED=True, HAS_BAN=True, HAS_STOP=True, HAS_BIAS=True,
                 BLOCK=TS._PREP_BLOCK)

@@ -70,9 +70,19 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   in increasing order, so strict float ``>`` gives the key order). Every token of the chunk
   missing from the lanes' union has a key below tau = max over lanes of the lane's 4th key, so
   the union's keys >= tau are an exact prefix of the chunk's order (~2.2 L^(3/4) keys for L
-  lanes on random rows). With 2 (>= 4) chunks per row, super-lanes of 2 (8) lanes first keep
-  the top 4 of their lanes' keys (``tl.topk`` on [lanes / f, 4 f]): fewer keys per chunk, the
-  same prefix length per row. Top-p without top-k with one chunk per row (S1 = 1: batches of
+  lanes on random rows). With 4 to 7 (8) chunks per row, super-lanes of 2 (8) lanes first keep
+  the top 4 of their lanes' keys (``tl.topk`` on [lanes / f, 4 f]): fewer keys per chunk. The
+  width sets the tail: a row whose nucleus runs past P takes the extension below (~0.5-1.5 ms
+  in one program), and P ends early when one (super-)lane holds 4 of the row's top few hundred
+  keys, which gets likelier with more elements per lane. With 2 chunks, super-lanes of 2
+  (~74 elements each) sent 0.3-1.4 % of top-p 0.9 rows (T = 0.8, randn * 4, V = 151936) past
+  P, with 4 chunks super-lanes of 8 (~148 elements) 2-4 %: most calls of 17-66 rows waited for
+  one such row. Plain lanes with 2 chunks and super-lanes of 2 with 4 (~37 elements) make P
+  longer (median ~1000 keys, often past KCAP: K3 then takes its top KCAP, a slower sort) and
+  such rows rare (1 of 768 rows measured; a CPU simulation: 1 of 2560 rows with 2 chunks, 0 of
+  1024 with 4); 8 chunks (B <= 16)
+  keep super-lanes of 8 (~74 elements: 0.2 % in the simulation, none of 128 rows measured).
+  Top-p without top-k with one chunk per row (S1 = 1: batches of
   at least ~SMs / 2 rows) keeps the 5 largest keys per lane instead (``DEPTH_P``): the prefix
   grows from a median ~670 to ~1210 keys on ``randn * 4`` rows at V = 151936 (a CPU
   simulation; rows whose nucleus runs past it: 0.4 % at 4 keys, none of 1536 at 5), so the
@@ -118,7 +128,10 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   reached, every finite token below P is in the top-k set (streamed, resp. collected). Cost:
   2 passes over the row + one per refinement (typically 0-1 at KCAP = 1024) instead of the
   exact pass's ~14 (top-p) to ~26 (top-k + top-p) passes; the count / mass pass keeps
-  [BLOCK_R = 256, 16] per-lane integer sums (no per-tile reductions).
+  [BLOCK_R = 256, 16] per-lane integer sums (no per-tile reductions). K3's row loops (the
+  extension and the exact pass) are not software-pipelined (``NSTAGE_X = 1``): on an H200 a
+  call whose one row took the extension took 586 us with one stage against 1524 us with three
+  (B = 64; 900 against 1724 at B = 256), the calls without such a row the same.
 * Exact pass (K3, one program per row, the rare path: DIRECT rows, PLAIN near ties, WINDOW slot
   overflows, an extension that gives up): compact key key32(z) * V + (V-1-id);
   (NT+1)-ary threshold searches (16 thresholds per pass over the row) for top-k (count) and
@@ -706,8 +719,9 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
         i1 = tl.where(c0, i0, tl.where(c1, offs, i1))
         v0 = tl.where(c0, z, v0)
         i0 = tl.where(c0, offs, i0)
-    # keys [lanes, 4] (-1: no finite value); with several chunks, super-lanes of 2 (8) lanes
-    # first: fewer candidates per chunk, the same prefix length over the row
+    # keys [lanes, 4] (-1: no finite value); with 4 to 7 chunks super-lanes of 2 lanes, with 8
+    # or more super-lanes of 8, first (module docstring: the lane width sets how often a row's
+    # nucleus runs past the prefix)
     keys = tl.reshape(tl.join(tl.join(_k56(v0, i0), _k56(v1, i1)),
                               tl.join(_k56(v2, i2), _k56(v3, i3))), [BLOCK_T, 4])
     if DEPTH == 5:   # (the host picks it with one chunk per row; the write is exact for any)
@@ -716,10 +730,10 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
         k5 = tl.reshape(tl.join(keys, tl.reshape(tl.join(tl.join(k4, neg), tl.join(neg, neg)),
                                                  [BLOCK_T, 4])), [8 * BLOCK_T])
         n, tau = _topr_write(k5, tl.max(k4, axis=0), cbase, slot, KSLOT, USE_RANK)
-    elif S1 >= 4:
+    elif S1 >= 8:
         k8 = _top4_rows(tl.reshape(keys, [BLOCK_T // 8, 32]), USE_RANK)
         n, tau = _topr_emit(k8, BLOCK_T // 8, cbase, slot, KSLOT, USE_RANK)
-    elif S1 == 2:
+    elif S1 >= 4:
         k2 = _top4_rows(tl.reshape(keys, [BLOCK_T // 2, 8]), USE_RANK)
         n, tau = _topr_emit(k2, BLOCK_T // 2, cbase, slot, KSLOT, USE_RANK)
     else:
@@ -1381,12 +1395,13 @@ def _make_config(rows: int, V: int, dev: torch.device, topr_possible: bool,
         cfg = dict(BLOCK=block, BLOCK_T=max(16, min(256, triton.next_power_of_2(V))),
                    KCAP=256, KSLOT=256, NP=1024, NC=256, BLOCK_X=block, BLOCK_R=block,
                    NREF=16, S1=1, S2=1, warps=4,
-                   warps_t=4, USE_RANK=True, NSTAGE=1, FAST=False, DEPTH_P=5)
+                   warps_t=4, USE_RANK=True, NSTAGE=1, NSTAGE_X=1, warps_x=4, FAST=False,
+                   DEPTH_P=5)
     else:
         sms = _sm_count(dev)
         cfg = dict(BLOCK=1024, BLOCK_T=2048, KCAP=1024, KSLOT=256, NP=2048, NC=128,
                    BLOCK_X=1024, BLOCK_R=256, NREF=16, warps=8, warps_t=16, USE_RANK=False,
-                   NSTAGE=3, FAST=True, DEPTH_P=5)
+                   NSTAGE=3, NSTAGE_X=1, warps_x=8, FAST=True, DEPTH_P=5)
         nb = triton.cdiv(V, cfg["BLOCK"])
         if topr_possible:   # sorted candidate slots: at most 8 chunks
             cfg["S1"] = min(8, _pow2_floor(sms // max(rows, 1)), nb)
@@ -1557,9 +1572,9 @@ def sample(logits: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
         pf, pi, pk, cand, mass, tokens, valid,
         lp if lp is not None else pf, plp if plp is not None else pf, stats, *proc_ptrs, pr,
         **flags, WANT_LP=want_logprobs, KCAP=cfg["KCAP"], NP=NP, NC=cfg["NC"],
-        SMAX=cfg["SMAX"], NSTAGE=cfg["NSTAGE"], FAST=cfg["FAST"],
+        SMAX=cfg["SMAX"], NSTAGE=cfg["NSTAGE_X"], FAST=cfg["FAST"],
         S2MAX=cfg["S2MAX"], BLOCK_X=cfg["BLOCK_X"], NTHR=NT, BLOCK_R=cfg["BLOCK_R"],
         NREF=cfg["NREF"], USE_RANK=cfg["USE_RANK"],
         STATS=stats is not pi, PROC=PROC,
-        num_warps=warps, enable_fp_fusion=False)
+        num_warps=cfg["warps_x"], enable_fp_fusion=False)
     return tokens, valid.view(torch.bool), lp, plp
