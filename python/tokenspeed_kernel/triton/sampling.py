@@ -70,15 +70,15 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   in increasing order, so strict float ``>`` gives the key order). Every token of the chunk
   missing from the lanes' union has a key below tau = max over lanes of the lane's 4th key, so
   the union's keys >= tau are an exact prefix of the chunk's order (~2.2 L^(3/4) keys for L
-  lanes on random rows). With 4 to 7 (8) chunks per row, super-lanes of 2 (8) lanes first keep
-  the top 4 of their lanes' keys (``tl.topk`` on [lanes / f, 4 f]): fewer keys per chunk. The
-  width sets the tail: a row whose nucleus runs past P takes the extension below (~0.5-1.5 ms
-  in one program), and P ends early when one (super-)lane holds 4 of the row's top few hundred
+  lanes on random rows). With 4 to 7 (with 8) chunks per row, super-lanes of 2 (of 8) lanes
+  first keep the top 4 of their lanes' keys (``tl.topk`` on [lanes / f, 4 f]): fewer keys per
+  chunk. The width sets the tail: a row whose nucleus runs past P takes the extension below
+  (one program: such calls measured 0.6-1.7 ms on an H200), and P ends early when one (super-)lane holds 4 of the row's top few hundred
   keys, which gets likelier with more elements per lane. With 2 chunks, super-lanes of 2
   (~74 elements each) sent 0.3-1.4 % of top-p 0.9 rows (T = 0.8, randn * 4, V = 151936) past
   P, with 4 chunks super-lanes of 8 (~148 elements) 2-4 %: most calls of 17-66 rows waited for
   one such row. Plain lanes with 2 chunks and super-lanes of 2 with 4 (~37 elements) make P
-  longer (median ~1000 keys, often past KCAP: K3 then takes its top KCAP, a slower sort) and
+  longer (median ~1000 keys, often past KCAP: K3 then takes its top KCAP by ``tl.topk``) and
   such rows rare (1 of 768 rows measured; a CPU simulation: 1 of 2560 rows with 2 chunks, 0 of
   1024 with 4); 8 chunks (B <= 16)
   keep super-lanes of 8 (~74 elements: 0.2 % in the simulation, none of 128 rows measured).
