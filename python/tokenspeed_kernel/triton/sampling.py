@@ -73,17 +73,17 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   lanes on random rows). With 4 to 7 (with 8) chunks per row, super-lanes of 2 (of 8) lanes
   first keep the top 4 of their lanes' keys (``tl.topk`` on [lanes / f, 4 f]): fewer keys per
   chunk. The width sets the tail: a row whose nucleus runs past P takes the extension below
-  (one program: such calls measured 0.6-1.7 ms on an H200), and P ends early when one (super-)lane holds 4 of the row's top few hundred
-  keys, which gets likelier with more elements per lane. With 2 chunks, super-lanes of 2
+  (one program: such calls measured 0.6-1.7 ms on an H200), and P ends early when one
+  (super-)lane holds 4 of the row's top few hundred keys, which gets likelier with more
+  elements per lane. With 2 chunks, super-lanes of 2
   (~74 elements each) sent 0.3-1.4 % of top-p 0.9 rows (T = 0.8, randn * 4, V = 151936) past
   P, with 4 chunks super-lanes of 8 (~148 elements) 2-4 %: most calls of 17-66 rows waited for
   one such row. Plain lanes with 2 chunks and super-lanes of 2 with 4 (~37 elements) make P
   longer (median ~1000 keys, often past KCAP: K3 then takes its top KCAP by ``tl.topk``) and
   such rows rare (1 of 768 rows measured; a CPU simulation: 1 of 2560 rows with 2 chunks, 0 of
-  1024 with 4); 8 chunks (B <= 16)
-  keep super-lanes of 8 (~74 elements: 0.2 % in the simulation, none of 128 rows measured).
-  Top-p without top-k with one chunk per row (S1 = 1: batches of
-  at least ~SMs / 2 rows) keeps the 5 largest keys per lane instead (``DEPTH_P``): the prefix
+  1024 with 4); 8 chunks (B <= 16) keep super-lanes of 8 (~74 elements: 0.2 % in the
+  simulation, none of 128 rows measured). Top-p without top-k with one chunk per row (S1 = 1:
+  batches of at least ~SMs / 2 rows) keeps the 5 largest keys per lane instead (``DEPTH_P``): the prefix
   grows from a median ~670 to ~1210 keys on ``randn * 4`` rows at V = 151936 (a CPU
   simulation; rows whose nucleus runs past it: 0.4 % at 4 keys, none of 1536 at 5), so the
   extension below is rarely needed (one A/B run on an H100, fp32, T = 0.8, top-p 0.9, 4 inputs:
