@@ -1030,7 +1030,8 @@ def test_triton_fuzz_split_configs(tri, i):
     z, seed, offset, tpr, kw = _fuzz_case(200 + i)
     cfg = [dict(BLOCK=16, BLOCK_T=16, S1=3, KCAP=16, KSLOT=16, NP=256),
            dict(BLOCK=32, BLOCK_T=16, S1=8, KCAP=32, KSLOT=32, NP=256, S2=2),
-           dict(BLOCK=64, BLOCK_T=64, S1=2, KCAP=64, KSLOT=64, NP=256, S2=3)][i % 3]
+           dict(BLOCK=64, BLOCK_T=64, S1=2, KCAP=64, KSLOT=64, NP=256, S2=3),
+           dict(BLOCK=32, BLOCK_T=32, S1=5, KCAP=32, KSLOT=16, NP=256, S2=2)][i % 4]
     _tri_run(tri, z, kw, cfg, tpr=tpr, seed=(seed, offset))
 
 
