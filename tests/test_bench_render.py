@@ -1,5 +1,8 @@
-"""``python -m tokenspeed_kernel.bench render``: merging sampling CSVs of one build (CPU)."""
+"""``python -m tokenspeed_kernel.bench render``: merging sampling CSVs of one build; the sampling
+bench's input draws (CPU)."""
 from __future__ import annotations
+
+import torch
 
 from tokenspeed_kernel.bench import report
 from tokenspeed_kernel.bench.__main__ import main
@@ -72,3 +75,21 @@ def test_bench_ratio_columns_use_the_modes_torch_baseline():
     S._ratios(rows)
     assert rows[0]["ratio_vs_torch"] == 100.0 / 400.0
     assert rows[0]["ratio_vs_flashinfer"] == 5.0
+
+
+def test_input_draws_rotate_through_the_timed_copies():
+    """The sampling bench times several input draws per shape: before sample i, copy j of the N
+    timed calls holds draw (i + j) mod K; the draws themselves are never written (providers are
+    verified on draw 0); one draw: no rotation."""
+    from tokenspeed_kernel.bench.sampling import input_draws, rotation
+    draws = input_draws(2, 50, torch.float32, torch.device("cpu"), seed=7, k=4)
+    assert all(not torch.equal(draws[0], d) for d in draws[1:])
+    keep = [d.clone() for d in draws]
+    pool = [draws[0].clone() for _ in range(3)]
+    prep = rotation(pool, draws, 3)
+    for i in range(6):
+        prep(i)
+        for j in range(3):
+            assert torch.equal(pool[j], draws[(i + j) % 4])
+    assert all(torch.equal(a, b) for a, b in zip(keep, draws))
+    assert rotation(pool, draws[:1], 3) is None

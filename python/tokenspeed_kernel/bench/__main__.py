@@ -49,6 +49,9 @@ def _sampling_opts(p: argparse.ArgumentParser) -> None:
                    help="comma list of greedy,temp,top_k,top_p,top_k_top_p,min_p,proc,mixed")
     p.add_argument("--providers", default=None,
                    help="comma list of ours-cuda,ours-triton,torch,flashinfer")
+    p.add_argument("--inputs", type=int, default=None,
+                   help="input draws per shape, rotated through the timed samples (default 4; "
+                        "fewer when they would exceed 1 GiB)")
 
 
 def build_parser() -> argparse.ArgumentParser:

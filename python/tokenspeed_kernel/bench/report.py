@@ -341,7 +341,7 @@ def sampling_plots(rows: List[Dict], out_dir: Path, stem: str = "sampling") -> L
 
 _TEXT_COLUMNS = ("gpu", "gpu_short", "torch", "cuda", "triton", "flashinfer", "git_sha", "date",
                  "provider", "impl", "mode", "dtype", "status", "note")
-_INT_COLUMNS = ("B", "V", "calls", "samples", "bytes")
+_INT_COLUMNS = ("B", "V", "calls", "samples", "inputs", "bytes")
 
 
 def read_sampling_csv(path) -> List[Dict]:

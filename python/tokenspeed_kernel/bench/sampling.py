@@ -96,7 +96,9 @@ CSV_COLUMNS = [
     "provider", "impl", "mode", "B", "V", "dtype", "status",
     "graph_us", "graph_p20", "graph_p80", "eager_us", "eager_p20", "eager_p80", "host_us",
     "bytes", "floor_us", "gbps", "pct_floor", "hbm_gbps",
-    "ratio_vs_flashinfer", "ratio_vs_torch", "calls", "samples", "note"]
+    "ratio_vs_flashinfer", "ratio_vs_torch", "calls", "samples", "inputs", "note"]
+INPUT_DRAWS = 4                      # input draws per shape, rotated through the timed samples
+MAX_DRAW_BYTES = 1 << 30             # ... at most this many bytes of them
 
 
 def log(msg: str) -> None:
@@ -574,21 +576,48 @@ def _short(t: Optional[float]) -> str:
     return "-" if t is None else (f"{t:.0f}" if t >= 100 else f"{t:.1f}")
 
 
-def _time_provider(prov: Provider, pool: List[torch.Tensor], P: Params, nbytes: int, args,
-                   device, cold: bool) -> timing.Timing:
-    """Pick N from a rough estimate, make N input copies, measure."""
+def input_draws(B: int, V: int, dtype: torch.dtype, device, seed: int, k: int) -> List[torch.Tensor]:
+    """The ``k`` input draws of one shape: ``make_logits`` with seeds seed, seed + 100003, ...
+    (the first is the one every provider is verified on)."""
+    return [make_logits(B, V, dtype, device, seed=seed + 100003 * j) for j in range(k)]
+
+
+def rotation(pool: List[torch.Tensor], draws: List[torch.Tensor], n: int):
+    """``prepare(i)`` for ``timing.measure``: before sample i, copy i of the N calls reads draw
+    (i + copy) mod K, so that every sample spans min(N, K) draws and consecutive samples rotate
+    through all K (None with one draw: the copies keep it)."""
+    K = len(draws)
+    if K <= 1:
+        return None
+
+    def prepare(i: int) -> None:
+        for j, c in enumerate(pool[:n]):
+            c.copy_(draws[(i + j) % K])
+    return prepare
+
+
+def _time_provider(prov: Provider, pool: List[torch.Tensor], draws: List[torch.Tensor],
+                   P: Params, nbytes: int, args, device, cold: bool) -> timing.Timing:
+    """Pick N from a rough estimate, make N input copies (working buffers: the draws are never
+    written), measure with the draws rotated through them (``rotation``)."""
     if device.type != "cuda":   # --cpu-dry-run: exercises the loop and the reports only
+        if not pool:
+            pool.append(draws[0].clone())
+        prepare = rotation(pool, draws, 1)
+        if prepare is not None:
+            prepare(1)
         ms = timing.cpu_time_ms(functools.partial(prov.call, pool[0], P), n=2)
         return timing.Timing(graph_us=ms * 1e3, graph_p20=ms * 1e3, graph_p80=ms * 1e3,
                              eager_us=ms * 1e3, eager_p20=ms * 1e3, eager_p80=ms * 1e3,
                              host_us=ms * 1e3, calls=1, samples=2)
-    est = timing.estimate_us(functools.partial(prov.call, pool[0], P))
+    est = timing.estimate_us(functools.partial(prov.call, draws[0], P))
     n = timing.pick_calls(est, nbytes)
     while len(pool) < n:
-        pool.append(pool[0].clone())
+        pool.append(draws[len(pool) % len(draws)].clone())
     fns = [functools.partial(prov.call, c, P) for c in pool[:n]]
     return timing.measure(fns, reps=getattr(args, "reps", None), cold_l2=cold,
-                          graph=not getattr(args, "eager_only", False), device=device)
+                          graph=not getattr(args, "eager_only", False), device=device,
+                          prepare=rotation(pool, draws, n))
 
 
 def run_sampling(args) -> int:
@@ -634,10 +663,12 @@ def run_sampling(args) -> int:
             continue
         try:
             dtype = DTYPES[dt]
-            base = make_logits(B, V, dtype, device, seed=1000 * gi + B)
-            nbytes = B * V * base.element_size()
+            nbytes = B * V * torch.tensor([], dtype=dtype).element_size()
+            k = max(1, min(int(getattr(args, "inputs", None) or INPUT_DRAWS),
+                           MAX_DRAW_BYTES // max(nbytes, 1)))
+            draws = {False: input_draws(B, V, dtype, device, 1000 * gi + B, k)}
             floor_us = nbytes / (hbm * 1e3)
-            pools: Dict[bool, List[torch.Tensor]] = {False: [base]}
+            pools: Dict[bool, List[torch.Tensor]] = {False: []}
             for mode in modes:
                 done += 1
                 P = make_params(mode, B, device, salt=gi, V=V)
@@ -649,9 +680,10 @@ def run_sampling(args) -> int:
                                dtype=dt, bytes=nbytes, floor_us=floor_us, hbm_gbps=hbm,
                                note=prov.note)
                     if prov.prescaled and True not in pools:
-                        pools[True] = [prescale(base)]
+                        draws[True] = [prescale(d) for d in draws[False]]
+                        pools[True] = []
                     pool = pools[prov.prescaled]
-                    x0 = pool[0]
+                    x0 = draws[prov.prescaled][0]
                     try:
                         out = prov.call(x0, P)
                         _sync(device)
@@ -688,7 +720,8 @@ def run_sampling(args) -> int:
                     del out
                     # time it
                     try:
-                        t = _time_provider(prov, pool, P, nbytes, args, device, cold)
+                        t = _time_provider(prov, pool, draws[prov.prescaled], P, nbytes, args,
+                                           device, cold)
                     except Exception as e:
                         row["status"] = f"ERROR: timing: {type(e).__name__}: {_first(e)}"
                         _recover()
@@ -697,7 +730,7 @@ def run_sampling(args) -> int:
                     row.update(status="ok", graph_us=t.graph_us, graph_p20=t.graph_p20,
                                graph_p80=t.graph_p80, eager_us=t.eager_us, eager_p20=t.eager_p20,
                                eager_p80=t.eager_p80, host_us=t.host_us, calls=t.calls,
-                               samples=t.samples)
+                               samples=t.samples, inputs=len(draws[prov.prescaled]))
                     if t.graph_error:
                         row["note"] = (row["note"] + "; " if row["note"] else "") + \
                             f"graph capture failed: {t.graph_error}"
@@ -720,7 +753,7 @@ def run_sampling(args) -> int:
             log(f"[sampling] {dt} V={V} B={B}: aborted: {type(e).__name__}: {_first(e)}")
             errors.append(f"{dt}/V={V}/B={B}: {type(e).__name__}: {_first(e)}")
             _recover()
-        pools = base = refs = None
+        pools = draws = refs = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
         report.write_csv(out_dir / "sampling.csv", rows, CSV_COLUMNS)  # partial results
@@ -757,6 +790,9 @@ def default_notes() -> List[str]:
     """The bullets every sampling table carries (inputs, how the baselines are called)."""
     return [f"Inputs: randn(B, V) * 4 (float32, seeded) cast to the dtype; T = {TEMP}, "
             f"top-k {TOP_K}, top-p {TOP_P}, min-p {MIN_P}; per-row parameter tensors.",
+            "Each cell times several input draws (column `inputs` of the CSV, 4 unless they "
+            "would exceed 1 GiB), rotated through the timed samples, so that input-dependent "
+            "slow paths count as often as they occur; every provider is verified on the first.",
             "FlashInfer `*_from_logits` get logits / T computed outside the timed region "
             "(they have no temperature argument); its `*_from_probs` rows include "
             "`flashinfer.sampling.softmax(logits, temperature=T)`.",

@@ -17,6 +17,10 @@ Method (docs/BENCHMARKS.md says the same):
   ``triton.testing.do_bench``, leaves the L2 full of dirty lines). Inside one sample each call
   reads a distinct input copy, so every call starts with its inputs outside L2; intermediates a
   call writes and re-reads itself may hit L2, as they would in a real decode step;
+* input draws (optional ``prepare`` hook): before each sample (ahead of its flush, so outside
+  the timed window) the caller may copy other inputs into the copies, e.g. the sampling bench
+  rotates several random draws so that input-dependent slow paths are timed as often as they
+  occur;
 * graph samples: flush, a short spin kernel (so the host has submitted the replay before the GPU
   reaches the start event), start event, replay, end event. Eager samples: flush, synchronize,
   start event, the N calls, end event (the GPU idles while Python launches: host overhead counts);
@@ -28,6 +32,7 @@ Method (docs/BENCHMARKS.md says the same):
 """
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
@@ -139,11 +144,13 @@ def _reps(sample_us: float, target_ms: float, min_reps: int, max_reps: int) -> i
 
 
 def _timed(run: Callable[[], Any], n_calls: int, reps: int, *, cold_l2: bool, spin: bool,
-           sync_first: bool, device) -> List[float]:
+           sync_first: bool, device, prepare: Optional[Callable[[], Any]] = None) -> List[float]:
     fl = flusher(device) if cold_l2 else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
+        if prepare is not None:   # stream-ordered before the flush: outside the timed window
+            prepare()
         if fl is not None:
             fl.flush()
         if sync_first:
@@ -160,18 +167,22 @@ def _timed(run: Callable[[], Any], n_calls: int, reps: int, *, cold_l2: bool, sp
 def measure(fns: Sequence[Callable[[], Any]], *, graph: bool = True, eager: bool = True,
             host: bool = True, cold_l2: bool = True, reps: Optional[int] = None,
             target_ms: float = 25.0, min_reps: int = 5, max_reps: int = 40,
-            device=None) -> Timing:
+            device=None, prepare: Optional[Callable[[int], Any]] = None) -> Timing:
     """Time ``fns`` (N callables, each on its own input copy) as described in the module doc.
 
     ``reps`` fixes the number of samples per method; otherwise it is chosen so that each method
     takes about ``target_ms`` (clamped to [min_reps, max_reps]). A graph that cannot be captured
     (an op that synchronizes, ...) is reported in ``graph_error`` and eager is still measured.
+    ``prepare(i)``, when given, runs before the i-th timed sample (i = 0, 1, ... over both
+    methods), ahead of its L2 flush: e.g. copying another input draw into the callables' copies.
     """
     fns = list(fns)
     n = len(fns)
     assert n >= 1
     device = device or torch.device("cuda", torch.cuda.current_device())
     t = Timing(calls=n)
+    counter = itertools.count()
+    prep = None if prepare is None else (lambda: prepare(next(counter)))
 
     # warm-up on a side stream (required before capture; also triggers lazy init / JIT)
     side = torch.cuda.Stream(device=device)
@@ -196,10 +207,10 @@ def measure(fns: Sequence[Callable[[], Any]], *, graph: bool = True, eager: bool
             g.replay()
             torch.cuda.synchronize()
             first = _timed(g.replay, n, 1, cold_l2=cold_l2, spin=True, sync_first=False,
-                           device=device)[0]
+                           device=device, prepare=prep)[0]
             r = reps or _reps(first * n, target_ms, min_reps, max_reps)
             xs = _timed(g.replay, n, r, cold_l2=cold_l2, spin=True, sync_first=False,
-                        device=device)
+                        device=device, prepare=prep)
             t.graph_us, t.graph_p20, t.graph_p80 = quantiles(xs)
             t.samples = r
         except Exception as e:  # capture failed: report, keep going with eager
@@ -214,9 +225,10 @@ def measure(fns: Sequence[Callable[[], Any]], *, graph: bool = True, eager: bool
         eager_run()
         torch.cuda.synchronize()
         first = _timed(eager_run, n, 1, cold_l2=cold_l2, spin=False, sync_first=True,
-                       device=device)[0]
+                       device=device, prepare=prep)[0]
         r = reps or _reps(first * n, target_ms, min_reps, max_reps)
-        xs = _timed(eager_run, n, r, cold_l2=cold_l2, spin=False, sync_first=True, device=device)
+        xs = _timed(eager_run, n, r, cold_l2=cold_l2, spin=False, sync_first=True, device=device,
+                    prepare=prep)
         t.eager_us, t.eager_p20, t.eager_p80 = quantiles(xs)
         t.samples = max(t.samples, r)
     if host:
