@@ -93,3 +93,28 @@ def test_input_draws_rotate_through_the_timed_copies():
             assert torch.equal(pool[j], draws[(i + j) % 4])
     assert all(torch.equal(a, b) for a, b in zip(keep, draws))
     assert rotation(pool, draws[:1], 3) is None
+
+
+def test_timed_runs_prepare_before_each_sample(monkeypatch):
+    """``timing._timed`` calls the prepare hook once per sample, before the sample's flush and
+    start event (CUDA events and synchronize replaced by stand-ins: the order is what counts)."""
+    from tokenspeed_kernel.bench import timing
+    log = []
+
+    class Ev:
+        def __init__(self, **kw):
+            pass
+
+        def record(self):
+            log.append("event")
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Ev)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: log.append("sync"))
+    xs = timing._timed(lambda: log.append("run"), 2, 3, cold_l2=False, spin=False,
+                       sync_first=True, device=torch.device("cpu"),
+                       prepare=lambda: log.append("prepare"))
+    assert xs == [500.0] * 3
+    assert log == ["prepare", "sync", "event", "run", "event"] * 3 + ["sync"]
