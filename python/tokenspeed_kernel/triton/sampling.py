@@ -759,23 +759,37 @@ def _topr_emit(keys, G: tl.constexpr, cbase, slot, KSLOT: tl.constexpr, USE_RANK
 
 
 @triton.jit
+def _cap_threshold(keys, tau, cap):
+    """For int64 keys (distinct where >= 0, -1 = empty) of which more than ``cap`` are >= tau:
+    the smallest t > tau with exactly ``cap`` keys >= t, and that count. A binary search on the
+    key (one block reduction per halving; ~45 steps for a chunk's candidates) instead of
+    sorting: every key >= t is in ``keys`` whenever every key >= tau is, so the keys >= t are
+    still an exact prefix of the order."""
+    lo = tau.to(tl.int64)                        # count(>= lo) > cap
+    hi = tl.max(keys, axis=0).to(tl.int64) + 1   # count(>= hi) == 0
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        c = tl.sum(((keys >= mid) & (keys >= 0)).to(tl.int32), axis=0)
+        over = c > cap
+        lo = tl.where(over, mid, lo)
+        hi = tl.where(over, hi, mid)
+    # distinct keys: the count drops by at most one per step, so count(hi) == cap
+    return hi, tl.sum(((keys >= hi) & (keys >= 0)).to(tl.int32), axis=0)
+
+
+@triton.jit
 def _topr_write(flat, tau, cbase, slot, KSLOT: tl.constexpr, USE_RANK: tl.constexpr):
     """Writes the keys of ``flat`` that are >= tau (an exact prefix of the chunk's order) to
-    the slot, or, when more than ``slot``, the top KS of them (tau = the last one).
-    Returns (count, tau)."""
-    NF: tl.constexpr = flat.shape[0]
+    the slot; when more than ``slot``, tau is first raised so that ``slot`` of them remain
+    (``_cap_threshold``). Returns (count, tau)."""
     ge = (flat >= tau) & (flat >= 0)
     n = tl.sum(ge.to(tl.int32), axis=0)
-    KS: tl.constexpr = KSLOT if KSLOT < NF else NF
-    if n <= slot:
-        pos = tl.cumsum(ge.to(tl.int32), axis=0) - 1
-        tl.store(cbase + pos, flat, mask=ge)
-    else:
-        top = _top_sorted(flat, KS, USE_RANK)
-        j = tl.arange(0, KS)
-        tl.store(cbase + j, top)
-        tau = tl.sum(tl.where(j == KS - 1, top, 0), axis=0)
-        n = n * 0 + KS
+    tau = tau.to(tl.int64)
+    if n > slot:
+        tau, n = _cap_threshold(flat, tau, slot)
+        ge = (flat >= tau) & (flat >= 0)
+    pos = tl.cumsum(ge.to(tl.int32), axis=0) - 1
+    tl.store(cbase + pos, flat, mask=ge)
     return n, tau
 
 
@@ -1247,15 +1261,15 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
             inP = ent & (key >= tau)
             nstar = tl.sum(inP.to(tl.int32), axis=0)
             r = tl.arange(0, KCAP)
-            if nstar <= KCAP:
-                pos = tl.cumsum(inP.to(tl.int32), axis=0) - 1
-                tl.store(cand_row + NP + pos, key, mask=inP)
-                tl.debug_barrier()
-                top = _sort_desc(tl.load(cand_row + NP + r, mask=r < nstar, other=-1), USE_RANK)
-            else:   # more than KCAP: their top KCAP (still an exact prefix)
-                top = _top_sorted(tl.where(inP, key, -1), KCAP, USE_RANK)
-            nP = tl.minimum(nstar, KCAP)
             complete = (tau < 0) & (nstar <= KCAP)
+            if nstar > KCAP:   # more than KCAP: a higher bound keeps KCAP (an exact prefix)
+                tau, nstar = _cap_threshold(tl.where(ent, key, -1), tau.to(tl.int64), KCAP)
+                inP = ent & (key >= tau)
+            pos = tl.cumsum(inP.to(tl.int32), axis=0) - 1
+            tl.store(cand_row + NP + pos, key, mask=inP)
+            tl.debug_barrier()
+            top = _sort_desc(tl.load(cand_row + NP + r, mask=r < nstar, other=-1), USE_RANK)
+            nP = nstar
             vr = r < nP
             z = P.key32_to_float(top >> 24)
             ids = P.key56_id(top).to(tl.int32)
