@@ -869,6 +869,12 @@ def test_triton_window_paths(tri):
     assert (_tri_run(tri, flat, kw, cfg, gen=gen) == WINDOW + EXACT).all()
     ties = torch.zeros(R, V, device=DEVICE)                    # every value tied: window = row
     assert (_tri_run(tri, ties, kw, cfg, gen=gen) == WINDOW + EXACT).all()
+    # a chunk that overflows its slot but whose max is not kept (tied far below the row's
+    # peak): K3 skips it and decides from the window (no exact pass)
+    low = _logits(R, V, gen, scale=0.5)
+    low[:, 640:960] = -20.0
+    low[:, 7] = 8.0
+    assert (_tri_run(tri, low, kw, cfg, gen=gen) == WINDOW).all()
 
 
 @pytest.mark.parametrize("S1", [1, 2, 4, 8])

@@ -2,7 +2,9 @@
 
     python bench/lab/tools/prof_verify.py [bs,n,V,dtype ...]      e.g. 16,3,151936,fp32 256,8,151936,bf16
 Prints, per config, the mean device time of every kernel launched by one call (10 calls).
+PROF_BACKEND=triton profiles the Triton backend (default cuda).
 """
+import os
 import sys
 
 import torch
@@ -16,7 +18,7 @@ cfgs = sys.argv[1:] or ["16,3,151936,fp32", "256,8,151936,fp32", "1,3,151936,fp3
 for c in cfgs:
     bs, n, V, dt = c.split(",")
     pb = Problem(int(bs), int(n), int(V), DT[dt], torch.device("cuda"))
-    call = ours_call("cuda")
+    call = ours_call(os.environ.get("PROF_BACKEND", "cuda"))
     for _ in range(3):
         call(pb, pb.tgt, pb.drf)
     torch.cuda.synchronize()

@@ -1214,8 +1214,11 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
                           axis=0)
     if HAS_MINP:
         if go & (mode == WINDOW):
-            # the chunks' candidates, compacted NC at a time (chunk of entry j: prefix sums)
-            cnts = tl.load(pi_ptr + pidx * NPI + 3, mask=sm, other=0)
+            # the chunks' candidates, compacted NC at a time (chunk of entry j: prefix sums);
+            # only chunks whose max is kept can hold a kept key (y is monotone in z): the
+            # others' entries and slot overflows are skipped
+            live = sm & (P.centered(Ms, zmax, inv_t) >= L)
+            cnts = tl.load(pi_ptr + pidx * NPI + 3, mask=live, other=0)
             incl = tl.cumsum(cnts, axis=0)
             total = tl.sum(cnts, axis=0)
             best = tl.full([], NEG_INF, tl.float32)
@@ -1241,7 +1244,7 @@ def _k3_finalize(logits_ptr, stride_row, n_rows, V, S1, slot_t, slot_w, NW, S2, 
                 wt = tl.where(upd, bi, wt)
                 best = tl.where(upd, bm, best)
                 wsum += tl.sum(tl.where(kept, tl.exp(y), 0.0), axis=0)
-            ovf = tl.max(fl & 2, axis=0)
+            ovf = tl.max(tl.where(live, fl & 2, 0), axis=0)
             tok = tl.where(ovf == 0, wt, tok)
             ksum = wsum
             fallback = tl.where(ovf == 0, 0, 1)
