@@ -61,10 +61,11 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   z >= zmax - W with W = fl(|L| / t) (1 + 2^-16) (|y| >= |z - zmax| t (1 - u)^2). K1 keeps the
   running max m of the chunk (tile max first) and appends every finite z >= m - W - |m| 2^-20
   (<= the real m - W after rounding) to the chunk's candidate slot (>= 64 entries; cumsum
-  compaction); the slot then holds every token of the chunk with z >= zmax - W. K3 compacts
-  the slots (prefix sums of their counts, 512 entries at a time), filters them exactly
-  (y >= L with the true zmax) and draws the Gumbel-max over them. A slot that overflows sends
-  the row to the exact pass. Per element: ~12 operations, no Philox.
+  compaction); the slot then holds every token of the chunk with z >= zmax - W. K3 skips the
+  chunks whose max has y < L (none of their tokens is kept), compacts the other slots (prefix
+  sums of their counts, NC entries at a time), filters them exactly (y >= L with the true
+  zmax) and draws the Gumbel-max over them. A slot that overflows sends the row to the exact
+  pass when its chunk's max is kept. Per element: ~12 operations, no Philox.
 * TOPR (top-k and / or top-p, any min-p): K1 keeps per lane of a 2048-lane tile the 4 largest
   keys (value, id) it has seen (insertion network, ~22 operations per element; a lane sees ids
   in increasing order, so strict float ``>`` gives the key order). Every token of the chunk
@@ -79,7 +80,7 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   (~74 elements each) sent 0.3-1.4 % of top-p 0.9 rows (T = 0.8, randn * 4, V = 151936) past
   P, with 4 chunks super-lanes of 8 (~148 elements) 2-4 %: most calls of 17-66 rows waited for
   one such row. Plain lanes with 2 chunks and super-lanes of 2 with 4 (~37 elements) make P
-  longer (median ~1000 keys, often past KCAP: K3 then takes its top KCAP by ``tl.topk``) and
+  longer (median ~1000 keys, often past KCAP: K3 then caps it, below) and
   such rows rare (1 of 768 rows measured; a CPU simulation: 1 of 2560 rows with 2 chunks, 0 of
   1024 with 4); 8 chunks (B <= 16) keep super-lanes of 8 (~74 elements: 0.2 % in the
   simulation, none of 128 rows measured). Top-p without top-k with one chunk per row (S1 = 1:
@@ -90,10 +91,11 @@ Per row the mode is decided on the device from the row's parameters (all kernels
   B = 256 278 us with 5 keys vs 590 us with 4, where 1 of the 1024 rows took the extension);
   with several chunks per row the super-lanes' ``tl.topk`` of 5 would cost more than it saves
   (same run, B = 64, S1 = 2: 167 vs 99 us), so they keep 4.
-  K1 writes the keys >= tau to the chunk's slot (2048 / S1 entries;
-  when more: the top 256 of the union, tau = the last one). K3 takes P = {slot keys >= max
-  tau} (an exact prefix of the row's order, ~660 keys for one chunk of 151936), compacts it
-  into KCAP = 1024 entries (more: its top 1024 by ``tl.topk``) and sorts them, then computes
+  K1 writes the keys >= tau to the chunk's slot (2048 / S1 entries; when more, a binary search
+  on the key raises tau until exactly the slot's worth remain: ``_cap_threshold``, still an
+  exact prefix). K3 takes P = {slot keys >= max tau} (an exact prefix of the row's order, ~660
+  keys for one chunk of 151936), compacts it into KCAP = 1024 entries (more: the same search
+  keeps exactly KCAP) and sorts them, then computes
   fixed-point masses, S_K (top-k on: over P; top-k off: K2's exact row sum), the top-p / min-p
   prefix and the Gumbel-max over the kept prefix. The decision is exact when the kept prefix
   provably ends inside P: P holds every finite token, or top-k is on with k <= |P|, or the last
