@@ -5,8 +5,8 @@ its per-row path codes), and whether the tokens equal ``backend="reference"``'s.
 
     python bench/lab/tools/triton_topp_tail.py LABEL [--batch 16,32,64,128] [--seeds 8]
         [--config '{"warps_x": 16}']   (a _TEST_CONFIG override for the timed calls)
-        [--mode min_p]   (another bench mode: "rows past P" then counts rows that K3 did not
-                          decide on its candidate path, i.e. any fallback or extension)
+        [--mode min_p]   (another bench mode, proc included: "rows past P" then counts rows
+                          that K3 did not decide on its candidate path: fallback or extension)
 
 A/B of a patch (no build: Triton only), from the repository root:
 
@@ -30,7 +30,7 @@ V = 151936
 
 def call(x, P, backend="triton"):
     return ops.sample(x, P.seed, P.offset, temperature=P.T, top_k=P.k, top_p=P.p, min_p=P.mp,
-                      backend=backend, validate=False)
+                      backend=backend, validate=False, processing=P.proc)
 
 
 def graph_us(x, P, n=20):
