@@ -2,6 +2,7 @@
 bench's input draws (CPU)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tokenspeed_kernel.bench import report
@@ -118,3 +119,46 @@ def test_timed_runs_prepare_before_each_sample(monkeypatch):
                        prepare=lambda: log.append("prepare"))
     assert xs == [500.0] * 3
     assert log == ["prepare", "sync", "event", "run", "event"] * 3 + ["sync"]
+
+
+def test_sampling_plot_one_vocab_column_with_processing_providers(tmp_path):
+    """The narrow figure of one vocabulary (wrapped title, legend in several columns) and the
+    processing row's providers, each with its own style (no default-cycle colour)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    provs = ["ours-cuda", "ours-triton", "ours-cuda+proc", "ours-triton+proc",
+             "torch-proc+ours-cuda", "torch-proc+ours-triton", "flashinfer"]
+    rows = [dict(_row("fp32", p, "proc" if "proc" in p else "top_k", B, 10.0 * B), B=B)
+            for p in provs for B in (1, 4)]
+    rows += [dict(_row("fp32", p, "proc", B, 5.0 * B), B=B) for p in ("ours-cuda", "ours-triton")
+             for B in (1, 4)]
+    seen = []
+    orig = plt.Figure.savefig
+
+    def spy(fig, path, *a, **k):
+        seen.append(fig)
+        return orig(fig, path, *a, **k)
+
+    plt.Figure.savefig = spy
+    try:
+        paths = report.sampling_plots(rows, tmp_path)
+    finally:
+        plt.Figure.savefig = orig
+    assert [p.name for p in paths] == ["sampling.png"] and paths[0].stat().st_size > 0
+    fig = seen[0]
+    styles = {}
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_label() in provs:
+                styles.setdefault(line.get_label(), set()).add((line.get_color(),
+                                                                line.get_linestyle()))
+    assert set(styles) == set(provs)
+    assert all(len(s) == 1 for s in styles.values())            # one style per provider
+    assert len({next(iter(s)) for s in styles.values()}) == len(provs)   # all different
+    assert "\n" in fig._suptitle.get_text()                     # wrapped for one column
+    leg = fig.legends[0]
+    ncols = getattr(leg, "_ncols", getattr(leg, "_ncol", None))
+    assert ncols is not None and ncols < len(leg.get_texts())   # several legend rows

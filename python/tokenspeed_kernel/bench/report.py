@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -283,8 +284,14 @@ def sampling_plots(rows: List[Dict], out_dir: Path, stem: str = "sampling") -> L
     ok = [r for r in rows if r["status"] == "ok" and (r.get("graph_us") or r.get("eager_us"))]
     dtypes = [d for d in DTYPE_ORDER if any(r["dtype"] == d for r in ok)]
     paths = []
-    colors = {"ours-cuda": "tab:red", "ours-triton": "tab:orange", "torch": "tab:blue",
-              "flashinfer": "tab:green", "reference": "tab:gray"}
+    # every provider its own colour / line (the processing row's providers included, so no
+    # default-cycle colour repeats a fixed one)
+    styles = {"ours-cuda": ("tab:red", "-"), "ours-triton": ("tab:orange", "-"),
+              "ours-cuda+proc": ("tab:red", "--"), "ours-triton+proc": ("tab:orange", "--"),
+              "torch-proc+ours-cuda": ("tab:purple", ":"),
+              "torch-proc+ours-triton": ("tab:brown", ":"), "torch": ("tab:blue", "-"),
+              "flashinfer": ("tab:green", "-"), "reference": ("tab:gray", "-"),
+              "reference+proc": ("tab:gray", "--")}
     for i, dt in enumerate(dtypes):
         sub = [r for r in ok if r["dtype"] == dt]
         modes = [m for m in MODE_ORDER if any(r["mode"] == m for r in sub)]
@@ -299,8 +306,9 @@ def sampling_plots(rows: List[Dict], out_dir: Path, stem: str = "sampling") -> L
                     pts = sorted((r["B"], r.get("graph_us") or r.get("eager_us"))
                                  for r in cell if r["provider"] == p)
                     if pts:
-                        ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", ms=3,
-                                color=colors.get(p), label=p)
+                        color, ls = styles.get(p, (None, "-"))
+                        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=3,
+                                ls=ls, color=color, label=p)
                 fl = sorted({(r["B"], r["floor_us"]) for r in cell if r.get("floor_us")})
                 if fl:
                     ax.plot([x for x, _ in fl], [y for _, y in fl], "k--", lw=0.8,
@@ -315,7 +323,8 @@ def sampling_plots(rows: List[Dict], out_dir: Path, stem: str = "sampling") -> L
                 if a == 0:
                     ax.set_title(f"V = {V}", fontsize=9)
                 if b == 0:
-                    ax.set_ylabel(f"{MODE_LABEL.get(mode, mode)}\nµs / call", fontsize=8)
+                    ax.set_ylabel(f"{textwrap.fill(MODE_LABEL.get(mode, mode), 26)}\nµs / call",
+                                  fontsize=8)
                 if a == len(modes) - 1:
                     ax.set_xlabel("batch B", fontsize=8)
                 ax.tick_params(labelsize=7)
@@ -326,11 +335,18 @@ def sampling_plots(rows: List[Dict], out_dir: Path, stem: str = "sampling") -> L
                     handles.append(h)
                     labels.append(l)
         gpu = ok[0].get("gpu", "") if ok else ""
-        top = 1.0 - 0.75 / fig.get_figheight()
-        fig.suptitle(f"sampling, {dt} logits: µs per call (CUDA-graph replay, cold L2) — {gpu}",
-                     fontsize=10, y=1.0 - 0.12 / fig.get_figheight(), va="top")
-        fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8,
-                   frameon=False, bbox_to_anchor=(0.5, 1.0 - 0.38 / fig.get_figheight()))
+        # title and legend sized to the figure's width (one vocabulary column is narrow):
+        # wrapped title lines, as many legend columns as fit, the axes below both
+        w, h = fig.get_figwidth(), fig.get_figheight()
+        title = f"sampling, {dt} logits: µs per call (CUDA-graph replay, cold L2) — {gpu}"
+        title = textwrap.fill(title, width=max(30, int(w * 13)))
+        t_lines = title.count("\n") + 1
+        ncol = max(1, min(len(labels), int(w // 1.7)))
+        l_rows = -(-len(labels) // ncol)
+        fig.suptitle(title, fontsize=10, y=1.0 - 0.1 / h, va="top")
+        fig.legend(handles, labels, loc="upper center", ncol=ncol, fontsize=8, frameon=False,
+                   bbox_to_anchor=(0.5, 1.0 - (0.16 + 0.2 * t_lines) / h))
+        top = 1.0 - (0.2 + 0.2 * t_lines + 0.19 * l_rows) / h
         fig.tight_layout(rect=(0, 0, 1, top))
         path = out_dir / (f"{stem}.png" if i == 0 else f"{stem}_{dt}.png")
         fig.savefig(path, dpi=110)
