@@ -731,15 +731,15 @@ def _k1_topr(row_ptr, lo, hi, inv_t, cbase, slot, S1, pf_ptr, pi_ptr, pk_ptr, pi
         k4 = _k56(v4, i4)
         k5 = tl.reshape(tl.join(keys, tl.reshape(tl.join(tl.join(k4, neg), tl.join(neg, neg)),
                                                  [BLOCK_T, 4])), [8 * BLOCK_T])
-        n, tau = _topr_write(k5, tl.max(k4, axis=0), cbase, slot, KSLOT, USE_RANK)
+        n, tau = _topr_write(k5, tl.max(k4, axis=0), cbase, slot)
     elif S1 >= 8:
         k8 = _top4_rows(tl.reshape(keys, [BLOCK_T // 8, 32]), USE_RANK)
-        n, tau = _topr_emit(k8, BLOCK_T // 8, cbase, slot, KSLOT, USE_RANK)
+        n, tau = _topr_emit(k8, BLOCK_T // 8, cbase, slot)
     elif S1 >= 4:
         k2 = _top4_rows(tl.reshape(keys, [BLOCK_T // 2, 8]), USE_RANK)
-        n, tau = _topr_emit(k2, BLOCK_T // 2, cbase, slot, KSLOT, USE_RANK)
+        n, tau = _topr_emit(k2, BLOCK_T // 2, cbase, slot)
     else:
-        n, tau = _topr_emit(keys, BLOCK_T, cbase, slot, KSLOT, USE_RANK)
+        n, tau = _topr_emit(keys, BLOCK_T, cbase, slot)
     tl.store(pk_ptr + pidx, tau)
     _raw_store(rm, rs, pr_ptr, pidx, WANT_LP, PROC)
     _lanes_store(zm, zi, sl, s2l, inv_t, pf_ptr, pi_ptr, pidx, 0, n, WANT_LP)
@@ -751,13 +751,13 @@ def _k56(v, i):
 
 
 @triton.jit
-def _topr_emit(keys, G: tl.constexpr, cbase, slot, KSLOT: tl.constexpr, USE_RANK: tl.constexpr):
+def _topr_emit(keys, G: tl.constexpr, cbase, slot):
     """keys [G, 4]: each lane's 4 largest keys (-1: none). Every key of the chunk missing from
     them is below tau = max over lanes of the lane's 4th key (-1: the lanes hold every finite
-    value), so the keys >= tau are an exact prefix of the chunk's order: write them (or, when
-    more than ``slot``, the top KS of them, tau = the last one). Returns (count, tau)."""
+    value), so the keys >= tau are an exact prefix of the chunk's order: write them (when more
+    than ``slot``, tau is raised first: ``_topr_write``). Returns (count, tau)."""
     tau = tl.max(tl.min(keys, axis=1), axis=0)
-    return _topr_write(tl.reshape(keys, [4 * G]), tau, cbase, slot, KSLOT, USE_RANK)
+    return _topr_write(tl.reshape(keys, [4 * G]), tau, cbase, slot)
 
 
 @triton.jit
@@ -780,7 +780,7 @@ def _cap_threshold(keys, tau, cap):
 
 
 @triton.jit
-def _topr_write(flat, tau, cbase, slot, KSLOT: tl.constexpr, USE_RANK: tl.constexpr):
+def _topr_write(flat, tau, cbase, slot):
     """Writes the keys of ``flat`` that are >= tau (an exact prefix of the chunk's order) to
     the slot; when more than ``slot``, tau is first raised so that ``slot`` of them remain
     (``_cap_threshold``). Returns (count, tau)."""
