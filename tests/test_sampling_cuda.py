@@ -33,13 +33,15 @@ pytestmark = pytest.mark.gpu
 # gap test, no rescan, undecided rows sampled by that CTA); "scand_topp": opt-in, top-p calls
 # without a top-k tensor on that launch; "no_rescan" / "no_defer": the default without
 # F_SCAND_RESCAN (top-k-off rows with few forwarded keys read chunks again) / F_SCAND_DEFER
-# (undecided rows go to a cluster launch after it)
+# (undecided rows go to a cluster launch after it); "no_wide": without F_WIDE_DEFER (at one CTA
+# per row, the rows that CTA cannot decide go to a launch of clusters after it)
 FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
          "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
          "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand_topp": S.F_SCAND_TOPP,
          "launch0": (0, 0),
          "no_rescan": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_SCAND_RESCAN),
-         "no_defer": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_SCAND_DEFER)}
+         "no_defer": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_SCAND_DEFER),
+         "no_wide": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_WIDE_DEFER)}
 
 
 cuda_flags = sampler_path   # an int (testing bits) or a (testing, launch-policy) pair
@@ -543,26 +545,62 @@ def test_cuda_scand_topp_band_boundary():
         assert torch.equal(got.tokens, want[0]), rep
 
 
-@pytest.mark.parametrize("route", ["top_k", "top_p_opt_in", "deferred"])
+def _wide_rows():
+    """A batch that the cluster launch spreads one CTA per row (B > SMs / 2)."""
+    return torch.cuda.get_device_properties(DEVICE).multi_processor_count // 2 + 12
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_wide_defer_rows(dtype):
+    """Calls with a top-p tensor at one CTA per row (B > SMs / 2): rows that CTA cannot decide
+    from its 512 candidates (flat rows with top-p 0.95: kept sets of thousands; k = 1000 > 512)
+    go to the launch of clusters that follows (F_WIDE_DEFER, at most 8 rows; here more than 8
+    are undecided, so the rest take the generic path in their own CTA), among ordinary top-p /
+    top-k + top-p / min-p / greedy rows, with and without a top-k tensor, with logprobs: == the
+    reference, and == the launch without the bit (no_wide) and the forced generic path."""
+    skip_unless_backend("cuda")
+    B, V = _wide_rows(), 151936
+    g = _gen(77)
+    z = torch.randn(B, V, generator=g) * 4
+    z[3::6] *= 0.02                                       # flat: kept sets of thousands
+    z = z.to(dtype).to(DEVICE)
+    i = torch.arange(B)
+    T = torch.tensor([0.8, 1.0, 0.7, 1.0, 1.3, 0.0])[i % 6]
+    p = torch.tensor([0.9, 0.5, 1.0, 0.95, 0.99, 0.9])[i % 6]
+    k = torch.tensor([0, 50, 0, 0, 1000, 0], dtype=torch.int32)[i % 6]
+    mp = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.0, 0.0])[i % 6]
+    for kw in (dict(temperature=T, top_p=p), dict(temperature=T, top_k=k, top_p=p, min_p=mp)):
+        kw = {n: v.to(DEVICE) for n, v in kw.items()}
+        a = _check(z, kw)
+        for fl in ("no_wide", "generic"):
+            assert torch.equal(_check(z, kw, FLAGS[fl]).tokens, a.tokens), fl
+
+
+@pytest.mark.parametrize("route", ["top_k", "top_p_opt_in", "deferred", "wide"])
 def test_cuda_scand_graph_replay_and_streams(route):
     """The split-candidates launch (an arrival-counter memset, then one kernel, a per-call
     workspace) under CUDA-graph capture and replay with new inputs, and on two streams at
     once: calls with a top-k tensor, and (opt-in F_SCAND_TOPP) top-p calls without one, with a
     greedy row and a top-p = 1 row; "deferred": 24 rows, the odd ones flat with top-k off and
     top-p on (kept sets of thousands: left undecided, sampled by the cluster launch that
-    follows, F_SCAND_DEFER, a PDL launch)."""
+    follows, F_SCAND_DEFER, a PDL launch); "wide": B > SMs / 2 top-p rows without a top-k
+    tensor (one CTA per row), every fifth flat (left to the launch of clusters that follows,
+    F_WIDE_DEFER: a memset, the kernel and the PDL launch; more than 8: the rest sampled by
+    their CTA)."""
     skip_unless_backend("cuda")
     g = _gen(19)
-    B, V = (24 if route == "deferred" else 4), 151936
-    topk = route != "top_p_opt_in"
+    B, V = {"deferred": 24, "wide": _wide_rows()}.get(route, 4), 151936
+    topk = route not in ("top_p_opt_in", "wide")
 
     def inputs():
         z = torch.randn(B, V, generator=g) * 4
         if route == "deferred":
             z[1::2] *= 0.05
+        if route == "wide":
+            z[2::5] *= 0.05
         z = z.to(DEVICE)
         T = (torch.rand(B, generator=g) + 0.3).to(DEVICE)
-        T[1 if route != "deferred" else 0] = 0.0
+        T[0 if route in ("deferred", "wide") else 1] = 0.0
         k = torch.randint(1, 300, (B,), generator=g).to(torch.int32).to(DEVICE)
         p = (torch.rand(B, generator=g) * 0.5 + 0.5).to(DEVICE)
         if route == "deferred":
@@ -576,7 +614,7 @@ def test_cuda_scand_graph_replay_and_streams(route):
         return ops.sample_with_logprobs(z, seed, offset, temperature=T, top_k=k if topk else None,
                                         top_p=p, backend="cuda", **kw)
 
-    with cuda_flags(0 if topk else S.F_SCAND_TOPP):
+    with cuda_flags(S.F_SCAND_TOPP if route == "top_p_opt_in" else 0):
         _graph_replay_and_two_streams(
             inputs, call, lambda *x: call(*x, validate=False),
             lambda z, T, k, p, seed, offset: ref.sample(z, seed, offset, T, k if topk else None,

@@ -6,7 +6,9 @@ top-k tensor: S CTAs per row, the last to arrive finishing it), clusters of 16 a
 memory and streamed, the forced exact / generic paths, the split-candidates launch's
 launch-policy bits (processing, band masses, streamed temperature-only rows, the complete
 prefix and the rescan of top-k-off rows, at B = 24 the deferral of undecided rows to a cluster
-launch; the default without the deferral; without any of them; the opt-in top-p route), with
+launch; the default without the deferral; without any of them; the opt-in top-p route), a
+batch of SMs / 2 + 4 rows with top-p tensors and flat rows (one CTA per row: rows past the
+candidates queued for the launch of clusters after it, F_WIDE_DEFER, and without the bit), with
 logprobs;
 fp32 and bf16, aligned and unaligned rows; each also with logits processing (bias, penalties,
 an allowed mask, banned ids, min_tokens stop ids: the prep kernel and the processing kernels).
@@ -75,17 +77,22 @@ def run(quick: bool) -> int:
     if not quick:
         flag_sets += [(f, None) for f in (S.F_NO_RESIDENT, S.F_FORCE_EXACT, S.F_FORCE_GENERIC,
                                           S.F_NO_SPLIT)]
+    wide = torch.cuda.get_device_properties(dev).multi_processor_count // 2 + 4
     for dtype in ([torch.float32] if quick else [torch.float32, torch.bfloat16]):
-        for B in (2, 24):
+        for B in (2, 24, wide):
             for unaligned in ((False,) if quick else (False, True)):
                 g = torch.Generator().manual_seed(B * 7 + unaligned)
                 V = 40000
                 full = torch.randn(B, V + 1, generator=g) * 4
+                if B == wide:
+                    full[3::7] *= 0.02      # flat rows: kept sets past the 512 candidates
                 z = (full[:, 1:] if unaligned else full[:, :V]).to(dtype).to(dev)
                 seed = torch.arange(B, device=dev) + 11
                 offset = torch.zeros(B, dtype=torch.int64, device=dev)
                 proc = processing(B, V, g, dev)
                 for (mode, m), pr in [(x, pr) for x in MODES.items() for pr in (None, proc)]:
+                    if B == wide and mode not in ("top_p", "mixed_p", "k_gt_512"):
+                        continue
                     def col(v, dt=torch.float32):   # one value, or a pair alternated over rows
                         v = v if isinstance(v, tuple) else (v,)
                         return torch.tensor([v[i % len(v)] for i in range(B)], dtype=dt,
@@ -99,7 +106,9 @@ def run(quick: bool) -> int:
                         kw["min_p"] = col(m["mp"])
                     want = ops.sample(z, seed, offset, backend="reference", processing=pr,
                                       **kw).tokens
-                    for fl in flag_sets:
+                    sets = flag_sets + ([(0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_WIDE_DEFER)]
+                                        if B == wide else [])
+                    for fl in sets:
                         launch = {} if fl[1] is None else {"sampler_launch_flags": fl[1]}
                         with testing.knobs(sampler_flags=fl[0], **launch):
                             got = ops.sample_with_logprobs(z, seed, offset, backend="cuda",

@@ -77,6 +77,9 @@ constexpr int kHeadElems = 32768;
 // mass and min-key histograms (3 x 256)
 constexpr int kCbufPerCta = 3 * 256 > kCandCap ? 3 * 256 : kCandCap;
 constexpr int kMaxCluster = 16;
+// F_WIDE_DEFER: rows a one-CTA-per-row launch may leave to the wider launch after it (one
+// cluster each; the launch_wide comment says why)
+constexpr int kWideSlots = 8;
 constexpr int kUnroll = 4;  // 16-byte vectors in flight per thread and iteration
 // A token whose y is below kDead never wins: y + G <= y + 16.6356 < -2.8144 < G_min = -2.8116
 // <= the score of the max token (y = 0), which every filter keeps. Rounding is monotone.
@@ -102,13 +105,15 @@ enum Flags : int {
   F_SCAND_TOPP = 32768,    // top-p calls without a top-k tensor take it too (opt-in; implies BAND)
   F_SCAND_RESCAN = 65536,  // its k-off rows with fewer forwarded keys than K: rescan
   F_SCAND_DEFER = 131072,  // its rows left undecided go to a cluster launch after it
-  F_SPLIT_WIDE = 262144    // the split launch also for SMs / 4 < B <= SMs / 2 (no processing)
+  F_SPLIT_WIDE = 262144,   // the split launch also for SMs / 4 < B <= SMs / 2 (no processing)
+  F_WIDE_DEFER = 524288    // one-CTA-per-row cluster launches: undecided rows to a wider launch
 };
 // The bits the op passes through from its caller (the request bits come from the tensors given);
 // a new bit above must be added here, or the op drops it.
 constexpr int kCallerFlags = F_LOGPROBS | F_FORCE_GENERIC | F_FORCE_EXACT | F_NO_RESIDENT |
                              F_NO_SPLIT | (7 << F_CS_SHIFT) | F_SCAND_PROC | F_SCAND_BAND |
-                             F_SCAND_TOPP | F_SCAND_RESCAN | F_SCAND_DEFER | F_SPLIT_WIDE;
+                             F_SCAND_TOPP | F_SCAND_RESCAN | F_SCAND_DEFER | F_SPLIT_WIDE |
+                             F_WIDE_DEFER;
 enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
 
 struct Params {
@@ -133,12 +138,15 @@ struct Params {
   bool* valid;
   float* lp;
   float* plp;
-  unsigned int* stats;  // optional [4] counters (lab builds): exact plain passes, generic rows,
-                        // chunks read again, band masses that needed the exact mass
-  unsigned int* defer;  // F_SCAND_DEFER: [rows] flags, 1 = the row was left to the cluster
-                        // launch after the split-candidates launch (launch_scand); the cluster
-                        // kernel then samples only the flagged rows
-  ProcParams proc;      // logits processing (sampling/processing.cuh); all null: none
+  unsigned int* stats;   // optional [4] counters (lab builds): exact plain passes, generic rows,
+                         // chunks read again, band masses that needed the exact mass
+  unsigned int* defer;   // F_SCAND_DEFER: [rows] flags, 1 = the row was left to the cluster
+                         // launch after the split-candidates launch (launch_scand); the cluster
+                         // kernel then samples only the flagged rows
+  unsigned int* dq_out;  // F_WIDE_DEFER, the one-CTA-per-row launch: [1 + kWideSlots] a
+                         // count, then the rows it left to the wider launch (launch_wide)
+  const unsigned int* dq_in;  // that wider launch: the same queue; cluster j samples row j
+  ProcParams proc;            // logits processing (sampling/processing.cuh); all null: none
 };
 
 // ------------------------------------------------------------------------------------------
@@ -1455,15 +1463,30 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   unsigned long long* cand = cbuf + cbuf_n;  // [kCandBuf] (FILT)
   uint4* sdata = reinterpret_cast<uint4*>(cand + (FILT ? kCandBuf : 0));
 
-  const int row = blockIdx.x / cs;
+  int row0 = blockIdx.x / cs;
   if (p.defer) {
     // after the split-candidates launch (launch_scand, PDL): only the rows it left undecided
     // (the same flag for every CTA of the cluster: all return before any cluster barrier)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-    if (!__ldcg(p.defer + row)) return;
+    if (!__ldcg(p.defer + row0)) return;
   }
+  if (p.dq_in) {
+    // after a one-CTA-per-row launch of this kernel (launch_wide, PDL): cluster j samples the
+    // j-th row that launch queued, if any (every CTA of the cluster reads the same values)
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    const unsigned nq = min(__ldcg(p.dq_in), unsigned(kWideSlots));
+    if (unsigned(row0) >= nq) return;
+    row0 = int(__ldcg(p.dq_in + 1 + row0));
+  }
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  // F_WIDE_DEFER: the wider launch after this one may start (its CTAs wait for this grid)
+  if (p.dq_out) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const int row = row0;
   const int rank = cs > 1 ? int(cg::this_cluster().block_rank()) : 0;
   const int tid = threadIdx.x;
   const Row r = row_params(p, row);
@@ -1776,6 +1799,18 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
     generic = true;
   }
   if (!generic) return;
+  if (p.dq_out) {
+    // F_WIDE_DEFER (one CTA per row, cs == 1): the row goes to the wider launch after this one
+    // while it has a free slot (launch_wide); otherwise this CTA samples it alone as below
+    __syncthreads();
+    if (tid == 0) {
+      const unsigned pos = atomicAdd(p.dq_out, 1u);
+      if (pos < unsigned(kWideSlots)) p.dq_out[1 + pos] = unsigned(row);
+      s.counter = pos < unsigned(kWideSlots) ? 1u : 0u;
+    }
+    __syncthreads();
+    if (s.counter) return;
+  }
 
   // ---------------- generic: exact thresholds, then the exact pass ----------------
   if (p.stats && rank == 0 && tid == 0) atomicAdd(&p.stats[1], 1u);
@@ -3084,7 +3119,8 @@ inline size_t scand_ws_bytes(const Params& p, int S) {
 }
 
 template <typename T, bool kProc>
-cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool pdl);
+cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool pdl,
+                           int grid_rows = 0);
 
 // With F_SCAND_DEFER, S <= kDeferMaxS and a top-p tensor, the rows the finishing CTA cannot
 // decide from the candidates (top-p rows with top-k off whose kept set runs past them, k >
@@ -3114,6 +3150,45 @@ cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
   return launch_cluster<T, kProc>(p, stream, 0, true);
 }
 
+// Wide deferral (F_WIDE_DEFER): calls with a top-p tensor whose cluster launch gives each row
+// one CTA (B > SMs / 2; the launcher's pick_cs) and no split launch. A row that CTA cannot
+// decide from its candidates (a top-p kept set past the 512 candidates, k > 512, a candidate
+// buffer overflow) would take the generic path in that CTA alone: radix thresholds over the
+// row, each level a read of the whole row by one SM with fixed-point masses for every element,
+// hundreds of us, and the call waits for it (at V = 262144, T = 0.8, top-p 0.9 on randn * 4
+// rows, ~0.5 % of rows have kept sets past 512 tokens, so most calls of 256 rows hold one).
+// Instead the CTA appends the row to a queue of kWideSlots slots in the workspace (a count,
+// then the rows; one memset zeroes the count per call) and returns, and a second launch of the
+// same kernel follows with programmatic dependent launch: kWideSlots clusters of the size that
+// pick_cs gives kWideSlots rows (16 CTAs on an H200), cluster j waiting for the first grid
+// (griddepcontrol.wait) and then sampling the queue's j-th row, if any, from the start (the
+// contract fixes the token, whichever launch samples it). Rows past the slots take the generic
+// path in their CTA, as without the bit. The second launch costs its launch and the CTAs'
+// wait when nothing was queued. Returns whether the call takes this launch pair.
+template <typename T>
+bool wide_defer_ok(const Params& p) {
+  if (p.rows == 0 || !(p.flags & F_WIDE_DEFER) || !(p.flags & F_TOPP) ||
+      (p.flags & (F_FORCE_GENERIC | F_NO_SPLIT)) || ((p.flags >> F_CS_SHIFT) & 7) ||
+      split_ctas<T>(p) || scand_ctas<T>(p))
+    return false;
+  const DeviceInfo d = device_info(sample_kernel<T, true>);
+  return d.pdl && int64_t(p.rows) * 2 > d.sms;  // pick_cs: one CTA per row
+}
+constexpr size_t kWideWsBytes = 256;  // >= (1 + kWideSlots) * 4
+
+template <typename T, bool kProc>
+cudaError_t launch_wide(Params p, cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(p.ws, 0, kWideWsBytes, stream);
+  if (err != cudaSuccess) return err;
+  Params a = p;
+  a.dq_out = static_cast<unsigned*>(p.ws);
+  err = launch_cluster<T, kProc>(a, stream, 0, false);
+  if (err != cudaSuccess) return err;
+  Params b = p;
+  b.dq_in = static_cast<const unsigned*>(p.ws);
+  return launch_cluster<T, kProc>(b, stream, 0, true, kWideSlots);
+}
+
 // Fills p.cs / p.chunk / p.resident (cs_override > 0 forces the cluster size) and launches:
 // the split launch when p.ws is set and split_ctas(p) > 0, else one (cluster) launch. kProc:
 // the kernels that apply p.proc (the same launch policy; the caller ran launch_proc_prep).
@@ -3121,19 +3196,25 @@ template <typename T, bool kProc>
 cudaError_t launch_kernels(Params p, cudaStream_t stream, int cs_override) {
   if (p.rows == 0) return cudaSuccess;
   p.defer = nullptr;
+  p.dq_out = nullptr;
+  p.dq_in = nullptr;
   if (p.ws && cs_override == 0) {
     const int S = split_ctas<T>(p);
     if (S) return launch_split<T, kProc>(p, stream, S);
     const int S2 = scand_ctas<T>(p);
     if (S2) return launch_scand<T, kProc>(p, stream, S2);
+    if (wide_defer_ok<T>(p)) return launch_wide<T, kProc>(p, stream);
   }
   return launch_cluster<T, kProc>(p, stream, cs_override, false);
 }
 
-// The cluster launch (p.defer set: after launch_scand, with PDL; see there).
+// The cluster launch (p.defer set: after launch_scand, with PDL; p.dq_in set: the second launch
+// of launch_wide, grid_rows clusters; see there). grid_rows = 0: one cluster per row.
 template <typename T, bool kProc>
-cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool pdl) {
+cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool pdl,
+                           int grid_rows) {
   p.split = 0;
+  const int grows = grid_rows > 0 ? grid_rows : p.rows;
   // min-p alone runs on the PLAIN path (the kernel without the candidate machinery) when the
   // chunks are staged in shared memory, on the CAND path when they stream
   bool filt = p.flags & (F_TOPK | F_TOPP | F_FORCE_GENERIC);
@@ -3156,11 +3237,11 @@ cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool 
     int cs = 1;
     if (cs_override > 0) {
       cs = cs_override < d.max_cs ? cs_override : d.max_cs;
-    } else if (int64_t(p.rows) * 2 <= d.sms) {
+    } else if (int64_t(grows) * 2 <= d.sms) {
       for (int c = d.max_cs; c >= 2; c >>= 1) {
         if (chunk_of(c) < 2048) continue;
         const size_t smem = smem_fixed_bytes(c, filt) + (resident_ok(c) ? res_bytes_of(c) : 0);
-        if (int64_t(active_clusters(kernel, c, smem)) >= p.rows) {
+        if (int64_t(active_clusters(kernel, c, smem)) >= grows) {
           cs = c;
           break;
         }
@@ -3186,7 +3267,7 @@ cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool 
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[2];
   unsigned na = 0;
-  cfg.gridDim = dim3(unsigned(int64_t(p.rows) * cs), 1, 1);
+  cfg.gridDim = dim3(unsigned(int64_t(grows) * cs), 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = fixed + (p.resident ? res_bytes : 0);
   cfg.stream = stream;
@@ -3208,7 +3289,7 @@ cudaError_t launch_cluster(Params p, cudaStream_t stream, int cs_override, bool 
   if (err != cudaSuccess && cs > 1) {
     // a cluster this large could not be scheduled here (shared GPU, MPS, ...): half the size
     (void)cudaGetLastError();
-    return launch_cluster<T, kProc>(p, stream, cs / 2, pdl);
+    return launch_cluster<T, kProc>(p, stream, cs / 2, pdl, grid_rows);
   }
   return err;
 }

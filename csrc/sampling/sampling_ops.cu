@@ -232,21 +232,29 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
              "tokenspeed_kernel.sample: CUDA error (processing prep): ", cudaGetErrorString(e));
   }
   // small batches: the split launches' workspace (temperature / greedy rows: split_ctas; with
-  // a top-k tensor: scand_ctas), one per call from
-  // the caching allocator (stream-ordered; inside a CUDA graph, from the graph's pool)
+  // a top-k tensor: scand_ctas); large batches with a top-p tensor: the wide deferral's queue
+  // (wide_defer_ok). One per call from the caching allocator (stream-ordered; inside a CUDA
+  // graph, from the graph's pool)
   int split = 0, scand = 0;
+  bool wide = false;
   switch (logits.scalar_type()) {
-    case at::kFloat: split = split_ctas<float>(p), scand = scand_ctas<float>(p); break;
-    case at::kHalf: split = split_ctas<__half>(p), scand = scand_ctas<__half>(p); break;
+    case at::kFloat:
+      split = split_ctas<float>(p), scand = scand_ctas<float>(p), wide = wide_defer_ok<float>(p);
+      break;
+    case at::kHalf:
+      split = split_ctas<__half>(p), scand = scand_ctas<__half>(p), wide = wide_defer_ok<__half>(p);
+      break;
     case at::kBFloat16:
-      split = split_ctas<__nv_bfloat16>(p), scand = scand_ctas<__nv_bfloat16>(p);
+      split = split_ctas<__nv_bfloat16>(p), scand = scand_ctas<__nv_bfloat16>(p),
+      wide = wide_defer_ok<__nv_bfloat16>(p);
       break;
     default: TS_CHECK(false, "logits: dtype must be float32, float16 or bfloat16");
   }
   at::Tensor ws;
-  if (split || scand) {
-    ws = at::empty({int64_t(split ? split_ws_bytes(p, split) : scand_ws_bytes(p, scand))},
-                   at::TensorOptions().dtype(at::kByte).device(logits.device()));
+  if (split || scand || wide) {
+    const size_t bytes =
+        split ? split_ws_bytes(p, split) : (scand ? scand_ws_bytes(p, scand) : kWideWsBytes);
+    ws = at::empty({int64_t(bytes)}, at::TensorOptions().dtype(at::kByte).device(logits.device()));
     p.ws = ws.data_ptr();
   }
   cudaError_t err = cudaSuccess;

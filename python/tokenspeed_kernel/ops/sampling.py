@@ -35,19 +35,21 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # candidates are sampled by a cluster launch that follows it (PDL), instead of by that CTA
 # alone. F_SPLIT_WIDE: calls without filter tensors and without processing take the split launch
 # (a few small CTAs per row and a merge kernel) also when SMs / 4 < B <= SMs / 2, instead of the
-# cluster launch (clusters of 2 CTAs of 1024 threads per row there). The tokens never depend on
-# these bits.
+# cluster launch (clusters of 2 CTAs of 1024 threads per row there). F_WIDE_DEFER: in calls
+# with a top-p tensor whose cluster launch gives each row one CTA (B > SMs / 2), up to 8 rows
+# that CTA cannot decide from its candidates are sampled by a second launch of clusters that
+# follows it (PDL), instead of by that CTA alone. The tokens never depend on these bits.
 # ``_CUDA_TEST_FLAGS`` (an OR of the bits above) and the levels' switches below are set through
 # ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
 F_SCAND_PROC, F_SCAND_BAND, F_SCAND_TOPP, F_SCAND_RESCAN = 8192, 16384, 32768, 65536
-F_SCAND_DEFER, F_SPLIT_WIDE = 131072, 262144
+F_SCAND_DEFER, F_SPLIT_WIDE, F_WIDE_DEFER = 131072, 262144, 524288
 _CUDA_TEST_FLAGS = 0
 # The launch-policy bits every CUDA sampler call passes (ORed with _CUDA_TEST_FLAGS; the kernels
 # obey the bits, the policy lives here; the ``sampler_launch_flags`` knob replaces it, e.g. 0 for
 # the launches without them). Each measured faster on an H200 (docs/BENCHMARKS.md).
 _DEFAULT_LAUNCH_FLAGS = (F_SCAND_PROC | F_SCAND_BAND | F_SCAND_RESCAN | F_SCAND_DEFER
-                         | F_SPLIT_WIDE)
+                         | F_SPLIT_WIDE | F_WIDE_DEFER)
 
 # The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
 # own testing flags (ops/verify.py passes them): F_NO_LIST never compacts a level's active keys
