@@ -911,6 +911,54 @@ def test_triton_topr_chunks(tri, S1):
                 assert torch.equal(st & 15, mode & 15), (cfg, list(kw), st)
 
 
+def _cap_threshold_kernel():
+    """A one-program kernel around ``_cap_threshold`` (module level: a jitted function resolves
+    the helpers it calls in its module's globals)."""
+    global _CAP_K, _cap_threshold
+    if _CAP_K is None:
+        import triton
+        import triton.language as tl
+        from tokenspeed_kernel.triton.sampling import _cap_threshold
+
+        @triton.jit
+        def _k(keys_ptr, tau, cap, out_ptr, N: tl.constexpr):
+            keys = tl.load(keys_ptr + tl.arange(0, N))
+            t, n = _cap_threshold(keys, tau.to(tl.int64), cap)
+            tl.store(out_ptr, t.to(tl.int64))
+            tl.store(out_ptr + 1, n.to(tl.int64))
+        _CAP_K = _k
+    return _CAP_K
+
+
+_CAP_K = None
+_cap_threshold = None
+
+
+def test_triton_cap_threshold(tri):
+    """``_cap_threshold`` (the bound that caps a chunk's or a row's candidate prefix): for keys
+    with many tied values (the id part decides at the boundary) and distinct ones, empty slots
+    (-1) and bounds tau below every key or among them, it returns t with exactly ``cap`` keys
+    >= t (so t lies in (key_(cap+1), key_cap]) and that count."""
+    _k = _cap_threshold_kernel()
+    g = _gen(91)
+    N = 256
+    for case in range(12):
+        nval = (3, 17, 1 << 20)[case % 3]                 # values: heavy ties .. distinct
+        val = torch.randint(0, nval, (N,), generator=g) * (1 << 9) + (1 << 31)
+        ids = torch.randperm(1 << 12, generator=g)[:N]
+        keys = (val << 24) | ((1 << 24) - 1 - ids)
+        keys[torch.randperm(N, generator=g)[:N // 8]] = -1
+        srt = keys[keys >= 0].sort(descending=True).values
+        tau = -1 if case % 2 == 0 else int(srt[200])
+        navail = int((srt >= tau).sum())
+        for cap in (1, 5, 64, navail - 1):
+            out = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+            _k[(1,)](keys.to(DEVICE), tau, cap, out, N=N)
+            t, n = out.tolist()
+            assert n == cap == int((srt >= t).sum()), (case, cap, t, n)
+            assert t > tau and srt[cap] < t <= srt[cap - 1], (case, cap)
+
+
 def test_triton_topp_depth5_prefix(tri):
     """top-p without top-k, one chunk per row: 5 keys per lane give a longer exact prefix than 4,
     so a row whose nucleus runs past the 4-key prefix (and needs the extension there) is decided

@@ -763,20 +763,38 @@ def _topr_emit(keys, G: tl.constexpr, cbase, slot):
 @triton.jit
 def _cap_threshold(keys, tau, cap):
     """For int64 keys (distinct where >= 0, -1 = empty) of which more than ``cap`` are >= tau:
-    the smallest t > tau with exactly ``cap`` keys >= t, and that count. A binary search on the
-    key (one block reduction per halving; ~45 steps for a chunk's candidates) instead of
-    sorting: every key >= t is in ``keys`` whenever every key >= tau is, so the keys >= t are
-    still an exact prefix of the order."""
-    lo = tau.to(tl.int64)                        # count(>= lo) > cap
-    hi = tl.max(keys, axis=0).to(tl.int64) + 1   # count(>= hi) == 0
+    a t > tau with exactly ``cap`` keys >= t (t in (key_(cap+1), key_cap], the cap-th and
+    (cap+1)-th largest keys), and that count. A binary search instead of sorting (one block
+    reduction per halving): first on the value part of the key (key >> 24, the float's ordered
+    bits: about as many steps as bits in which the bounds differ, ~25 for randn rows), then, only
+    when the boundary falls among tokens of one value (ties), on the id part of that value's
+    keys (24 more). Every key >= t is in ``keys`` whenever every key >= tau is, so the keys >= t
+    are still an exact prefix of the order."""
+    ok = keys >= 0
+    v = keys >> 24
+    lo = tau.to(tl.int64) >> 24                       # count(v >= lo) > cap
+    hi = (tl.max(keys, axis=0).to(tl.int64) >> 24) + 1  # count(v >= hi) == 0
     while hi - lo > 1:
         mid = lo + (hi - lo) // 2
-        c = tl.sum(((keys >= mid) & (keys >= 0)).to(tl.int32), axis=0)
+        c = tl.sum(((v >= mid) & ok).to(tl.int32), axis=0)
         over = c > cap
         lo = tl.where(over, mid, lo)
         hi = tl.where(over, hi, mid)
-    # distinct keys: the count drops by at most one per step, so count(hi) == cap
-    return hi, tl.sum(((keys >= hi) & (keys >= 0)).to(tl.int32), axis=0)
+    t = hi << 24                                      # count(>= t) <= cap < count(>= lo << 24)
+    n = tl.sum(((keys >= t) & ok).to(tl.int32), axis=0)
+    if n < cap:   # the boundary is among the keys of value lo: search their id part
+        lo2 = tl.maximum(lo << 24, tau.to(tl.int64))  # count(>= lo2) > cap
+        hi2 = t
+        while hi2 - lo2 > 1:
+            mid = lo2 + (hi2 - lo2) // 2
+            c = tl.sum(((keys >= mid) & ok).to(tl.int32), axis=0)
+            over = c > cap
+            lo2 = tl.where(over, mid, lo2)
+            hi2 = tl.where(over, hi2, mid)
+        # distinct keys: the count drops by at most one per step, so count(hi2) == cap
+        t = hi2
+        n = tl.sum(((keys >= t) & ok).to(tl.int32), axis=0)
+    return t, n
 
 
 @triton.jit
