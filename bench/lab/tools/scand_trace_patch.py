@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SRC = ROOT / "csrc/sampling"
 
 KERNEL = [  # (anchor, text inserted after the anchor's line, or before with a leading "<")
-    ("  unsigned int* stats;  // optional [4] counters",
+    ("  unsigned int* stats;",
      "  unsigned long long* lab;  // LAB-PROF"),
     ("  unsigned long long* fkeys = reinterpret_cast<unsigned long long*>(sums + int64_t(p.rows) * S);",
      "  auto gt = []() { unsigned long long t; asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); return t; };\n"
@@ -53,7 +53,7 @@ KERNEL = [  # (anchor, text inserted after the anchor's line, or before with a l
      "<      if (labf) p.lab[6] = clock64() - lf0;"),
 ]
 CLUSTER = [  # stamps in the cluster kernel (sample_kernel), CTA 0 of row 0, lab[16..25]
-    ("  const int row = blockIdx.x / cs;",
+    ("  const int row = row0;",
      "  const long long lk0 = clock64();\n  const bool labk = p.lab && blockIdx.x == 0 && threadIdx.x == 0;"),
     ("    if (nvalid < r.K) th0 = 0;", "  if (labk) p.lab[16] = clock64() - lk0;"),
     ("  // ---------------- CTA summary ----------------", "<  if (labk) p.lab[17] = clock64() - lk0;"),
