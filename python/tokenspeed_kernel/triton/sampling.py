@@ -774,27 +774,28 @@ def _cap_threshold(keys, tau, cap):
     v = keys >> 24
     lo = tau.to(tl.int64) >> 24                       # count(v >= lo) > cap
     hi = (tl.max(keys, axis=0).to(tl.int64) >> 24) + 1  # count(v >= hi) == 0
+    lo, hi = _bisect_count(v, ok, lo, hi, cap)
+    t = hi << 24                                      # count(>= t) <= cap < count(>= lo << 24)
+    n = tl.sum(((keys >= t) & ok).to(tl.int32), axis=0)
+    if n < cap:   # the boundary is among the keys of value lo: search their id part
+        # (from max(lo << 24, tau), whose count is > cap); distinct keys: the count drops by at
+        # most one per step, so count(>= hi) == cap at the end
+        lo2, t = _bisect_count(keys, ok, tl.maximum(lo << 24, tau.to(tl.int64)), t, cap)
+        n = tl.sum(((keys >= t) & ok).to(tl.int32), axis=0)
+    return t, n
+
+
+@triton.jit
+def _bisect_count(v, ok, lo, hi, cap):
+    """Given count(v >= lo) > cap >= count(v >= hi) over the lanes ``ok``: the same with
+    hi = lo + 1 (one block reduction per halving)."""
     while hi - lo > 1:
         mid = lo + (hi - lo) // 2
         c = tl.sum(((v >= mid) & ok).to(tl.int32), axis=0)
         over = c > cap
         lo = tl.where(over, mid, lo)
         hi = tl.where(over, hi, mid)
-    t = hi << 24                                      # count(>= t) <= cap < count(>= lo << 24)
-    n = tl.sum(((keys >= t) & ok).to(tl.int32), axis=0)
-    if n < cap:   # the boundary is among the keys of value lo: search their id part
-        lo2 = tl.maximum(lo << 24, tau.to(tl.int64))  # count(>= lo2) > cap
-        hi2 = t
-        while hi2 - lo2 > 1:
-            mid = lo2 + (hi2 - lo2) // 2
-            c = tl.sum(((keys >= mid) & ok).to(tl.int32), axis=0)
-            over = c > cap
-            lo2 = tl.where(over, mid, lo2)
-            hi2 = tl.where(over, hi2, mid)
-        # distinct keys: the count drops by at most one per step, so count(hi2) == cap
-        t = hi2
-        n = tl.sum(((keys >= t) & ok).to(tl.int32), axis=0)
-    return t, n
+    return lo, hi
 
 
 @triton.jit
