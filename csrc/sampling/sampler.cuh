@@ -3164,12 +3164,12 @@ cudaError_t launch_scand(Params p, cudaStream_t stream, int S) {
 // (griddepcontrol.wait) and then sampling the queue's j-th row, if any, from the start (the
 // contract fixes the token, whichever launch samples it). Rows past the slots take the generic
 // path in their CTA, as without the bit. The second launch costs its launch and the CTAs'
-// wait when nothing was queued. Returns whether the call takes this launch pair.
+// wait when nothing was queued. Returns whether the call takes this launch pair; callers ask
+// only when neither split launch applies (split_ctas / scand_ctas are 0), as launch_kernels does.
 template <typename T>
 bool wide_defer_ok(const Params& p) {
   if (p.rows == 0 || !(p.flags & F_WIDE_DEFER) || !(p.flags & F_TOPP) ||
-      (p.flags & (F_FORCE_GENERIC | F_NO_SPLIT)) || ((p.flags >> F_CS_SHIFT) & 7) ||
-      split_ctas<T>(p) || scand_ctas<T>(p))
+      (p.flags & (F_FORCE_GENERIC | F_NO_SPLIT)) || ((p.flags >> F_CS_SHIFT) & 7))
     return false;
   const DeviceInfo d = device_info(sample_kernel<T, true>);
   return d.pdl && int64_t(p.rows) * 2 > d.sms;  // pick_cs: one CTA per row

@@ -239,14 +239,16 @@ void sample(const at::Tensor& logits, const std::optional<at::Tensor>& temperatu
   bool wide = false;
   switch (logits.scalar_type()) {
     case at::kFloat:
-      split = split_ctas<float>(p), scand = scand_ctas<float>(p), wide = wide_defer_ok<float>(p);
+      split = split_ctas<float>(p), scand = scand_ctas<float>(p);
+      wide = !split && !scand && wide_defer_ok<float>(p);
       break;
     case at::kHalf:
-      split = split_ctas<__half>(p), scand = scand_ctas<__half>(p), wide = wide_defer_ok<__half>(p);
+      split = split_ctas<__half>(p), scand = scand_ctas<__half>(p);
+      wide = !split && !scand && wide_defer_ok<__half>(p);
       break;
     case at::kBFloat16:
-      split = split_ctas<__nv_bfloat16>(p), scand = scand_ctas<__nv_bfloat16>(p),
-      wide = wide_defer_ok<__nv_bfloat16>(p);
+      split = split_ctas<__nv_bfloat16>(p), scand = scand_ctas<__nv_bfloat16>(p);
+      wide = !split && !scand && wide_defer_ok<__nv_bfloat16>(p);
       break;
     default: TS_CHECK(false, "logits: dtype must be float32, float16 or bfloat16");
   }
