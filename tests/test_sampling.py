@@ -1262,12 +1262,12 @@ def test_flag_bits_match_cuda_headers():
     sampler = enum_values("csrc/sampling/sampler.cuh", "F_FORCE_GENERIC")
     for name in ("F_FORCE_GENERIC", "F_FORCE_EXACT", "F_NO_RESIDENT", "F_NO_SPLIT",
                  "F_SCAND_PROC", "F_SCAND_BAND", "F_SCAND_TOPP", "F_SCAND_RESCAN",
-                 "F_SCAND_DEFER", "F_SPLIT_WIDE", "F_WIDE_DEFER"):
+                 "F_SCAND_DEFER", "F_SPLIT_WIDE", "F_WIDE_DEFER", "F_HIST_TOPP"):
         assert sampler[name] == getattr(S, name), name
     # the flag bits are distinct from the forced cluster size's field, and the launch-policy
     # default only holds launch-policy bits (never a testing bit)
     launch = (S.F_SCAND_PROC | S.F_SCAND_BAND | S.F_SCAND_TOPP | S.F_SCAND_RESCAN
-              | S.F_SCAND_DEFER | S.F_SPLIT_WIDE | S.F_WIDE_DEFER)
+              | S.F_SCAND_DEFER | S.F_SPLIT_WIDE | S.F_WIDE_DEFER | S.F_HIST_TOPP)
     assert launch & (7 << sampler["F_CS_SHIFT"]) == 0
     assert S._DEFAULT_LAUNCH_FLAGS & ~launch == 0
     # the op passes every bit of the enum through (kCallerFlags; a bit missing there is dropped

@@ -34,14 +34,16 @@ pytestmark = pytest.mark.gpu
 # without a top-k tensor on that launch; "no_rescan" / "no_defer": the default without
 # F_SCAND_RESCAN (top-k-off rows with few forwarded keys read chunks again) / F_SCAND_DEFER
 # (undecided rows go to a cluster launch after it); "no_wide": without F_WIDE_DEFER (at one CTA
-# per row, the rows that CTA cannot decide go to a launch of clusters after it)
+# per row, the rows that CTA cannot decide go to a launch of clusters after it); "no_hist":
+# without F_HIST_TOPP (top-p rows without top-k on a cluster: 512 candidates, not the histogram)
 FLAGS = {"default": 0, "generic": S.F_FORCE_GENERIC, "exact": S.F_FORCE_EXACT,
          "stream": S.F_NO_RESIDENT, "nosplit": S.F_NO_SPLIT,
          "nosplit_exact": S.F_NO_SPLIT | S.F_FORCE_EXACT, "scand_topp": S.F_SCAND_TOPP,
          "launch0": (0, 0),
          "no_rescan": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_SCAND_RESCAN),
          "no_defer": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_SCAND_DEFER),
-         "no_wide": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_WIDE_DEFER)}
+         "no_wide": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_WIDE_DEFER),
+         "no_hist": (0, S._DEFAULT_LAUNCH_FLAGS & ~S.F_HIST_TOPP)}
 
 
 cuda_flags = sampler_path   # an int (testing bits) or a (testing, launch-policy) pair
@@ -574,6 +576,58 @@ def test_cuda_wide_defer_rows(dtype):
         a = _check(z, kw)
         for fl in ("no_wide", "generic"):
             assert torch.equal(_check(z, kw, FLAGS[fl]).tokens, a.tokens), fl
+
+
+def _hist_rows(B, V, g, types):
+    """Rows of the HIST path's cases (top-p without top-k on a cluster launch): type 0 bench-like
+    (randn * 4, T = 0.8, p = 0.9: a boundary bin of a few tokens); 1 flat (randn * 0.05, p =
+    0.95: the boundary bin holds thousands of tokens, past its capacity: the generic path);
+    2 one token at 0 and the rest in [-19, -17] (T = 1, p = 0.9999: the cumulative mass reaches
+    P below y = -16, at level 1); 3 the same in [-22, -20] with p = 0.99999 (a boundary bin below
+    kDead: skipped, the kept mass taken as P for the logprob); 4 randn * 4 with top-p 0.95 and
+    min-p 0.05; 5 type 3 with min-p 1e-12 (the dead boundary resolved: min-p and logprobs);
+    6 greedy; 7 top-p = 1 (not HIST)."""
+    z = torch.randn(B, V, generator=g) * 4
+    T = torch.full((B,), 0.8)
+    p = torch.full((B,), 0.9)
+    mp = torch.zeros(B)
+    for i, t in enumerate(types):
+        if t == 1:
+            z[i] *= 0.0125
+            T[i], p[i] = 1.0, 0.95
+        elif t in (2, 3, 5):
+            lo = -17.0 if t == 2 else -20.0
+            z[i] = lo - 2 * torch.rand(V, generator=g)
+            z[i, int(torch.randint(0, V, (1,), generator=g))] = 0.0
+            T[i], p[i] = 1.0, (0.9999 if t == 2 else 0.99999)
+            mp[i] = 1e-12 if t == 5 else 0.0
+        elif t == 4:
+            T[i], p[i], mp[i] = 1.0, 0.95, 0.05
+        elif t == 6:
+            T[i] = 0.0
+        elif t == 7:
+            p[i] = 1.0
+    return z, dict(temperature=T.to(DEVICE), top_p=p.to(DEVICE), min_p=mp.to(DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [32000, 151936])
+def test_cuda_hist_topp_rows(dtype, V):
+    """F_HIST_TOPP (the default): top-p rows without top-k on the cluster launch (B <= SMs / 2),
+    every case of _hist_rows, each alone (B = 1: clusters of up to 16 CTAs) and mixed (B = 8 /
+    24); with and without logprobs: == the reference, and == the launch without the bit (512
+    candidates) and the forced generic path."""
+    skip_unless_backend("cuda")
+    g = _gen(91 + V)
+    calls = [[t] for t in range(8)] + [list(range(8)), [i % 8 for i in range(24)]]
+    for types in calls:
+        z, kw = _hist_rows(len(types), V, g, types)
+        z = z.to(dtype).to(DEVICE)
+        for lp in (True, False):
+            a = _check(z, kw, logprobs=lp)
+            for fl in ("no_hist", "generic"):
+                b = _check(z, kw, FLAGS[fl], logprobs=lp)
+                assert torch.equal(b.tokens, a.tokens), (types, fl)
 
 
 @pytest.mark.parametrize("route", ["top_k", "top_p_opt_in", "deferred", "wide"])

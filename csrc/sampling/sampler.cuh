@@ -106,15 +106,16 @@ enum Flags : int {
   F_SCAND_RESCAN = 65536,  // its k-off rows with fewer forwarded keys than K: rescan
   F_SCAND_DEFER = 131072,  // its rows left undecided go to a cluster launch after it
   F_SPLIT_WIDE = 262144,   // the split launch also for SMs / 4 < B <= SMs / 2 (no processing)
-  F_WIDE_DEFER = 524288    // one-CTA-per-row cluster launches: undecided rows to a wider launch
+  F_WIDE_DEFER = 524288,   // one-CTA-per-row cluster launches: undecided rows to a wider launch
+  F_HIST_TOPP = 1048576    // cluster launches (cs > 1): top-p rows without top-k take HIST
 };
 // The bits the op passes through from its caller (the request bits come from the tensors given);
 // a new bit above must be added here, or the op drops it.
 constexpr int kCallerFlags = F_LOGPROBS | F_FORCE_GENERIC | F_FORCE_EXACT | F_NO_RESIDENT |
                              F_NO_SPLIT | (7 << F_CS_SHIFT) | F_SCAND_PROC | F_SCAND_BAND |
                              F_SCAND_TOPP | F_SCAND_RESCAN | F_SCAND_DEFER | F_SPLIT_WIDE |
-                             F_WIDE_DEFER;
-enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3 };
+                             F_WIDE_DEFER | F_HIST_TOPP;
+enum Mode : int { kGreedy = 0, kPlain = 1, kCand = 2, kGeneric = 3, kHist = 4 };
 
 struct Params {
   const void* logits;
@@ -185,7 +186,10 @@ __device__ __forceinline__ Row row_params(const Params& p, int row) {
     r.mode = (r.k <= kCandCap && !(p.flags & F_FORCE_GENERIC)) ? kCand : kGeneric;
     r.K = r.k;
   } else if (r.p_on) {
-    r.mode = (p.flags & F_FORCE_GENERIC) ? kGeneric : kCand;
+    // top-p without top-k: on a cluster the bin search (HIST, hist_topp), else the candidates
+    r.mode = (p.flags & F_FORCE_GENERIC)             ? kGeneric
+             : (p.cs > 1 && (p.flags & F_HIST_TOPP)) ? kHist
+                                                     : kCand;
     r.K = p.vocab < kCandCap ? p.vocab : kCandCap;
   } else if (r.mp_on && (p.flags & F_FORCE_GENERIC)) {
     r.mode = kGeneric;
@@ -1442,6 +1446,245 @@ __device__ int cand_finish(const Row& r, Smem& s, Fin& f, int n, int vocab, floa
 }
 
 // ------------------------------------------------------------------------------------------
+// HIST (rank 0 decides; every CTA of the cluster calls): top-p rows without top-k on a cluster
+// (cs > 1, F_HIST_TOPP; min-p optional). The kept set is a prefix of the key order, and y is
+// non-increasing along it, so the bins of y (bin b holds y in (-(b + 1) / 16, -b / 16]) are
+// ordered like the keys. Level 0: every CTA adds each token's fixed-point mass e into its bin
+// (y > -16: bins 0..255, one shared-memory histogram of masses and counts) and into the row's
+// total S, and pushes its histogram to rank 0; rank 0 sums them and finds b*, the bin where the
+// cumulative mass from the top reaches P = top_p_limit(S). Every token of a bin above b* is
+// kept (the mass before it is < P), every token below it is not (the mass before it is >= P);
+// b* itself is the boundary. (Is the crossing below y = -16: level 1, y in (-32, -16]; the mass
+// is 0 below -26.34, so level 1 always finds it.) Then one pass: the tokens above b* (with
+// y >= the min-p bound) are scored (Gumbel, y >= kDead only: no other can win) and summed
+// (logprobs), the boundary bin's keys are pushed to rank 0, which ranks them (the mass before
+// each: a count over the bin) and decides them with the same rule. Integer masses: every
+// decision is the contract's. Boundary keys are not needed when the bin lies below kDead and
+// no logprob needs their mass exactly (without min-p the kept mass is then P up to one token
+// of mass < e^-19.5 relative to the max token's: 3.4e-9 relative). A boundary bin of more than
+// hist_cap() tokens that is needed (near-flat rows) returns the row's S: the caller runs the
+// generic path (S known). Returns 0 when the row was written (rank 0) / is done (the peers).
+// Shared memory: the CTA's histogram in s.hmass / s.hist; rank 0 receives the histograms in
+// cbuf (kCbufPerCta words per CTA: 256 masses, 256 counts, S), then the boundary keys (cbuf[0,
+// cap)) and their masses (cbuf[cap, 2 cap)); the decision in every CTA's s.bcast[4..6].
+// ------------------------------------------------------------------------------------------
+constexpr int kHistBins = 256;
+constexpr int kHistLevels = 2;
+constexpr int kHistSlotS = kHistBins + kHistBins / 2;  // cbuf word of the CTA's mass sum
+static_assert(kHistSlotS < kCbufPerCta, "a CTA's histogram must fit its cbuf slot");
+constexpr unsigned long long kHistNext = 1ull << 32, kHistSkip = 1ull << 33,
+                             kHistGeneric = 1ull << 34;
+// global bin of y <= 0; kHistLevels * kHistBins for y <= -32 (mass 0, never kept) and -inf
+__device__ __forceinline__ int hist_bin(float y) {
+  return y > -32.0f ? int(fmul(y, -16.0f)) : kHistLevels * kHistBins;
+}
+__device__ __forceinline__ int hist_cap(int cs) {
+  const int c = cs * kCbufPerCta / 2;
+  return c < 2048 ? c : 2048;
+}
+
+template <typename T, bool kProc, typename RawLp>
+__device__ unsigned long long hist_topp(const Params& p, const Row& r, Smem& s, const T* rowp,
+                                        int row, int c0, int c1, bool aligned, uint4* sdata,
+                                        float zmax, unsigned long long* cbuf, const RowProc& rp,
+                                        RawLp raw_lp) {
+  constexpr int VEC = VecOf<T>::n;
+  const int cs = p.cs;
+  const int rank = int(cg::this_cluster().block_rank());
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool lp = p.flags & F_LOGPROBS;
+  const float inv_t = r.inv_t;
+  const int cap = hist_cap(cs);
+  unsigned long long* slot = peer(cbuf, 0) + rank * kCbufPerCta;  // this CTA's slot at rank 0
+  unsigned long long S = 0, P = 0, above = 0;  // (rank 0) mass of the levels above this one
+  unsigned long long code = kHistGeneric;
+  for (int level = 0; level < kHistLevels; ++level) {
+    if (tid < kHistBins) {
+      s.hmass[tid] = 0;
+      s.hist[tid] = 0;
+    }
+    __syncthreads();
+    const int lo = level * kHistBins;
+    unsigned long long acc = 0;
+    auto body = [&](int, const float (&z)[VEC]) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float y = centered(z[j], zmax, inv_t);
+        const int b = hist_bin(y) - lo;
+        if (level == 0 || unsigned(b) < unsigned(kHistBins)) {
+          const unsigned long long e = (unsigned long long)mass_fixed_nonpos(y);
+          acc += e;
+          if (unsigned(b) < unsigned(kHistBins)) {
+            smem_add_u64(&s.hmass[b], e);
+            atomicAdd(&s.hist[b], 1u);
+          }
+        }
+      }
+    };
+    if constexpr (kProc)
+      for_each_pvec<true, T>(rowp, c0, c1, aligned, sdata, false, p.resident, p.proc, rp, body);
+    else
+      for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident, body);
+    if (level == 0)
+      acc = block_sum_u64(acc, s);  // (its barriers order the histogram too)
+    else
+      __syncthreads();
+    if (tid < kHistBins) {
+      slot[tid] = s.hmass[tid];
+      reinterpret_cast<unsigned*>(slot + kHistBins)[tid] = s.hist[tid];
+    }
+    if (level == 0 && tid == 0) slot[kHistSlotS] = acc;
+    cluster_sync(cs);
+    if (rank == 0) {
+      if (level == 0) {
+        S = block_sum_u64(tid < cs ? cbuf[tid * kCbufPerCta + kHistSlotS] : 0ull, s);
+        P = (unsigned long long)top_p_limit(r.top_p, int64_t(S));
+      }
+      unsigned long long m = 0;
+      unsigned cnt = 0;
+      if (tid < kHistBins) {
+        for (int q = 0; q < cs; ++q) {
+          m += cbuf[q * kCbufPerCta + tid];
+          cnt += reinterpret_cast<const unsigned*>(cbuf + q * kCbufPerCta + kHistBins)[tid];
+        }
+      }
+      // inclusive prefix of the bins' masses (bins 0..255: warps 0..7)
+      unsigned long long incl = m;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      if (tid == 0) s.bcast[0] = ~0ull;
+      __syncthreads();
+      if (lane == 31 && warp < kHistBins / 32) s.red64[warp] = incl;
+      __syncthreads();
+      unsigned long long off = 0, tot = 0;
+      for (int w = 0; w < kHistBins / 32; ++w) {
+        off += w < warp ? s.red64[w] : 0ull;
+        tot += s.red64[w];
+      }
+      incl += off + above;
+      // the bin where the cumulative mass reaches P (one at most: it holds mass)
+      if (tid < kHistBins && incl >= P && incl - m < P) {
+        s.bcast[0] = unsigned(tid);
+        s.bcast[1] = incl - m;
+        s.bcast[2] = cnt;
+      }
+      __syncthreads();
+      if (tid < cs) {
+        unsigned long long c = kHistGeneric, mab = 0;
+        if (s.bcast[0] != ~0ull) {
+          const int bstar = lo + int(s.bcast[0]);
+          mab = s.bcast[1];
+          // the bin's upper edge -bstar / 16 below kDead: its tokens cannot win
+          const bool dead = float(bstar) * 0.0625f > -kDead;
+          const bool skip = dead && (!lp || !r.mp_on);
+          if (skip || s.bcast[2] <= unsigned(cap)) c = unsigned(bstar) | (skip ? kHistSkip : 0ull);
+        } else if (level + 1 < kHistLevels) {
+          c = kHistNext;
+        }
+        unsigned long long* dst = peer(&s.bcast[4], tid);
+        dst[0] = c;
+        dst[1] = mab;
+        dst[2] = S;
+      }
+      above += tot;
+      if (tid == 0) s.counter = 0;
+    }
+    cluster_sync(cs);
+    code = s.bcast[4];
+    if (code != kHistNext) break;
+  }
+  if (code & kHistGeneric) return s.bcast[6];
+
+  // the kept tokens above the boundary bin, and its keys to rank 0
+  const int bstar = int(unsigned(code));
+  const bool push = !(code & kHistSkip);
+  unsigned* rctr = peer(&s.counter, 0);
+  unsigned long long* rbuf = peer(cbuf, 0);
+  unsigned long long best = 0, mk = 0;
+  auto fin = [&](int i, const float (&z)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float y = centered(z[j], zmax, inv_t);
+      const int b = hist_bin(y);
+      if (b < bstar) {
+        if (y >= r.L) {
+          if (lp) mk += (unsigned long long)mass_fixed_nonpos(y);
+          if (y >= kDead) {
+            const uint32_t id = uint32_t(i + j);
+            const float c =
+                fadd(y, gumbel_from_bits(philox_word(r.seed, r.offset, id, kStreamSample)));
+            const unsigned long long pb = pack_best(c, id);
+            best = pb > best ? pb : best;
+          }
+        }
+      } else if (b == bstar && push) {
+        const unsigned pos = atomicAdd(rctr, 1u);
+        if (pos < unsigned(cap)) rbuf[pos] = key_of(z[j], i + j);
+      }
+    }
+  };
+  if constexpr (kProc)
+    for_each_pvec<true, T>(rowp, c0, c1, aligned, sdata, false, p.resident, p.proc, rp, fin);
+  else
+    for_each_vec<T>(rowp, c0, c1, aligned, sdata, false, p.resident, fin);
+  best = block_max_u64(best, s);
+  if (lp) mk = block_sum_u64(mk, s);
+  if (tid == 0) {
+    *peer(&s.best[rank], 0) = best;
+    *peer(&s.cl_u64[rank][1], 0) = mk;
+  }
+  cluster_sync(cs);
+  if (rank != 0) return 0;
+
+  // rank 0: the boundary bin's tokens, decided by the mass before each in key order
+  const int n = push ? min(int(s.counter), cap) : 0;
+  const unsigned long long mab = s.bcast[5];
+  for (int j = tid; j < n; j += kThreads) {
+    const float y = centered(key56_value(cbuf[j]), zmax, inv_t);
+    cbuf[cap + j] = (unsigned long long)mass_fixed_nonpos(y);
+  }
+  __syncthreads();
+  best = 0;
+  mk = 0;
+  for (int j = tid; j < n; j += kThreads) {
+    const unsigned long long key = cbuf[j], e = cbuf[cap + j];
+    unsigned long long before = 0;
+    for (int i = 0; i < n; ++i) before += cbuf[i] > key ? cbuf[cap + i] : 0ull;
+    const float y = centered(key56_value(key), zmax, inv_t);
+    if (mab + before < P && y >= r.L) {
+      mk += e;
+      if (y >= kDead) {
+        const uint32_t id = key56_id(key);
+        const float c = fadd(y, gumbel_from_bits(philox_word(r.seed, r.offset, id, kStreamSample)));
+        const unsigned long long pb = pack_best(c, id);
+        best = pb > best ? pb : best;
+      }
+    }
+  }
+  best = block_max_u64(best, s);
+  if (lp) mk = block_sum_u64(mk, s);
+  if (tid == 0) {
+    for (int q = 0; q < cs; ++q) {
+      best = s.best[q] > best ? s.best[q] : best;
+      mk += s.cl_u64[q][1];
+    }
+    // (a skipped dead boundary without min-p: the kept mass is P, up to one token's mass)
+    if (!push) mk = r.mp_on ? mk : P;
+    const int tok = int(best_id(best));
+    float plp = 0.0f;
+    if (lp) {
+      const float ytok = centered(tok_logit<kProc>(p, rp, rowp, tok), zmax, inv_t);
+      plp = ytok - logf(float(double(mk) * 0x1p-38));
+    }
+    write_row(p, row, tok, true, raw_lp(tok), plp);
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------
 // the kernel
 // ------------------------------------------------------------------------------------------
 // FILT = false: no row has a top-k / top-p filter (greedy / PLAIN rows only, min-p included);
@@ -1728,8 +1971,17 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   }
 
   if constexpr (!FILT) return;
+  // top-p rows without top-k that HIST or the candidates left undecided: the row's total mass
+  // S, which the generic path's top-p select needs (the same integer sum over the same tokens),
+  // 0: unknown
+  unsigned long long S_known = 0;
+  if (r.mode == kHist) {
+    S_known =
+        hist_topp<T, kProc>(p, r, s, rowp, row, c0, c1, aligned, sdata, zmax, cbuf, rp, raw_lp);
+    if (!S_known) return;
+  }
   // ---------------- CAND ----------------
-  bool generic = r.mode == kGeneric || (r.mode == kCand && rovf);
+  bool generic = r.mode == kGeneric || r.mode == kHist || (r.mode == kCand && rovf);
   if (r.mode == kCand && !rovf) {
     unsigned long long S_row = 0;
     // top-p without top-k: the row's total mass; on a cluster the peers sum it (rank 0's chunk
@@ -1784,16 +2036,18 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
       } else if (tid == 0) {
         write_row(p, row, tok, true, raw_lp(tok), ytok - logf(ps));
       }
-      if (!r.k_on) {  // the peers wait for the decision
-        if (tid < cs) {
+      if (!r.k_on) {     // the peers wait for the decision (top bit), with the row's mass S_row
+        if (tid < cs) {  // (< V 2^38 < 2^63; 0 without top-p)
           unsigned long long* dst = cs > 1 ? peer(&s.bcast[7], tid) : &s.bcast[7];
-          *dst = (unsigned long long)need_generic;
+          *dst = need_generic ? (1ull << 63) | S_row : 0ull;
         }
       }
     }
     if (!r.k_on) {
       cluster_sync(cs);  // B2
-      need_generic = int(s.bcast[7]);
+      const unsigned long long b7 = s.bcast[7];
+      need_generic = b7 != 0;
+      S_known = r.p_on ? b7 & ~(1ull << 63) : 0ull;
     }
     if (!need_generic) return;
     generic = true;
@@ -1822,8 +2076,11 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
                                           0ull, (unsigned long long)r.k, cbuf, rp);
   }
   if (r.p_on) {
+    // (thr == 0 without top-k: the mass the candidate path summed, when it ran)
     const unsigned long long S =
-        cluster_mass<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, thr, rp);
+        S_known && !r.k_on
+            ? S_known
+            : cluster_mass<T, kProc>(p, r, s, rowp, c0, c1, aligned, sdata, zmax, thr, rp);
     const unsigned long long P = (unsigned long long)top_p_limit(r.top_p, int64_t(S));
     // below zcut the mass is 0: y <= fl(fl(z - zmax) / T') < -26.9 < -26.34 (margins: 0.1 %)
     const double zcut = double(zmax) - 27.0 / double(r.inv_t) * 1.001 - fabs(double(zmax)) * 1e-6;

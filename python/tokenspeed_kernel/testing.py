@@ -48,7 +48,8 @@ _C = "tokenspeed_kernel.ops.comm"
 # SAMPLER_SCAND_DEFER, the rows its finishing CTA cannot decide go to a cluster launch after it;
 # SAMPLER_SPLIT_WIDE, calls without filter tensors take the split launch up to SMs / 2 rows;
 # SAMPLER_WIDE_DEFER, at one CTA per row (B > SMs / 2) with a top-p tensor, rows that CTA cannot
-# decide from its candidates go to a launch of clusters after it (these six default);
+# decide from its candidates go to a launch of clusters after it; SAMPLER_HIST_TOPP, top-p rows
+# without top-k on a cluster of CTAs are decided by a histogram of masses (these seven default);
 # SAMPLER_SCAND_TOPP, calls with top-p but no top-k tensor take the
 # split-candidates launch too (opt-in)
 from .ops.sampling import (F_FORCE_EXACT as SAMPLER_FORCE_EXACT,  # noqa: E402
@@ -61,7 +62,8 @@ from .ops.sampling import (F_FORCE_EXACT as SAMPLER_FORCE_EXACT,  # noqa: E402
                            F_SCAND_RESCAN as SAMPLER_SCAND_RESCAN,
                            F_SCAND_DEFER as SAMPLER_SCAND_DEFER,
                            F_SPLIT_WIDE as SAMPLER_SPLIT_WIDE,
-                           F_WIDE_DEFER as SAMPLER_WIDE_DEFER)
+                           F_WIDE_DEFER as SAMPLER_WIDE_DEFER,
+                           F_HIST_TOPP as SAMPLER_HIST_TOPP)
 SAMPLER_CLUSTER_SHIFT = 10    # (v << 10), v = 1..5: a forced cluster size 2^(v - 1)
 
 KNOBS: Dict[str, Knob] = {
@@ -72,7 +74,8 @@ KNOBS: Dict[str, Knob] = {
     "sampler_launch_flags": Knob(
         _S, "_DEFAULT_LAUNCH_FLAGS", (int,),
         "the CUDA sampler's default launch-policy bits (SAMPLER_SCAND_PROC | _BAND | _RESCAN | "
-        "_DEFER, SAMPLER_SPLIT_WIDE, SAMPLER_WIDE_DEFER); 0 = the launches without them"),
+        "_DEFER, SAMPLER_SPLIT_WIDE, SAMPLER_WIDE_DEFER, SAMPLER_HIST_TOPP); 0 = the launches "
+        "without them"),
     "levels_no_list": Knob(
         _S, "_NO_LEVEL_LIST_FOR_TESTING", (bool,),
         "radix levels (verify's thresholds): never compact a level's keys into the row's list"),
@@ -144,5 +147,5 @@ __all__ = ["KNOBS", "Knob", "knobs", "get", "describe", "SAMPLER_FORCE_GENERIC",
            "SAMPLER_FORCE_EXACT", "SAMPLER_NO_RESIDENT", "SAMPLER_NO_SPLIT",
            "SAMPLER_SCAND_PROC", "SAMPLER_SCAND_BAND", "SAMPLER_SCAND_TOPP",
            "SAMPLER_SCAND_RESCAN", "SAMPLER_SCAND_DEFER", "SAMPLER_SPLIT_WIDE",
-           "SAMPLER_WIDE_DEFER",
+           "SAMPLER_WIDE_DEFER", "SAMPLER_HIST_TOPP",
            "SAMPLER_CLUSTER_SHIFT"]

@@ -38,18 +38,21 @@ F_TEMP, F_TOPK, F_TOPP, F_MINP, F_LOGPROBS = 1, 2, 4, 8, 16
 # cluster launch (clusters of 2 CTAs of 1024 threads per row there). F_WIDE_DEFER: in calls
 # with a top-p tensor whose cluster launch gives each row one CTA (B > SMs / 2), up to 8 rows
 # that CTA cannot decide from its candidates are sampled by a second launch of clusters that
-# follows it (PDL), instead of by that CTA alone. The tokens never depend on these bits.
+# follows it (PDL), instead of by that CTA alone. F_HIST_TOPP: on the cluster launch with more
+# than one CTA per row (B <= SMs / 2), rows with top-p and top-k off are decided by a histogram
+# of their fixed-point masses over bins of y (three reads of the row, two from shared memory)
+# instead of by 512 candidates. The tokens never depend on these bits.
 # ``_CUDA_TEST_FLAGS`` (an OR of the bits above) and the levels' switches below are set through
 # ``tokenspeed_kernel.testing.knobs`` (the one door).
 F_FORCE_GENERIC, F_FORCE_EXACT, F_NO_RESIDENT, F_NO_SPLIT = 64, 128, 256, 512
 F_SCAND_PROC, F_SCAND_BAND, F_SCAND_TOPP, F_SCAND_RESCAN = 8192, 16384, 32768, 65536
-F_SCAND_DEFER, F_SPLIT_WIDE, F_WIDE_DEFER = 131072, 262144, 524288
+F_SCAND_DEFER, F_SPLIT_WIDE, F_WIDE_DEFER, F_HIST_TOPP = 131072, 262144, 524288, 1048576
 _CUDA_TEST_FLAGS = 0
 # The launch-policy bits every CUDA sampler call passes (ORed with _CUDA_TEST_FLAGS; the kernels
 # obey the bits, the policy lives here; the ``sampler_launch_flags`` knob replaces it, e.g. 0 for
 # the launches without them). Each measured faster on an H200 (docs/BENCHMARKS.md).
 _DEFAULT_LAUNCH_FLAGS = (F_SCAND_PROC | F_SCAND_BAND | F_SCAND_RESCAN | F_SCAND_DEFER
-                         | F_SPLIT_WIDE | F_WIDE_DEFER)
+                         | F_SPLIT_WIDE | F_WIDE_DEFER | F_HIST_TOPP)
 
 # The radix levels of the verify family (csrc/sampling/sampling.cuh, launch_levels) keep their
 # own testing flags (ops/verify.py passes them): F_NO_LIST never compacts a level's active keys
