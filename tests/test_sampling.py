@@ -1408,8 +1408,9 @@ def test_unvalidated_min_p_above_one_acts_as_one(be):
 
 def test_scand_trace_patch_applies_and_compiles(tmp_path):
     """bench/lab/tools/scand_trace_patch.py (phase stamps of the CUDA split-candidates launch, a
-    lab build): every marker is still found once in the sources, and the patched kernel
-    compiles (nvcc, sm_90a, a float instantiation; the op file needs torch headers: not here)."""
+    lab build): every marker is still found once in the sources, and the patched kernels compile
+    (nvcc, sm_90a, float instantiations of the split-candidates and cluster kernels, the latter
+    with the HIST stamps; the op file needs torch headers: not here)."""
     import os
     import shutil
     import subprocess
@@ -1429,7 +1430,8 @@ def test_scand_trace_patch_applies_and_compiles(tmp_path):
         pytest.skip("nvcc not found")
     src = tmp_path / "inst.cu"
     src.write_text('#include "sampling/sampler.cuh"\nnamespace tokenspeed_kernel::sampler {\n'
-                   "template __global__ void scand_kernel<float>(const Params);\n}\n")
+                   "template __global__ void scand_kernel<float>(const Params);\n"
+                   "template __global__ void sample_kernel<float, true>(const Params);\n}\n")
     r = subprocess.run([nvcc, "-std=c++20", "-cubin", "-arch=sm_90a", "-I" + str(tmp_path),
                         "-I" + str(root / "csrc"), "-o", str(tmp_path / "inst.cubin"), str(src)],
                        capture_output=True, text=True, timeout=600)

@@ -20,7 +20,13 @@ or deferred), chunks read again, band masses that needed the exact mass". Calls 
 launch add "LABCL clk head=.. p1=.. wait=.. sel=.. B1=.. merged=.. mass=.. rsel=.. fin0=..
 fin1=..": cycles from the start of CTA 0 (rank 0 of row 0) to the end of the head's select, of
 pass 1, the wait for the peers, the CTA's candidate select, the summary barrier, the row merge,
-the total mass, rank 0's select, and before / after `cand_finish`.
+the total mass, rank 0's select, and before / after `cand_finish`. Calls whose top-p rows take
+the HIST finish add "LABHIST clk p2=.. hsync=.. dsync=.. p3=.. fsync=.. end=.. n=.. bstar=..":
+cycles from the start of `hist_topp` in CTA 0 to the end of level 0's histogram pass (and its
+sum), the
+cluster barrier after the histograms' push, the decision barrier (the last level's), the end of
+the scoring pass, the last barrier and before rank 0's `write_row`, with the boundary bin's
+token count and its index.
 """
 import sys
 from pathlib import Path
@@ -68,6 +74,19 @@ CLUSTER = [  # stamps in the cluster kernel (sample_kernel), CTA 0 of row 0, lab
      "<      if (labk) p.lab[24] = clock64() - lk0;"),
     ("      if (tok < 0) {", "<      if (labk) p.lab[25] = clock64() - lk0;"),
 ]
+HIST = [  # stamps in hist_topp (the HIST finish), CTA 0 (rank 0 of row 0), lab[26..31], lab[25]
+    ("  unsigned long long code = kHistGeneric;",
+     "  const long long lh0 = clock64();\n  const bool labh = p.lab && blockIdx.x == 0 && threadIdx.x == 0;"),
+    ("      slot[tid] = s.hmass[tid];", "<      if (labh && level == 0) p.lab[26] = clock64() - lh0;"),
+    ("        S = block_sum_u64(tid < cs ? cbuf[tid * kCbufPerCta + kHistSlotS] : 0ull, s);",
+     "<        if (labh) p.lab[27] = clock64() - lh0;"),
+    ("    code = s.bcast[4];", "<    if (labh) p.lab[28] = clock64() - lh0;"),
+    ("    *peer(&s.best[rank], 0) = best;", "<    if (labh) p.lab[29] = clock64() - lh0;"),
+    ("  const int n = push ? min(int(s.counter), cap) : 0;", "<  if (labh) p.lab[30] = clock64() - lh0;"),
+    ("    write_row(p, row, tok, true, raw_lp(tok), plp);",
+     "<    if (labh) {\n      p.lab[31] = clock64() - lh0;\n"
+     "      p.lab[25] = ((unsigned long long)n << 20) | unsigned(bstar);\n    }"),
+]
 OPS = [
     ("  cudaError_t err = cudaSuccess;",
      "  static unsigned long long* labbuf = nullptr;\n"
@@ -96,6 +115,11 @@ OPS = [
      "      fprintf(stderr, \"LABCL clk head=%llu p1=%llu wait=%llu sel=%llu B1=%llu merged=%llu \"\n"
      "              \"mass=%llu rsel=%llu fin0=%llu fin1=%llu\\n\", h[16], h[17], h[18], h[19], h[20],\n"
      "              h[21], h[22], h[23], h[24], h[25]);\n"
+     "    if (calls % every == 0 && h[27])\n"
+     "      fprintf(stderr, \"LABHIST clk (from the HIST start; row summary merged=%llu from the \"\n"
+     "              \"kernel start) p2=%llu hsync=%llu dsync=%llu p3=%llu fsync=%llu end=%llu \"\n"
+     "              \"n=%llu bstar=%llu\\n\", h[21], h[26], h[27], h[28], h[29], h[30], h[31],\n"
+     "              h[25] >> 20, h[25] & 0xfffff);\n"
      "  }"),
 ]
 
@@ -124,6 +148,7 @@ def main():
         out = patch((SRC / fname).read_text(), edits, fname)
         if fname == "sampler.cuh":
             out = patch(out, CLUSTER, fname, "sample_kernel")
+            out = patch(out, HIST, fname, "sample_kernel")
         (dst / fname).write_text(out)
         print(dst / fname)
 
