@@ -9,7 +9,8 @@ prefix and the rescan of top-k-off rows, at B = 24 the deferral of undecided row
 launch; the default without the deferral; without any of them; the opt-in top-p route), a
 batch of SMs / 2 + 4 rows with top-p tensors and flat rows (one CTA per row: rows past the
 candidates queued for the launch of clusters after it, F_WIDE_DEFER, and without the bit), with
-logprobs;
+logprobs; the HIST finish of top-p rows without top-k on a cluster (F_HIST_TOPP: boundary bins
+resolved, past their capacity, at level 1, below the dead line, with min-p; and without the bit);
 fp32 and bf16, aligned and unaligned rows; each also with logits processing (bias, penalties,
 an allowed mask, banned ids, min_tokens stop ids: the prep kernel and the processing kernels).
 Each result is compared with the reference (token identity), so the run fails on a wrong token
@@ -66,6 +67,27 @@ def processing(B: int, V: int, g: torch.Generator, dev) -> LP.LogitsInputs:
         num_output_tokens=(torch.arange(B) % 5).to(dev), stop_ids=csr(picks(3)))
 
 
+def hist_rows(B: int, V: int, g: torch.Generator):
+    """Top-p rows for the HIST finish, row i of type i % 6: randn * 4 (T = 0.8, p = 0.9); flat
+    (p = 0.95: a boundary bin past its capacity, the generic path); one token at 0, the rest in
+    [-19, -17] (p = 0.9999: level 1); the same in [-22, -20] (p = 0.99999: a dead boundary bin);
+    randn * 4 with min-p 0.05; the dead row with min-p 1e-12 (its boundary resolved)."""
+    z = torch.randn(B, V, generator=g) * 4
+    T, p, mp = torch.full((B,), 0.8), torch.full((B,), 0.9), torch.zeros(B)
+    for i in range(B):
+        t = i % 6
+        if t == 1:
+            z[i] *= 0.0125
+            T[i], p[i] = 1.0, 0.95
+        elif t in (2, 3, 5):
+            z[i] = (-17.0 if t == 2 else -20.0) - 2 * torch.rand(V, generator=g)
+            z[i, int(torch.randint(0, V, (1,), generator=g))] = 0.0
+            T[i], p[i], mp[i] = 1.0, (0.9999 if t == 2 else 0.99999), (1e-12 if t == 5 else 0.0)
+        elif t == 4:
+            T[i], p[i], mp[i] = 1.0, 0.95, 0.05
+    return z, dict(temperature=T, top_p=p, min_p=mp)
+
+
 def run(quick: bool) -> int:
     dev = torch.device("cuda")
     n = 0
@@ -117,6 +139,21 @@ def run(quick: bool) -> int:
                         assert torch.equal(got.tokens, want), (dtype, B, unaligned, mode, fl,
                                                                pr is not None)
                         n += 1
+    # the HIST finish (clusters of CTAs: B <= SMs / 2), every case, with logprobs; and without
+    # F_HIST_TOPP (512 candidates)
+    for B in (1, 6, 12):
+        g = torch.Generator().manual_seed(1000 + B)
+        z, kw = hist_rows(B, 32000, g)
+        z, kw = z.to(dev), {k: v.to(dev) for k, v in kw.items()}
+        seed = torch.arange(B, device=dev) + 5
+        offset = torch.zeros(B, dtype=torch.int64, device=dev)
+        want = ops.sample(z, seed, offset, backend="reference", **kw).tokens
+        for launch in (None, S._DEFAULT_LAUNCH_FLAGS & ~S.F_HIST_TOPP):
+            with testing.knobs(**({} if launch is None else {"sampler_launch_flags": launch})):
+                got = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+            torch.cuda.synchronize()
+            assert torch.equal(got.tokens, want), ("hist", B, launch)
+            n += 1
     print(f"sanitize_sampling: {n} calls, tokens = reference: OK")
     return 0
 
