@@ -78,10 +78,12 @@ HIST = [  # stamps in hist_topp (the HIST finish), CTA 0 (rank 0 of row 0), lab[
     ("  unsigned long long code = kHistGeneric;",
      "  const long long lh0 = clock64();\n  const bool labh = p.lab && blockIdx.x == 0 && threadIdx.x == 0;"),
     ("      slot[tid] = s.hmass[tid];", "<      if (labh && level == 0) p.lab[26] = clock64() - lh0;"),
-    ("        S = block_sum_u64(tid < cs ? cbuf[tid * kCbufPerCta + kHistSlotS] : 0ull, s);",
+    (("        S = block_sum_u64(tid < cs ? cbuf[tid * kCbufPerCta + kHistSlotS] : 0ull, s);",
+      "        S = accs;"),   # (the second: with the s18 lab patches)
      "<        if (labh) p.lab[27] = clock64() - lh0;"),
     ("    code = s.bcast[4];", "<    if (labh) p.lab[28] = clock64() - lh0;"),
-    ("    *peer(&s.best[rank], 0) = best;", "<    if (labh) p.lab[29] = clock64() - lh0;"),
+    (("    *peer(&s.best[rank], 0) = best;", "    *at0(&s.best[rank]) = best;"),
+     "<    if (labh) p.lab[29] = clock64() - lh0;"),
     ("  const int n = push ? min(int(s.counter), cap) : 0;", "<  if (labh) p.lab[30] = clock64() - lh0;"),
     ("    write_row(p, row, tok, true, raw_lp(tok), plp);",
      "<    if (labh) {\n      p.lab[31] = clock64() - lh0;\n"
@@ -125,8 +127,13 @@ OPS = [
 
 
 def patch(text, edits, name, kernel="scand_kernel"):
+    """Inserts each edit's text after (or, text starting with "<", before) the line holding its
+    anchor; an anchor may be a tuple of alternatives (the first one found is used: the tree with
+    or without the lab patches of bench/lab/patches)."""
     lines = text.split("\n")
     for anchor, ins in edits:
+        if isinstance(anchor, tuple):
+            anchor = next((a for a in anchor if any(a in l for l in lines)), anchor[0])
         hits = [i for i, l in enumerate(lines) if anchor in l]
         if len(hits) > 1:  # the first one inside the kernel
             k0 = [i for i, l in enumerate(lines) if f"{kernel}(const Params p)" in l]
