@@ -18,7 +18,10 @@ as well as on a sanitizer error.
 
     compute-sanitizer --tool memcheck --error-exitcode 3 python tools/sanitize_sampling.py
     compute-sanitizer --tool racecheck --error-exitcode 3 python tools/sanitize_sampling.py --quick
-(--quick: fp32, aligned rows, no forced paths; racecheck is slow)
+    compute-sanitizer --tool racecheck --error-exitcode 3 --kernel-name kns=sample_kernel \
+        python tools/sanitize_sampling.py --hist
+(--quick: fp32, aligned rows, no forced paths; racecheck is slow. --hist: only the HIST finish's
+calls, six of them, for a racecheck of its cluster kernel that fits a short run)
 """
 import sys
 
@@ -88,8 +91,30 @@ def hist_rows(B: int, V: int, g: torch.Generator):
     return z, dict(temperature=T, top_p=p, min_p=mp)
 
 
-def run(quick: bool) -> int:
+def run(quick: bool, hist_only: bool = False) -> int:
     dev = torch.device("cuda")
+    n = 0 if hist_only else run_modes(quick, dev)
+    # the HIST finish (clusters of CTAs: B <= SMs / 2), every case, with logprobs; and without
+    # F_HIST_TOPP (512 candidates)
+    for B in (1, 6, 12):
+        g = torch.Generator().manual_seed(1000 + B)
+        z, kw = hist_rows(B, 32000, g)
+        z, kw = z.to(dev), {k: v.to(dev) for k, v in kw.items()}
+        seed = torch.arange(B, device=dev) + 5
+        offset = torch.zeros(B, dtype=torch.int64, device=dev)
+        want = ops.sample(z, seed, offset, backend="reference", **kw).tokens
+        for launch in (None, S._DEFAULT_LAUNCH_FLAGS & ~S.F_HIST_TOPP):
+            with testing.knobs(**({} if launch is None else {"sampler_launch_flags": launch})):
+                got = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
+            torch.cuda.synchronize()
+            assert torch.equal(got.tokens, want), ("hist", B, launch)
+            n += 1
+    print(f"sanitize_sampling: {n} calls, tokens = reference: OK")
+    return 0
+
+
+def run_modes(quick: bool, dev) -> int:
+    """Every row mode, launch and flag set above (not the HIST cases); returns the call count."""
     n = 0
     # (testing bits, launch-policy bits; None = the default policy): the default, the launches
     # without the default policy bits, the opt-in top-p route, the default without the deferral
@@ -139,24 +164,8 @@ def run(quick: bool) -> int:
                         assert torch.equal(got.tokens, want), (dtype, B, unaligned, mode, fl,
                                                                pr is not None)
                         n += 1
-    # the HIST finish (clusters of CTAs: B <= SMs / 2), every case, with logprobs; and without
-    # F_HIST_TOPP (512 candidates)
-    for B in (1, 6, 12):
-        g = torch.Generator().manual_seed(1000 + B)
-        z, kw = hist_rows(B, 32000, g)
-        z, kw = z.to(dev), {k: v.to(dev) for k, v in kw.items()}
-        seed = torch.arange(B, device=dev) + 5
-        offset = torch.zeros(B, dtype=torch.int64, device=dev)
-        want = ops.sample(z, seed, offset, backend="reference", **kw).tokens
-        for launch in (None, S._DEFAULT_LAUNCH_FLAGS & ~S.F_HIST_TOPP):
-            with testing.knobs(**({} if launch is None else {"sampler_launch_flags": launch})):
-                got = ops.sample_with_logprobs(z, seed, offset, backend="cuda", **kw)
-            torch.cuda.synchronize()
-            assert torch.equal(got.tokens, want), ("hist", B, launch)
-            n += 1
-    print(f"sanitize_sampling: {n} calls, tokens = reference: OK")
-    return 0
+    return n
 
 
 if __name__ == "__main__":
-    sys.exit(run("--quick" in sys.argv[1:]))
+    sys.exit(run("--quick" in sys.argv[1:], "--hist" in sys.argv[1:]))
