@@ -1,16 +1,16 @@
-"""Tokens of the lab bit F_PLAIN_TOP2 (bench/lab/patches/s19_plain_top2.patch: the PLAIN streamed
-rows' CTA bar also raised by the warp bests) against the reference: temperature-only rows on the
+"""Tokens of the lab bit F_PLAIN_BEST (bench/lab/patches/s19_plain_best.patch: the PLAIN streamed
+rows filter against the CTA's best approximate score minus a margin) against the reference: temperature-only rows on the
 cluster launch at one CTA per row (B = 128 / 256 / 300), with logprobs, fp32 / bf16, T = 0.8 and
 near-greedy T = 0.05; and the split-candidates launch's plain rows (B = 4 / 16, a top-k tensor
 with top-k off on the odd rows). A GPU build with the patch applied:
 
-    PYTHONPATH=python python bench/lab/tools/plain_top2_check.py
+    PYTHONPATH=python python bench/lab/tools/plain_best_check.py
 """
 import torch
 
 from tokenspeed_kernel import ops, testing
 
-F_PLAIN_TOP2 = 67108864
+F_PLAIN_BEST = 67108864
 dev = torch.device("cuda")
 bad = n = 0
 for dtype in (torch.float32, torch.bfloat16):
@@ -25,7 +25,7 @@ for dtype in (torch.float32, torch.bfloat16):
             kw["top_k"] = torch.tensor([50 if i % 2 == 0 else 0 for i in range(B)],
                                        dtype=torch.int32, device=dev)
         want = ops.sample(z, seed, off, backend="reference", **kw).tokens
-        for fl in (0, F_PLAIN_TOP2):
+        for fl in (0, F_PLAIN_BEST):
             with testing.knobs(sampler_flags=fl):
                 got = ops.sample_with_logprobs(z, seed, off, backend="cuda", **kw)
             torch.cuda.synchronize()
@@ -34,4 +34,4 @@ for dtype in (torch.float32, torch.bfloat16):
             if d:
                 bad += 1
                 print(f"FAIL {dtype} B={B} T={T} top_k={topk} flags={fl}: {d} rows differ")
-print(f"plain_top2_check: {n} calls, {bad} failures")
+print(f"plain_best_check: {n} calls, {bad} failures")
