@@ -12,7 +12,13 @@ Rows are randn * 4 at T = 0.8 (the bench's), one CTA of `threads` threads per ro
 the CTA bar updated after each step from the warps that evaluated something), the scores in
 float64 with the exact Gumbel noise of uniform words. Prints the fractions averaged over seeds.
 
+`--split S,...`: the split launch's phase 1 instead (split1_kernel: S CTAs of 256 threads per
+row, each pruning against beta = the best h its CTA has seen, margin 0.02), with beta from the
+CTA alone (as it is) or also from every CTA of the row (patches/s19_split_rowbar.patch; the
+row's best after the previous step, all CTAs in lockstep).
+
     python bench/lab/tools/plain_filter_model.py [--vocab 151936,262144] [--threads 1024]
+    python bench/lab/tools/plain_filter_model.py --vocab 151936 --split 8,16,33
 """
 import argparse
 import math
@@ -63,12 +69,54 @@ def run(V, nthreads, mode, seed=0, scale=4.0, T=0.8, margin=1e-3):
     return philox / (steps * nthreads), passed / V
 
 
+def split_run(V, S, share, seed=0, nthreads=256, scale=4.0, T=0.8, margin=0.02):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(V, generator=g, dtype=torch.float64) * scale / T
+    u = (torch.randint(0, 2 ** 23, (V,), generator=g).double() * 2 + 1) * 2 ** -24
+    G = -torch.log(-torch.log(u))
+    chunk = ((V + S - 1) // S + 7) // 8 * 8
+    steps = ((chunk + 3) // 4 + nthreads - 1) // nthreads
+    X = torch.full((S, steps * nthreads * 4), -math.inf, dtype=torch.float64)
+    GG, U = torch.zeros_like(X), torch.full_like(X, 0.5)
+    for c in range(S):
+        a, b = c * chunk, min(V, (c + 1) * chunk)
+        X[c, :b - a], GG[c, :b - a], U[c, :b - a] = x[a:b], G[a:b], u[a:b]
+    X, GG, U = (t.view(S, steps, nthreads, 4) for t in (X, GG, U))
+    best = torch.full((S, nthreads), -math.inf, dtype=torch.float64)
+    cta = torch.full((S,), -math.inf, dtype=torch.float64)
+    row = torch.tensor(-math.inf, dtype=torch.float64)
+    philox = 0
+    for k in range(steps):
+        beta = torch.maximum(best, cta[:, None])
+        if share:
+            beta = torch.maximum(beta, row)
+        xk = X[:, k]
+        grp = ~(xk.max(2).values + 16.64 < beta - margin)
+        philox += int(grp.sum())
+        ok = (grp[..., None] & (U[:, k] + 2 ** -19 >= torch.exp(-torch.exp(xk - (beta[..., None]
+                                                                                - 0.03))))
+              & (xk > -math.inf))
+        h = torch.where(ok, xk + GG[:, k], torch.tensor(-math.inf, dtype=torch.float64))
+        best = torch.maximum(best, h.max(2).values)
+        cta = torch.maximum(cta, best.max(1).values)
+        row = cta.max()
+    return philox / (S * steps * nthreads)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", default="151936,262144")
     ap.add_argument("--threads", type=int, default=1024)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--split", default=None)
     a = ap.parse_args()
+    if a.split:
+        for V in (int(v) for v in a.vocab.split(",")):
+            for S in (int(v) for v in a.split.split(",")):
+                r = [[split_run(V, S, sh, sd) for sd in range(a.seeds)] for sh in (False, True)]
+                print(f"V {V} split S {S}: groups with Philox {sum(r[0]) / len(r[0]):.3f} (CTA "
+                      f"beta), {sum(r[1]) / len(r[1]):.3f} (row beta)")
+        return
     for V in (int(v) for v in a.vocab.split(",")):
         for mode in ("cur", "top2", "best"):
             r = [run(V, a.threads, mode, s) for s in range(a.seeds)]
