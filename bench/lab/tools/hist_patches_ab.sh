@@ -61,10 +61,10 @@ for r in 1 2; do
   PYTHONPATH=/tmp/base/python:tests timeout 60 python3 bench/lab/tools/prof_sampling.py $DEF 2>&1 |
     grep -E "^==" | sed "s/^/base$r /"
 done
-timeout 150 python3 bench/lab/tools/hist_lab_check.py 2>&1 | tail -25
+timeout 120 python3 bench/lab/tools/hist_lab_check.py 2>&1 | tail -25
 for cfg in "split1_kernel cuda,temp,64,151936,fp32" "sample_kernel cuda,temp,256,151936,fp32"; do
   set -- $cfg
-  [ $(( $(date +%s) - t0 )) -gt 470 ] && { echo "skip ncu $2 (time)"; continue; }
+  [ $(( $(date +%s) - t0 )) -gt 440 ] && { echo "skip ncu $2 (time)"; continue; }
   tag=$(echo "$2" | cut -d, -f2,3 | tr , _)
   PYTHONPATH=/tmp/base/python:tests PROF_ONCE=1 timeout 60 ncu --set full --import-source yes \
     -k "regex:$1" --launch-skip 3 --launch-count 1 -f -o $OUT/ncu_$tag \
