@@ -15,7 +15,8 @@ import test_sampling_cuda as T  # noqa: E402
 from tokenspeed_kernel.ops import sampling as S  # noqa: E402
 
 D = S._DEFAULT_LAUNCH_FLAGS
-SKIP, CSANY, BAND, STASH, WIDE = 4194304, 8388608, 16777216, 33554432, 2097152
+SKIP, CSANY, BAND, STASH = 4194304, 8388608, 16777216, 33554432   # lab bits: not in ops
+WIDE = S.F_HIST_WIDE   # (defined by s18_hist_wide)
 combos = {
     "skip": (SKIP, D), "band": (BAND, D), "band_exact": (BAND | S.F_FORCE_EXACT, D),
     "skip_band": (SKIP | BAND, D), "csany": (0, D | CSANY), "csany_band": (BAND | SKIP, D | CSANY),

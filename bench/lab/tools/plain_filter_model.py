@@ -26,11 +26,16 @@ import math
 import torch
 
 
-def run(V, nthreads, mode, seed=0, scale=4.0, T=0.8, margin=1e-3):
+def _row(V, seed, scale=4.0, T=0.8):
+    """x = z / T of a randn * scale row, the uniforms u = (2k + 1) 2^-24 and G = -ln(-ln u)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(V, generator=g, dtype=torch.float64) * scale / T
     u = (torch.randint(0, 2 ** 23, (V,), generator=g).double() * 2 + 1) * 2 ** -24
-    G = -torch.log(-torch.log(u))
+    return x, u, -torch.log(-torch.log(u))
+
+
+def run(V, nthreads, mode, seed=0, margin=1e-3):
+    x, u, G = _row(V, seed)
     steps = ((V + 3) // 4 + nthreads - 1) // nthreads
 
     def pad(t, v):
@@ -69,11 +74,8 @@ def run(V, nthreads, mode, seed=0, scale=4.0, T=0.8, margin=1e-3):
     return philox / (steps * nthreads), passed / V
 
 
-def split_run(V, S, share, seed=0, nthreads=256, scale=4.0, T=0.8, margin=0.02):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(V, generator=g, dtype=torch.float64) * scale / T
-    u = (torch.randint(0, 2 ** 23, (V,), generator=g).double() * 2 + 1) * 2 ** -24
-    G = -torch.log(-torch.log(u))
+def split_run(V, S, share, seed=0, nthreads=256, margin=0.02):
+    x, u, G = _row(V, seed)
     chunk = ((V + S - 1) // S + 7) // 8 * 8
     steps = ((chunk + 3) // 4 + nthreads - 1) // nthreads
     X = torch.full((S, steps * nthreads * 4), -math.inf, dtype=torch.float64)
