@@ -868,11 +868,20 @@ __device__ __forceinline__ void block_top2(const PlainAcc& pa, Smem& s, Summary&
 }
 
 // One vector of a lane (warp-convergent). The filter uses the larger of the lane's bar and the
-// CTA's (s.bar_key: the float <= the second best h of some warp, i.e. two tokens of the row
-// have h >= it). Elements that pass are evaluated in rounds: each round every lane with a
+// CTA's (s.bar_key, below). Elements that pass are evaluated in rounds: each round every lane with a
 // pending element evaluates one, so the warp pays for the exact noise once per round, not once
 // per element slot. kProc: -inf values (masked tokens) are skipped outright (their h is -inf:
 // they change nothing), so a mostly masked row costs no Philox.
+// A warp raises the CTA bar to max(its second best h, its best h minus kBarMargin) (rounded
+// down). An element is still skipped only when its h < the bar it was tested against, and every
+// bar is <= the CTA's final s.bar_key or the thread's second best, so the CTA reports max(its
+// second best, final s.bar_key) as the bound on every h but its best's (plain_best_h2): the gap
+// test then passes whenever the real gap exceeds kBarMargin (>> its 3e-5 + 2^-52 (|h1| + |h2|)).
+// The bar follows the CTA's best instead of the largest per-warp second best: a CPU model of
+// randn * 4 rows at T = 0.8, one 1024-thread CTA per row, computes Philox for 43 % of the groups
+// of 4 instead of 65 % at V = 151936 (bench/lab/tools/plain_filter_model.py); measured on an
+// H100, temperature at B = 128 / 256 fp32 3 / 4 % faster (docs/PERF_LOG.md).
+constexpr double kBarMargin = 1e-3;
 template <int VEC, bool kProc = false>
 __device__ __forceinline__ void plain_vec(PlainAcc& a, Smem& s, int i0, const float (&z)[VEC],
                                           float inv_t, double inv_t_d, uint64_t seed,
@@ -913,7 +922,7 @@ __device__ __forceinline__ void plain_vec(PlainAcc& a, Smem& s, int i0, const fl
     }
   }
   if (__any_sync(0xffffffffu, any)) {
-    // the warp's second best h: a bar for the whole CTA
+    // the warp's bar for the whole CTA: max(its second best h, its best h - kBarMargin)
     double h1 = a.h1, h2 = a.h2;
 #pragma unroll
     for (int o = 16; o; o >>= 1) {
@@ -921,9 +930,16 @@ __device__ __forceinline__ void plain_vec(PlainAcc& a, Smem& s, int i0, const fl
       h2 = fmax(fmin(h1, o1), fmax(h2, o2));
       h1 = fmax(h1, o1);
     }
-    if ((threadIdx.x & 31) == 0 && h2 > -INFINITY)
-      atomicMax(&s.bar_key, key32(__double2float_rd(h2)));
+    const double b = fmax(h2, h1 - kBarMargin);
+    if ((threadIdx.x & 31) == 0 && b > -INFINITY)
+      atomicMax(&s.bar_key, key32(__double2float_rd(b)));
   }
+}
+
+// the CTA's bound on every h but its best's, after its loop (every warp's last bar update is
+// visible: call after a block barrier)
+__device__ __forceinline__ double plain_best_h2(double h2, const Smem& s) {
+  return fmax(h2, double(key32_to_float(s.bar_key)));
 }
 
 // Gap test: the approximate winner w1 is the contract's winner. For any j != w1 and D = (z -
@@ -1866,7 +1882,10 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const Params p) {
   mine.h2 = -INFINITY;
   mine.z1 = -INFINITY;
   mine.w1 = 0x7fffffff;
-  if (!FILT && plain_stream) block_top2(pa, s, mine);
+  if (!FILT && plain_stream) {
+    block_top2(pa, s, mine);  // (its barriers: every warp's bar updates are done)
+    mine.h2 = plain_best_h2(mine.h2, s);
+  }
   if (FILT) {
     float zl = zlo;
 #pragma unroll
@@ -2208,9 +2227,68 @@ __device__ __forceinline__ SplitSum split_shfl(const SplitSum& u, int o) {
 }
 
 template <bool kProc = false>
-__device__ __forceinline__ void split_warp_merge(SplitSum& u, bool lp, float inv_t) {
+__device__ __forceinline__ void split_warp_merge_shfl(SplitSum& u, bool lp, float inv_t) {
 #pragma unroll
   for (int o = 16; o; o >>= 1) split_merge<kProc>(u, split_shfl<kProc>(u, o), lp, inv_t);
+}
+
+// The same merge over the warp without logprobs (the sums, z1 and rm unused), by warp
+// reductions (REDUX on sm_80+) instead of five rounds of ten shuffles: what the token needs is
+// the largest zmax (lowest id on ties), the largest h1 (lowest id on ties), the largest of every
+// other h1 and every h2 (a bound on every score but the winner's), and the flags. Every lane
+// gets the result. The same values as the shuffle merge: maxima and minima of the same numbers
+// (the one difference: a zmax of -0.0 comes back as +0.0, equal under every comparison made
+// with it); h2 is the bound over all the summaries (the shuffle merge may drop a losing
+// summary's h2 when it exceeds that summary's own h1: a pruning bound beta - 0.02, below the
+// winner's h1 by more than the gap test's margin, so the decisions do not change).
+__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+#endif
+}
+__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  return __reduce_min_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+#endif
+}
+__device__ __forceinline__ unsigned warp_or_u32(unsigned v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  return __reduce_or_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+#endif
+}
+__device__ __forceinline__ void split_warp_merge_nolp(SplitSum& u) {
+  const unsigned zk = warp_max_u32(key32(u.zmax));
+  const unsigned zi = warp_min_u32(key32(u.zmax) == zk ? unsigned(u.zid) : 0xffffffffu);
+  const unsigned hk = warp_max_u32(key32(u.h1));
+  const unsigned hi = warp_min_u32(key32(u.h1) == hk ? unsigned(u.i1) : 0xffffffffu);
+  const bool win = key32(u.h1) == hk && unsigned(u.i1) == hi;  // one lane, or only empty ones
+  const unsigned h2k = warp_max_u32(max(key32(u.h2), win ? 0u : key32(u.h1)));
+  u.bad = warp_or_u32(u.bad);
+  u.zmax = key32_to_float(zk);
+  u.zid = int(zi);
+  u.h1 = key32_to_float(hk);
+  u.i1 = int(hi);
+  u.h2 = key32_to_float(h2k);
+}
+
+template <bool kProc = false>
+__device__ __forceinline__ void split_warp_merge(SplitSum& u, bool lp, float inv_t) {
+  if (lp)
+    split_warp_merge_shfl<kProc>(u, lp, inv_t);
+  else
+    split_warp_merge_nolp(u);
 }
 
 template <typename T, bool kProc = false>
@@ -2411,9 +2489,13 @@ __global__ void __launch_bounds__(kSplitThreads) split1_kernel(const Params p) {
   __syncthreads();
   if (warp == 0) {
     SplitSum u = lane < kSplitWarps ? red[lane] : split_empty<kProc>();
+    if (lp) {
 #pragma unroll
-    for (int o = kSplitWarps / 2; o; o >>= 1)
-      split_merge<kProc>(u, split_shfl<kProc>(u, o), lp, inv_t);
+      for (int o = kSplitWarps / 2; o; o >>= 1)
+        split_merge<kProc>(u, split_shfl<kProc>(u, o), lp, inv_t);
+    } else {
+      split_warp_merge_nolp(u);
+    }
     if (lane == 0) static_cast<SplitSum*>(p.ws)[blockIdx.x] = u;
   }
 }
@@ -2812,6 +2894,7 @@ __global__ void __launch_bounds__(kThreads, 1) scand_kernel(const Params p) {
     // the CTA's top 2 and processed sums, into its slots (tid 0: before its fence and arrival)
     Summary t2;
     block_top2(pa, s, t2);
+    t2.h2 = plain_best_h2(t2.h2, s);
     const Lse pl = lp ? block_lse(proc, r.inv_t, s, 1) : Lse{};
     if (tid == 0)
       *reinterpret_cast<ScandPlain*>(fkeys + int64_t(blockIdx.x) * FC) =
