@@ -2241,41 +2241,31 @@ __device__ __forceinline__ void split_warp_merge_shfl(SplitSum& u, bool lp, floa
 // with it); h2 is the bound over all the summaries (the shuffle merge may drop a losing
 // summary's h2 when it exceeds that summary's own h1: a pruning bound beta - 0.02, below the
 // winner's h1 by more than the gap test's margin, so the decisions do not change).
-__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+enum class WarpRed { kMax, kMin, kOr };
+template <WarpRed R>
+__device__ __forceinline__ unsigned warp_red_u32(unsigned v) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  return __reduce_max_sync(0xffffffffu, v);
+  if constexpr (R == WarpRed::kMax) return __reduce_max_sync(0xffffffffu, v);
+  if constexpr (R == WarpRed::kMin) return __reduce_min_sync(0xffffffffu, v);
+  if constexpr (R == WarpRed::kOr) return __reduce_or_sync(0xffffffffu, v);
 #else
 #pragma unroll
-  for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-#endif
-}
-__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-#endif
-}
-__device__ __forceinline__ unsigned warp_or_u32(unsigned v) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  return __reduce_or_sync(0xffffffffu, v);
-#else
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o; o >>= 1) {
+    const unsigned w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = R == WarpRed::kMax ? max(v, w) : (R == WarpRed::kMin ? min(v, w) : (v | w));
+  }
   return v;
 #endif
 }
 __device__ __forceinline__ void split_warp_merge_nolp(SplitSum& u) {
-  const unsigned zk = warp_max_u32(key32(u.zmax));
-  const unsigned zi = warp_min_u32(key32(u.zmax) == zk ? unsigned(u.zid) : 0xffffffffu);
-  const unsigned hk = warp_max_u32(key32(u.h1));
-  const unsigned hi = warp_min_u32(key32(u.h1) == hk ? unsigned(u.i1) : 0xffffffffu);
+  const unsigned zk = warp_red_u32<WarpRed::kMax>(key32(u.zmax));
+  const unsigned zi =
+      warp_red_u32<WarpRed::kMin>(key32(u.zmax) == zk ? unsigned(u.zid) : 0xffffffffu);
+  const unsigned hk = warp_red_u32<WarpRed::kMax>(key32(u.h1));
+  const unsigned hi = warp_red_u32<WarpRed::kMin>(key32(u.h1) == hk ? unsigned(u.i1) : 0xffffffffu);
   const bool win = key32(u.h1) == hk && unsigned(u.i1) == hi;  // one lane, or only empty ones
-  const unsigned h2k = warp_max_u32(max(key32(u.h2), win ? 0u : key32(u.h1)));
-  u.bad = warp_or_u32(u.bad);
+  const unsigned h2k = warp_red_u32<WarpRed::kMax>(max(key32(u.h2), win ? 0u : key32(u.h1)));
+  u.bad = warp_red_u32<WarpRed::kOr>(u.bad);
   u.zmax = key32_to_float(zk);
   u.zid = int(zi);
   u.h1 = key32_to_float(hk);
