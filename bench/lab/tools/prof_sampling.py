@@ -5,7 +5,8 @@
 Modes are the bench's (greedy, temp, top_k, top_p, top_k_top_p, min_p, proc; proc = top-k +
 top-p with the bench's processing inputs; mixed = even rows top-k 50 + top-p 0.9, odd rows off),
 mixed_p (mixed with top-p 0.9 on the odd, top-k-off rows), top_p_flat (T = 1, top-p 0.95:
-kept sets past the 512 candidates) and top_p_one_flat (top-p with row 1 flat: one such row). Prints, per config, the mean device time of every
+kept sets past the 512 candidates), top_p_one_flat (top-p with row 1 flat: one such row) and
+min_p_flat (randn rows, T = 1, min-p 0.05: ~12k kept tokens per row). Prints, per config, the mean device time of every
 kernel one call launches (20 calls) and the call's graph-replay time (mean of 200 back-to-back
 replays, warm L2).
 A config may end in ",f<flags>": the CUDA sampler's testing flags for its calls (e.g. ",f512" =
@@ -55,13 +56,17 @@ def run(c):
     B, V = int(B), int(V)
     dev = torch.device("cuda")
     x = make_logits(B, V, DT[dt], dev)
-    P = make_params({"mixed_p": "mixed", "top_p_flat": "top_p", "top_p_one_flat": "top_p"}.get(
-        mode, mode), B, dev, V=V)
+    P = make_params({"mixed_p": "mixed", "top_p_flat": "top_p", "top_p_one_flat": "top_p",
+                     "min_p_flat": "min_p"}.get(mode, mode), B, dev, V=V)
     if mode == "mixed_p":   # the bench's mixed rows, the odd (top-k off) rows with top-p 0.9
         P.p[1::2] = 0.9
     if mode == "top_p_flat":   # kept sets of thousands of tokens on randn * 4 rows
         P.T.fill_(1.0)
         P.p.fill_(0.95)
+    if mode == "min_p_flat":   # randn rows at T = 1, min-p 0.05: ~12k kept tokens per row
+        x.mul_(0.25)
+        P.T.fill_(1.0)
+        P.mp.fill_(0.05)
     if mode == "top_p_one_flat":   # the bench's top-p rows, row 1 flat (one row past the 512)
         x[1] *= 0.02
     call = _ours_call(backend, proc=mode == "proc")

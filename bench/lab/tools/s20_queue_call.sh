@@ -34,6 +34,7 @@ echo "--- minp: tokens $(el)"
 PYTHONPATH=/tmp/q_minp/python timeout 90 python3 bench/lab/tools/split_minp_check.py 2>&1 | tail -8
 C=""; for B in 1 4 16 33; do C="$C cuda,min_p,$B,151936,fp32 cuda,min_p,$B,151936,fp32,f268435456"; done
 C="$C cuda,min_p,1,151936,bf16 cuda,min_p,1,151936,bf16,f268435456 cuda,min_p,16,151936,bf16 cuda,min_p,16,151936,bf16,f268435456"
+C="$C cuda,min_p_flat,1,151936,fp32 cuda,min_p_flat,1,151936,fp32,f268435456 cuda,min_p_flat,16,151936,fp32 cuda,min_p_flat,16,151936,fp32,f268435456"
 for r in 1 2; do
   PYTHONPATH=/tmp/q_minp/python:tests timeout 60 python3 $P $C 2>&1 | grep -E "^==|rror" | sed "s/^/minp$r /"
 done
