@@ -868,9 +868,9 @@ __device__ __forceinline__ void block_top2(const PlainAcc& pa, Smem& s, Summary&
 }
 
 // One vector of a lane (warp-convergent). The filter uses the larger of the lane's bar and the
-// CTA's (s.bar_key, below). Elements that pass are evaluated in rounds: each round every lane with a
-// pending element evaluates one, so the warp pays for the exact noise once per round, not once
-// per element slot. kProc: -inf values (masked tokens) are skipped outright (their h is -inf:
+// CTA's (s.bar_key, below). Elements that pass are evaluated in rounds: each round every lane
+// with a pending element evaluates one, so the warp pays for the exact noise once per round, not
+// once per element slot. kProc: -inf values (masked tokens) are skipped outright (their h is -inf:
 // they change nothing), so a mostly masked row costs no Philox.
 // A warp raises the CTA bar to max(its second best h, its best h minus kBarMargin) (rounded
 // down). An element is still skipped only when its h < the bar it was tested against, and every
@@ -880,7 +880,7 @@ __device__ __forceinline__ void block_top2(const PlainAcc& pa, Smem& s, Summary&
 // The bar follows the CTA's best instead of the largest per-warp second best: a CPU model of
 // randn * 4 rows at T = 0.8, one 1024-thread CTA per row, computes Philox for 43 % of the groups
 // of 4 instead of 65 % at V = 151936 (bench/lab/tools/plain_filter_model.py); measured on an
-// H100, temperature at B = 128 / 256 fp32 3 / 4 % faster (docs/PERF_LOG.md).
+// H100, temperature at B = 128 and 256 (fp32) 4.5 % faster (docs/PERF_LOG.md).
 constexpr double kBarMargin = 1e-3;
 template <int VEC, bool kProc = false>
 __device__ __forceinline__ void plain_vec(PlainAcc& a, Smem& s, int i0, const float (&z)[VEC],
