@@ -4,8 +4,10 @@
 #   bash bench/lab/tools/s20_queue_call.sh
 # 1. builds the tree, the tree + patches/s20_split_minp.patch and the tree +
 #    patches/s20_split_prefetch.patch in parallel (/tmp/q_<name>, MAX_JOBS=5 each);
-# 2. the tree: the GPU sampling suite (tests/test_sampling_cuda.py) and plain_bits_check.py 0
-#    (the merged PLAIN bar and split merges had not been on a GPU as one tree);
+# 2. the tree: the GPU sampling suite (tests/test_sampling_cuda.py), the torch.compile tests of
+#    every backend (tests/test_triton_torch_compile.py: the Triton backends' custom ops, the CUDA
+#    ops' fakes) and plain_bits_check.py 0 (the merged PLAIN bar and split merges had not been
+#    on a GPU as one tree);
 # 3. minp: split_minp_check.py, then graph-replay times of min-p with / without F_SPLIT_MINP;
 # 4. prefetch: temperature / greedy at B = 1 / 4 / 16 / 64 against the tree, two rounds;
 # 5. memcheck (--quick) of the tree's sampler, if time is left.
@@ -29,6 +31,7 @@ export PYTHONUNBUFFERED=1
 P=$ROOT/bench/lab/tools/prof_sampling.py
 echo "--- tree: GPU sampling suite $(el)"
 (cd /tmp/q_tree && PYTHONPATH=python:tests timeout 150 python3 -m pytest -q tests/test_sampling_cuda.py 2>&1 | tail -3)
+(cd /tmp/q_tree && PYTHONPATH=python:tests timeout 120 python3 -m pytest -q tests/test_triton_torch_compile.py 2>&1 | tail -3)
 PYTHONPATH=/tmp/q_tree/python timeout 60 python3 bench/lab/tools/plain_bits_check.py 0 2>&1 | tail -3
 echo "--- minp: tokens $(el)"
 PYTHONPATH=/tmp/q_minp/python timeout 90 python3 bench/lab/tools/split_minp_check.py 2>&1 | tail -8

@@ -13,6 +13,12 @@ BACKENDS = ("auto", "cuda", "triton", "reference")
 _warned = set()
 
 
+def compiling() -> bool:
+    """True while torch.compile traces: the Triton backends then launch through their custom ops
+    (``ops/_triton_library.py``), which Dynamo does not trace into."""
+    return torch.compiler.is_compiling()
+
+
 def is_tracing() -> bool:
     """True under torch.compile tracing or CUDA-graph capture: skip host-syncing checks."""
     if torch.compiler.is_compiling():

@@ -116,6 +116,10 @@ def admit_requests(counts: TokenCounts, slots: torch.Tensor, prompt_ids: torch.T
     if be == "reference":
         _ref.admit(counts, slots, _ref.Csr(indptr, ids[:int(indptr[-1])] if m else ids[:0]))
         return
+    if C.compiling():   # the launches are opaque to Dynamo: a custom op
+        torch.ops.tokenspeed_kernel.triton_admit_requests(counts.seen, counts.output, slots, ids,
+                                                          indptr)
+        return
     from ..triton import token_counts as tri
     tri.admit(counts.seen, counts.output, slots, ids, indptr)
 
@@ -159,6 +163,10 @@ def add_output_tokens(counts: TokenCounts, tokens: torch.Tensor, *,
     be = _backend(backend, dev)
     if be == "reference":
         _ref.add_tokens(counts, tok, valid, slots)
+        return
+    if C.compiling():   # the launches are opaque to Dynamo: a custom op
+        torch.ops.tokenspeed_kernel.triton_add_output_tokens(counts.seen, counts.output, tok,
+                                                             valid, slots)
         return
     from ..triton import token_counts as tri
     tri.add_tokens(counts.seen, counts.output, tok, valid, slots)

@@ -410,6 +410,13 @@ def run_prepared(logits, params: C.SamplingParams, tokens_per_request, out_dtype
                                                min_p, tokens_per_request, proc)
         return tok.to(out_dtype), valid, lp, plp
     if backend == "triton":
+        if C.compiling():   # the launches are opaque to Dynamo: a custom op
+            tok, valid, lp, plp = torch.ops.tokenspeed_kernel.triton_sample(
+                logits, seed, offset, temperature, top_k, top_p, min_p, tokens_per_request,
+                want_logprobs, proc)
+            if not want_logprobs:
+                lp = plp = None
+            return tok.to(out_dtype), valid, lp, plp
         from ..triton import sampling as tri
         tok, valid, lp, plp = tri.sample(logits, seed, offset, temperature, top_k, top_p, min_p,
                                          tokens_per_request, want_logprobs, proc)

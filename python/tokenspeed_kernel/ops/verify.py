@@ -332,8 +332,13 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
             except ImportError as e:   # (the CUDA backend's processing is a Triton pre-pass)
                 raise RuntimeError(f"processing: verify's processing of the target rows runs "
                                    f"a Triton kernel, and triton is not importable ({e})") from e
-            tgt = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row, plan.ids, plan.cu,
-                                     plan.max_n, plan.padded)
+            if C.compiling():   # opaque to Dynamo: a custom op
+                tgt = torch.ops.tokenspeed_kernel.triton_verify_process_target(
+                    plan.tgt, plan.proc, plan.allowed_per_row, plan.ids, plan.cu, plan.max_n,
+                    plan.padded)
+            else:
+                tgt = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row, plan.ids,
+                                         plan.cu, plan.max_n, plan.padded)
             # the kernels of both backends take one dtype for target and drafts (the Triton
             # kernels select one row pointer for either; mixed element types do not compile)
             drf = plan.drf.to(torch.float32) if plan.drf is not None else None
@@ -376,9 +381,14 @@ def _run_plain(plan: _Plan, out_dtype, validate, want_logprobs):
             s = _sampling.sample(plan.tgt, q.seed[req], q.offset[req] + pos, **kw)
             row_lp = row_plp = None
         if plan.backend == "triton":
-            from ..triton import verify as tri
-            tri.strict_accept(s.tokens, s.valid, row_lp, row_plp, plan.ids, plan.cu, plan.max_n,
-                              plan.padded, tokens, acc, valid, lp, plp)
+            if C.compiling():   # opaque to Dynamo: a custom op
+                torch.ops.tokenspeed_kernel.triton_verify_strict_accept(
+                    s.tokens, s.valid, row_lp, row_plp, plan.ids, plan.cu, plan.max_n,
+                    plan.padded, tokens, acc, valid, lp, plp)
+            else:
+                from ..triton import verify as tri
+                tri.strict_accept(s.tokens, s.valid, row_lp, row_plp, plan.ids, plan.cu,
+                                  plan.max_n, plan.padded, tokens, acc, valid, lp, plp)
         else:
             torch.ops.tokenspeed_kernel.verify_strict_accept(
                 s.tokens, s.valid, plan.ids, plan.cu, row_lp, row_plp, plan.max_n, flags, tokens,
@@ -386,10 +396,15 @@ def _run_plain(plan: _Plan, out_dtype, validate, want_logprobs):
         return tokens, acc, valid, lp, plp
     ngram = plan.mode == "ngram"
     if plan.backend == "triton":
-        from ..triton import verify as tri
-        tri.verify_probabilistic(plan.tgt, plan.drf, plan.ids, plan.cu, q.seed, q.offset,
-                                 q.temperature, q.min_p, plan.max_n, plan.padded, ngram,
-                                 tokens, acc, valid, lp, plp, top_k=q.top_k, top_p=q.top_p)
+        if C.compiling():   # opaque to Dynamo: a custom op
+            torch.ops.tokenspeed_kernel.triton_verify_probabilistic(
+                plan.tgt, plan.drf, plan.ids, plan.cu, q.seed, q.offset, q.temperature, q.min_p,
+                q.top_k, q.top_p, plan.max_n, plan.padded, ngram, tokens, acc, valid, lp, plp)
+        else:
+            from ..triton import verify as tri
+            tri.verify_probabilistic(plan.tgt, plan.drf, plan.ids, plan.cu, q.seed, q.offset,
+                                     q.temperature, q.min_p, plan.max_n, plan.padded, ngram,
+                                     tokens, acc, valid, lp, plp, top_k=q.top_k, top_p=q.top_p)
     else:
         torch.ops.tokenspeed_kernel.verify_probabilistic(
             plan.tgt, plan.drf, plan.ids, plan.cu, *q, plan.max_n,
