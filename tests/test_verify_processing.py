@@ -109,6 +109,10 @@ def test_processed_rows_match_spec(kind, padded):
         want = LP.apply_verify(tgt, inp, cu, ids)
         assert _same(got, want)
     assert not _same(got, tgt.float())   # processing changed something
+    # another split of the rows over programs (the lab's A/B knobs) writes the same values
+    again = tvp.process_target(tgt, proc, per_row, ids.reshape(-1), cu, max_n, padded, block=16,
+                               splits=3, num_warps=2)
+    assert torch.equal(again, got)
 
 
 def test_drafts_before_a_position_count():

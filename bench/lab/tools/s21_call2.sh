@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# A second device call (~8 min, $OUT set, repository root) after s20_queue_call.sh on the same
+# A second device call (~9 min, $OUT set, repository root) after s20_queue_call.sh on the same
 # warm machine (reuses its /tmp/q_tree build; builds the tree there when it is gone):
 #   bash bench/lab/tools/s21_call2.sh
 # 1. ncu (ncu_kernel.sh) of the CUDA sampler kernel with / without processing at B = 256
 #    (where the fused processing's ~1.8x goes) and of the Triton K3 of min-p and top-p at B = 1
 #    (~14 us each in the torch profiler: a single program's serial chain?);
 # 2. graph-replay times of the processing call against the same call without it, B = 64 / 256;
-# 3. the Triton greedy calls at B = 1 / 4 / 16, {"warps": 4} against the default, twice.
+# 3. verify_prepass_ab.py: verify's processing pre-pass under launch overrides against a copy;
+# 4. the Triton greedy calls at B = 1 / 4 / 16, {"warps": 4} against the default, twice (if
+#    time is left).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$PWD; OUT=${OUT:-$ROOT/queue_logs}; mkdir -p "$OUT"
@@ -31,6 +33,10 @@ for r in 1 2; do
     cuda,top_k_top_p,64,151936,fp32 cuda,proc,64,151936,fp32 \
     cuda,top_k_top_p,256,151936,fp32 cuda,proc,256,151936,fp32 2>&1 | grep -vE "^\s*$" | sed "s/^/r$r /"
 done
+echo "--- verify processing pre-pass A/B $(el)"
+PYTHONPATH=/tmp/q_tree/python:tests timeout 200 python3 bench/lab/tools/verify_prepass_ab.py \
+  1,3 16,64,256 fp32,bf16 2>&1 | grep -E "^#|^==|rror"
+if [ $(( $(date +%s) - t0 )) -gt 470 ]; then echo "skip triton greedy warps (time) $(el)"; exit 0; fi
 echo "--- triton greedy warps $(el)"
 T=bench/lab/tools/triton_topp_tail.py
 for r in 1 2; do

@@ -114,10 +114,13 @@ def _process_rows(tgt_ptr, stride_t, out_ptr, V, row_req_ptr, cu_ptr, ids_ptr, b
 
 
 def process_target(tgt: torch.Tensor, proc: list, allowed_per_row: bool, ids: torch.Tensor,
-                   cu: torch.Tensor, max_n: int, padded: bool, block: int = 0) -> torch.Tensor:
+                   cu: torch.Tensor, max_n: int, padded: bool, block: int = 0, splits: int = 0,
+                   num_warps: int = 0) -> torch.Tensor:
     """The processed target rows, float32 ``[R_t, V]`` (module docstring). ``proc``: the
     normalized 16-entry list of ``ops.sampling.PROC_FIELDS`` for the ``bs`` requests, except
-    that ``allowed_mask`` has ``R_t`` rows when ``allowed_per_row``. Graph-safe (no host sync)."""
+    that ``allowed_mask`` has ``R_t`` rows when ``allowed_per_row``. Graph-safe (no host sync).
+    ``block`` / ``splits`` (programs per row) / ``num_warps`` of ``_process_rows``: 0 = the
+    default policy (overrides: tests and the lab's A/B runs; the values are the same)."""
     R_t, V = tgt.shape
     dev = tgt.device
     out = torch.empty((R_t, V), dtype=torch.float32, device=dev)
@@ -164,7 +167,9 @@ def process_target(tgt: torch.Tensor, proc: list, allowed_per_row: bool, ids: to
         keep = allowed   # per row; read directly (KEEP_PER_ROW below)
         keep_per_row = True
     block = max(min(block or 1024, _pow2(V)), 16)
-    if dev.type == "cuda":
+    if splits > 0:
+        splits = min(splits, triton.cdiv(V, block))
+    elif dev.type == "cuda":
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         splits = max(1, min(_pow2(max(1, (4 * sms) // R_t)), triton.cdiv(V, 4 * block), 64))
     else:
@@ -179,6 +184,7 @@ def process_target(tgt: torch.Tensor, proc: list, allowed_per_row: bool, ids: to
                                  d(outc), d(slots), keep, hasb, nnz[2],
                                  0 if seen is None else seen.shape[0], max_n, nids, chunk,
                                  PADDED=padded, PROC=PROC, KEEP_PER_ROW=keep_per_row,
-                                 BLOCK=block, **_LAUNCH)
+                                 BLOCK=block, **_LAUNCH, **({"num_warps": num_warps}
+                                                            if num_warps else {}))
     return out
 

@@ -1,0 +1,79 @@
+"""Verify's processing pre-pass (``triton/verify_processing.process_target``) alone, under launch
+overrides: graph-replay µs (warm L2, 100 replays) of the processed target rows of the verify
+bench's problems (``bench.verify.Problem``, ``bench.sampling.make_processing`` inputs) against a
+plain fp32 copy of the same rows (read + write: the pass's floor). The verify with processing
+costs 1.9-3.7x the verify without it (fp32, n <= 5; up to 11x for bf16: H100 table at 90f9508);
+at bs = 256 the pass runs one program of 4 warps per row (splits = 1). Values are checked equal
+to the default configuration's. Usage (GPU, repository root):
+
+    python bench/lab/tools/verify_prepass_ab.py [n=1,3] [bs=16,64,256] [dtype=fp32,bf16]
+"""
+import sys
+
+import torch
+
+from tokenspeed_kernel.bench.sampling import make_processing
+from tokenspeed_kernel.bench.verify import Problem
+from tokenspeed_kernel.ops import verify as OV_fn  # noqa: F401  (registers the module)
+from tokenspeed_kernel.triton import verify_processing as tvp
+
+OV = sys.modules["tokenspeed_kernel.ops.verify"]
+DT = {"fp32": torch.float32, "bf16": torch.bfloat16}
+V = 151936
+VARIANTS = [dict(), dict(num_warps=8), dict(splits=2), dict(splits=4), dict(splits=4, num_warps=8),
+            dict(splits=8), dict(block=2048), dict(block=2048, num_warps=8),
+            dict(splits=4, block=2048, num_warps=8)]
+
+
+def graph_us(fn, reps=100):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / reps
+
+
+def main():
+    ns = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "1,3").split(",")]
+    bss = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "16,64,256").split(",")]
+    dts = (sys.argv[3] if len(sys.argv) > 3 else "fp32,bf16").split(",")
+    dev = torch.device("cuda")
+    print(f"# {torch.cuda.get_device_name()} V={V}", flush=True)
+    for dt in dts:
+        for n in ns:
+            for bs in bss:
+                pb = Problem(bs, n, V, DT[dt], dev)
+                inp = make_processing(bs, V, dev)[0]
+                R = pb.tgt.shape[0]
+                proc, per_row = OV._prepare_processing(inp, bs, R, V, dev, True)
+                out = torch.empty(R, V, dtype=torch.float32, device=dev)
+                floor = graph_us(lambda: out.copy_(pb.tgt))
+                ref = tvp.process_target(pb.tgt, proc, per_row, pb.ids, pb.cu, n, False)
+                cells = []
+                for v in VARIANTS:
+                    got = tvp.process_target(pb.tgt, proc, per_row, pb.ids, pb.cu, n, False, **v)
+                    same = torch.equal(got, ref)
+                    us = graph_us(lambda: tvp.process_target(pb.tgt, proc, per_row, pb.ids, pb.cu,
+                                                             n, False, **v))
+                    cells.append(f"{v or 'default'} {us:.1f}{'' if same else ' DIFF'}")
+                print(f"== {dt} n={n} bs={bs} rows={R}: copy {floor:.1f} us | " + " | ".join(cells),
+                      flush=True)
+                del pb, out, ref
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
