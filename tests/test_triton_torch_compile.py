@@ -197,3 +197,27 @@ def test_opcheck():
     torch.library.opcheck(TL.triton_admit_requests,
                           (counts.seen, counts.output, slots, toks.reshape(-1),
                            torch.tensor([0, 2, 2, 6]).to(DEVICE)))
+
+
+def test_sample_compiled_over_batch_sizes():
+    """New batch sizes reuse one dynamic-shape graph (the fake kernel takes symbolic rows)."""
+    skip_unless_backend("triton")
+    from torch._dynamo.utils import counters
+
+    def f(z, seed, offset, T, k):
+        o = ops.sample_with_logprobs(z, seed, offset, temperature=T, top_k=k, backend="triton",
+                                     validate=False)
+        return o.tokens, o.logprobs
+
+    cf = _compiled(f)
+    counters.clear()
+    gen = _gen(29)
+    for R in (3, 5, 7, 4):
+        z = torch.randn(R, 80, generator=gen).to(DEVICE) * 3
+        seed = torch.arange(R).to(DEVICE)
+        offset = torch.zeros(R, dtype=torch.int64).to(DEVICE)
+        T = torch.full((R,), 0.8).to(DEVICE)
+        k = torch.full((R,), 5, dtype=torch.int32).to(DEVICE)
+        got, want = cf(z, seed, offset, T, k), f(z, seed, offset, T, k)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
