@@ -115,6 +115,34 @@ def test_processed_rows_match_spec(kind, padded):
     assert torch.equal(again, got)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_raw_log_sum_exp_from_the_processing_pass(dtype):
+    """process_target(raw_lse=True): the rows are those without it, and the raw rows'
+    log-sum-exp matches torch.logsumexp of their float32 values (to float32 rounding) with its
+    special values: a NaN row NaN, a +inf row +inf, an all -inf row -inf; any split count."""
+    skip_unless_backend("triton")
+    from tokenspeed_kernel.triton import verify_processing as tvp
+    gen = _gen(31)
+    ns, V = [2, 0, 3], 203
+    tgt, ids, cu, max_n, _ = _layout(ns, V, gen, False)
+    tgt = (tgt * 4).to(dtype)
+    tgt[1, 7] = float("nan")
+    tgt[2, 100] = float("inf")
+    tgt[3] = float("-inf")
+    tgt[4, 5] = float("-inf")
+    tgt[5, :150] = float("-inf")
+    inp = _proc_inputs("all", ns, V, gen)
+    proc, per_row = OV._prepare_processing(inp, len(ns), tgt.shape[0], V, tgt.device, True)
+    plain = tvp.process_target(tgt, proc, per_row, ids, cu, max_n, False, block=32)
+    want = torch.logsumexp(tgt.float(), dim=1)
+    for splits in (0, 1, 3, 7):
+        rows, lse = tvp.process_target(tgt, proc, per_row, ids, cu, max_n, False, block=32,
+                                       splits=splits, raw_lse=True)
+        torch.testing.assert_close(rows, plain, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(lse, want, rtol=2e-6, atol=2e-6, equal_nan=True)
+        assert lse[1].isnan() and lse[2] == float("inf") and lse[3] == float("-inf")
+
+
 def test_drafts_before_a_position_count():
     """Position j sees the drafts d_0 .. d_{j-1} as output tokens (repetition penalty) and
     num_output_tokens + j for min_tokens, on the spec and on the Triton kernel."""

@@ -78,10 +78,13 @@ def check() -> None:
           "bias_val_ptr": "*fp32", "rep_ptr": "*fp32", "freq_ptr": "*fp32", "pres_ptr": "*fp32",
           "seen_ptr": "*i32", "cnt_ptr": "*i32", "slots_ptr": "*i64", "keep_ptr": "*i32",
           "hasb_ptr": "*i32", "allowed_ptr": "*i32", "ban_ip_ptr": "*i64", "ban_ids_ptr": "*i64",
-          "min_ptr": "*i64", "nout_ptr": "*i64", "stop_ip_ptr": "*i64", "stop_ids_ptr": "*i64"}
+          "min_ptr": "*i64", "nout_ptr": "*i64", "stop_ip_ptr": "*i64", "stop_ids_ptr": "*i64",
+          "part_ptr": "*fp32", "lse_ptr": "*fp32"}
     for padded in (False, True):
         kern = tvp._process_rows
-        const = {"PADDED": padded, "PROC": 31, "KEEP_PER_ROW": True, "BLOCK": 1024}
+        # (with logprobs the raw log-sum-exp partials: one variant each way)
+        const = {"PADDED": padded, "PROC": 31, "KEEP_PER_ROW": True, "BLOCK": 1024,
+                 "RAW_LSE": padded}
         names = [p.name for p in kern.params]
         skip = {names[i] if isinstance(i, int) else i for i in kern.do_not_specialize or ()}
         sig, attrs = {}, {}
@@ -102,6 +105,10 @@ def check() -> None:
         sig = {p.name: pt.get(p.name, "i32") for p in kern.params if p.name not in const}
         triton_aot.compile_ptx(kern, sig, const, num_warps=4)
         print(f"_prep_rows (padded={padded}) compiled", flush=True)
+    sig = {"part_ptr": "*fp32", "lse_ptr": "*fp32", "S": "i32"}
+    triton_aot.compile_ptx(tvp._lse_combine, sig, {"SP": 256}, num_warps=4,
+                           enable_fp_fusion=False)
+    print("_lse_combine compiled", flush=True)
 
 
 if __name__ == "__main__":

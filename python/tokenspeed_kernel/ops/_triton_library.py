@@ -12,7 +12,8 @@ Ops (namespace ``tokenspeed_kernel``, beside the extension's; they exist without
   ``[0]`` tensors when not wanted);
 * ``triton_verify_probabilistic``, ``triton_verify_strict_accept``: ``triton.verify``'s, writing
   into the given output tensors (mutating ops);
-* ``triton_verify_process_target``: ``triton.verify_processing.process_target`` (functional);
+* ``triton_verify_process_target``: ``triton.verify_processing.process_target`` (functional:
+  the processed rows and, when asked, the raw rows' log-sum-exp);
 * ``triton_admit_requests``, ``triton_add_output_tokens``: ``triton.token_counts``' in-place
   updates of the penalty state (mutating ops).
 
@@ -96,14 +97,20 @@ def _(*args):
 @torch.library.custom_op(f"{_NS}::triton_verify_process_target", mutates_args=())
 def triton_verify_process_target(tgt: Tensor, proc: Sequence[Optional[Tensor]],
                                  allowed_per_row: bool, ids: Tensor, cu: Tensor, max_n: int,
-                                 padded: bool) -> Tensor:
+                                 padded: bool, raw_lse: bool) -> tuple[Tensor, Tensor]:
+    """(processed rows, the raw rows' log-sum-exp [R_t], or an empty [0] without raw_lse)."""
     from ..triton import verify_processing as tvp
-    return tvp.process_target(tgt, _proc_list(proc), allowed_per_row, ids, cu, max_n, padded)
+    if raw_lse:
+        return tvp.process_target(tgt, _proc_list(proc), allowed_per_row, ids, cu, max_n, padded,
+                                  raw_lse=True)
+    out = tvp.process_target(tgt, _proc_list(proc), allowed_per_row, ids, cu, max_n, padded)
+    return out, tgt.new_empty(0, dtype=torch.float32)
 
 
 @triton_verify_process_target.register_fake
-def _(tgt, proc, allowed_per_row, ids, cu, max_n, padded):
-    return tgt.new_empty(tgt.shape, dtype=torch.float32)
+def _(tgt, proc, allowed_per_row, ids, cu, max_n, padded, raw_lse):
+    return (tgt.new_empty(tgt.shape, dtype=torch.float32),
+            tgt.new_empty(tgt.shape[0] if raw_lse else 0, dtype=torch.float32))
 
 
 @torch.library.custom_op(f"{_NS}::triton_admit_requests", mutates_args=("seen", "output"))

@@ -301,11 +301,14 @@ def _strict_rows(plan: _Plan):
     return req, r - t_start[req]
 
 
-def _raw_logprobs(raw_tgt: torch.Tensor, plan: _Plan, tok, acc, valid, lp):
+def _raw_logprobs(raw_tgt: torch.Tensor, plan: _Plan, tok, acc, valid, lp,
+                  lse: Optional[torch.Tensor] = None):
     """With processing the verify ran on the processed rows: ``logprobs`` of the emitted slots
     become log_softmax(raw target row)[token] (the sampler's convention: raw logprobs are over
     the unprocessed row; NaN where it holds a NaN / +inf); the other slots keep the run's values
-    (0 after the last emitted token, NaN in an invalid request's last slot)."""
+    (0 after the last emitted token, NaN in an invalid request's last slot). ``lse``: each raw
+    target row's log-sum-exp when the processing pass computed it (else ``torch.logsumexp``
+    here, one more read of the rows)."""
     bs, W = plan.bs, plan.max_n + 1
     dev = raw_tgt.device
     if bs == 0 or raw_tgt.shape[0] == 0:
@@ -318,7 +321,8 @@ def _raw_logprobs(raw_tgt: torch.Tensor, plan: _Plan, tok, acc, valid, lp):
     emitted = (j[None, :] <= acc.to(torch.int64)[:, None]) & valid[:, None]
     rows = torch.where(emitted, rows, 0).clamp(0, raw_tgt.shape[0] - 1)
     t = torch.where(emitted, tok.to(torch.int64), 0).clamp(0, raw_tgt.shape[1] - 1)
-    lse = torch.logsumexp(raw_tgt.to(torch.float32), dim=1)
+    if lse is None:
+        lse = torch.logsumexp(raw_tgt.to(torch.float32), dim=1)
     raw = raw_tgt[rows.reshape(-1), t.reshape(-1)].to(torch.float32).view(bs, W) - lse[rows]
     return torch.where(emitted, raw, lp)
 
@@ -326,16 +330,22 @@ def _raw_logprobs(raw_tgt: torch.Tensor, plan: _Plan, tok, acc, valid, lp):
 def _run(plan: _Plan, out_dtype, validate, want_logprobs):
     if plan.proc:
         raw_tgt = plan.tgt
+        lse = None   # (the reference's raw log-sum-exp: torch.logsumexp in _raw_logprobs)
         if plan.backend != "reference":
             try:
                 from ..triton import verify_processing as tvp
             except ImportError as e:   # (the CUDA backend's processing is a Triton pre-pass)
                 raise RuntimeError(f"processing: verify's processing of the target rows runs "
                                    f"a Triton kernel, and triton is not importable ({e})") from e
+            # with logprobs the same pass gives the raw rows' log-sum-exp (raw logprobs)
             if C.compiling():   # opaque to Dynamo: a custom op
-                tgt = torch.ops.tokenspeed_kernel.triton_verify_process_target(
+                tgt, lse = torch.ops.tokenspeed_kernel.triton_verify_process_target(
                     plan.tgt, plan.proc, plan.allowed_per_row, plan.ids, plan.cu, plan.max_n,
-                    plan.padded)
+                    plan.padded, want_logprobs)
+            elif want_logprobs:
+                tgt, lse = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row,
+                                              plan.ids, plan.cu, plan.max_n, plan.padded,
+                                              raw_lse=True)
             else:
                 tgt = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row, plan.ids,
                                          plan.cu, plan.max_n, plan.padded)
@@ -345,7 +355,7 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
             plan = plan._replace(tgt=tgt, drf=drf)
         tok, acc, valid, lp, plp = _run_plain(plan, out_dtype, validate, want_logprobs)
         if want_logprobs:
-            lp = _raw_logprobs(raw_tgt, plan, tok, acc, valid, lp)
+            lp = _raw_logprobs(raw_tgt, plan, tok, acc, valid, lp, lse)
         return tok, acc, valid, lp, plp
     return _run_plain(plan, out_dtype, validate, want_logprobs)
 

@@ -14,7 +14,8 @@ float operations are the sampler's and the reference's, one IEEE float32 operati
 
 Kernels: ``_prep_rows`` grid (R_t,): row r's keep words (allowed, banned, active stop ids) and
 has-bias words, scratch ``[R_t, ceil(V / 32)]`` int32 each; ``_process_rows`` grid (R_t, splits):
-the processed row. A padding row (padded layout, past the request's drafts) and a row of a
+the processed row, and with logprobs each split's raw (max, exp-sum), which ``_lse_combine``
+(grid (R_t,)) turns into the raw rows' log-sum-exp (the raw logprobs: no second read). A padding row (padded layout, past the request's drafts) and a row of a
 request whose layout is malformed (unvalidated input; that request is invalid in the verify
 kernels, which do not read its rows) are copied unprocessed. Draft ids outside ``[0, V)`` never
 match a token (not counted).
@@ -25,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import P_BIAS, P_KEEP, P_PEN, _mask_words, _proc_ctx, _process_x
+from .sampling import (NEG_INF, P_BIAS, P_KEEP, P_PEN, _lanes_update, _mask_words, _proc_ctx,
+                       _process_x, _raw_store)
 from .verify import _pow2, _row_req
 
 _LAUNCH = {"enable_fp_fusion": False}
@@ -78,10 +80,12 @@ def _prep_rows(keep_ptr, hasb_ptr, row_req_ptr, cu_ptr, allowed_ptr, ban_ip_ptr,
 @triton.jit(do_not_specialize=["MAX_N", "NIDS", "nnz_b", "nslots"])
 def _process_rows(tgt_ptr, stride_t, out_ptr, V, row_req_ptr, cu_ptr, ids_ptr, bias_ip_ptr,
                   bias_ids_ptr, bias_val_ptr, rep_ptr, freq_ptr, pres_ptr, seen_ptr, cnt_ptr,
-                  slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots, MAX_N, NIDS, chunk,
+                  slots_ptr, keep_ptr, hasb_ptr, nnz_b, nslots, MAX_N, NIDS, chunk, part_ptr,
                   PADDED: tl.constexpr, PROC: tl.constexpr, KEEP_PER_ROW: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    """Program (r, s): split s of target row r, processed (float32) into out[r]."""
+                  BLOCK: tl.constexpr, RAW_LSE: tl.constexpr):
+    """Program (r, s): split s of target row r, processed (float32) into out[r]; with
+    ``RAW_LSE`` also the split's raw (unprocessed) max (NaN if any NaN) and exp-sum relative to
+    it into ``part[r, s]`` (the raw logprobs' log-sum-exp, without another pass over the rows)."""
     r = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
     q, j, dbase, ok = _row_layout(r, row_req_ptr, cu_ptr, MAX_N, NIDS, PADDED)
@@ -99,10 +103,15 @@ def _process_rows(tgt_ptr, stride_t, out_ptr, V, row_req_ptr, cu_ptr, ids_ptr, b
     src = tgt_ptr + r * stride_t
     dst = out_ptr + r * V
     lo = sp * chunk
+    rm = tl.full([BLOCK], NEG_INF, tl.float32)
+    rs = tl.zeros([BLOCK], tl.float32)
     for t0 in range(lo, tl.minimum(lo + chunk, V), BLOCK):
         offs = t0 + tl.arange(0, BLOCK)
         m = offs < V
         z = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
+        if RAW_LSE:
+            rm, _ri, rs, _s2 = _lanes_update(tl.where(m, z, NEG_INF), offs, rm, offs, rs, rs,
+                                             1.0, True, False)
         if ok:
             ex = tl.zeros([BLOCK], tl.int32)
             if P_PEN & PROC:
@@ -111,20 +120,47 @@ def _process_rows(tgt_ptr, stride_t, out_ptr, V, row_req_ptr, cu_ptr, ids_ptr, b
                     ex += (offs.to(tl.int64) == d).to(tl.int32)
             z = _process_x(z, offs, m, pc, ex, PROC, True, t0, True)
         tl.store(dst + offs, z, mask=m)
+    if RAW_LSE:
+        _raw_store(rm, rs, part_ptr, r * tl.num_programs(1) + sp, True, 1)
+
+
+@triton.jit
+def _lse_combine(part_ptr, lse_ptr, S, SP: tl.constexpr):
+    """Program r: the log-sum-exp of target row r from its splits' (max, exp-sum) pairs, with
+    ``torch.logsumexp``'s special values: NaN if the row holds a NaN, +inf if it holds a +inf
+    (and no NaN), -inf if every value is -inf."""
+    r = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, SP)
+    msk = j < S
+    M = tl.load(part_ptr + (r * S + j) * 2, mask=msk, other=NEG_INF)
+    Ssum = tl.load(part_ptr + (r * S + j) * 2 + 1, mask=msk, other=0.0)
+    nan = tl.max((M != M).to(tl.int32), axis=0)
+    Mr = tl.max(tl.where(M != M, NEG_INF, M), axis=0)
+    tot = tl.sum(tl.where(M > NEG_INF, Ssum * tl.exp(M - Mr), 0.0), axis=0)
+    lse = Mr + tl.log(tot)
+    lse = tl.where(Mr == float("inf"), float("inf"), lse)
+    lse = tl.where(Mr == NEG_INF, NEG_INF, lse)
+    lse = tl.where(nan != 0, float("nan"), lse)
+    tl.store(lse_ptr + r, lse)
 
 
 def process_target(tgt: torch.Tensor, proc: list, allowed_per_row: bool, ids: torch.Tensor,
                    cu: torch.Tensor, max_n: int, padded: bool, block: int = 0, splits: int = 0,
-                   num_warps: int = 0) -> torch.Tensor:
+                   num_warps: int = 0, raw_lse: bool = False):
     """The processed target rows, float32 ``[R_t, V]`` (module docstring). ``proc``: the
     normalized 16-entry list of ``ops.sampling.PROC_FIELDS`` for the ``bs`` requests, except
     that ``allowed_mask`` has ``R_t`` rows when ``allowed_per_row``. Graph-safe (no host sync).
     ``block`` / ``splits`` (programs per row) / ``num_warps`` of ``_process_rows``: 0 = the
-    default policy (overrides: tests and the lab's A/B runs; the values are the same)."""
+    default policy (overrides: tests and the lab's A/B runs; the values are the same).
+    ``raw_lse``: returns ``(rows, lse)`` with ``lse [R_t]`` float32 the log-sum-exp of each
+    unprocessed target row (as ``torch.logsumexp`` of its float32 values, to float32 rounding;
+    the raw logprobs), computed in the same pass."""
     R_t, V = tgt.shape
     dev = tgt.device
     out = torch.empty((R_t, V), dtype=torch.float32, device=dev)
     if R_t == 0 or V == 0:
+        if raw_lse:
+            return out, torch.full((R_t,), float("-inf"), dtype=torch.float32, device=dev)
         return out
     bs = cu.shape[0] - 1
     (bias_ip, bias_ids, bias_val, rep, freq, pres, seen, outc, slots, allowed, ban_ip, ban_ids,
@@ -179,12 +215,19 @@ def process_target(tgt: torch.Tensor, proc: list, allowed_per_row: bool, ids: to
 
     def d(t):
         return t if t is not None else dummy
+    part = torch.empty((R_t, splits, 2), dtype=torch.float32, device=dev) if raw_lse else out
     _process_rows[(R_t, splits)](tgt, tgt.stride(0), out, V, row_req, cu, ids_, d(bias_ip),
                                  d(bias_ids), d(bias_val), d(rep), d(freq), d(pres), d(seen),
                                  d(outc), d(slots), keep, hasb, nnz[2],
-                                 0 if seen is None else seen.shape[0], max_n, nids, chunk,
+                                 0 if seen is None else seen.shape[0], max_n, nids, chunk, part,
                                  PADDED=padded, PROC=PROC, KEEP_PER_ROW=keep_per_row,
-                                 BLOCK=block, **_LAUNCH, **({"num_warps": num_warps}
-                                                            if num_warps else {}))
-    return out
+                                 BLOCK=block, RAW_LSE=raw_lse, **_LAUNCH,
+                                 **({"num_warps": num_warps} if num_warps else {}))
+    if not raw_lse:
+        return out
+    lse = torch.empty(R_t, dtype=torch.float32, device=dev)
+    # (SP: a power of two >= 16 covering every split count of this V and block: one compile)
+    _lse_combine[(R_t,)](part, lse, splits, SP=max(16, _pow2(triton.cdiv(V, block))),
+                         **_LAUNCH)
+    return out, lse
 
