@@ -34,7 +34,7 @@ for r in 1 2; do
     cuda,top_k_top_p,256,151936,fp32 cuda,proc,256,151936,fp32 2>&1 | grep -vE "^\s*$" | sed "s/^/r$r /"
 done
 echo "--- verify processing pre-pass A/B $(el)"
-PYTHONPATH=/tmp/q_tree/python:tests timeout 200 python3 bench/lab/tools/verify_prepass_ab.py \
+PYTHONPATH=/tmp/q_tree/python:tests timeout 240 python3 bench/lab/tools/verify_prepass_ab.py \
   1,3 16,64,256 fp32,bf16 2>&1 | grep -E "^#|^==|rror"
 if [ $(( $(date +%s) - t0 )) -gt 470 ]; then echo "skip triton greedy warps (time) $(el)"; exit 0; fi
 echo "--- triton greedy warps $(el)"
