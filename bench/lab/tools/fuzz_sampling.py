@@ -6,18 +6,19 @@ mismatch or raise, and a count.
 
     python bench/lab/tools/fuzz_sampling.py N SEED [backends=triton[,cuda]] [device=cpu|cuda]
 
-On the CPU the Triton backend runs in the interpreter (TRITON_INTERPRET=1); run from the
-repository root (it borrows tests/test_sample_processing.py's input builder).
+On the CPU the Triton backend runs in the interpreter (TRITON_INTERPRET=1). It borrows
+tests/test_sample_processing.py's input builder; tests/test_random_cases.py runs it.
 """
 import random
 import sys
+from pathlib import Path
 
 import torch
 
 from tokenspeed_kernel import ops
 from tokenspeed_kernel.reference import logits_processing as LP
 
-sys.path.insert(0, "tests")
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 from test_sample_processing import _inputs  # noqa: E402
 
 KINDS = ["bias", "repetition", "frequency", "presence", "allowed", "banned", "min_tokens", "all"]

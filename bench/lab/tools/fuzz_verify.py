@@ -6,18 +6,19 @@ mismatch or raise, and a count.
 
     python bench/lab/tools/fuzz_verify.py N SEED [backends=triton[,cuda]] [device=cpu|cuda]
 
-On the CPU the Triton backend runs in the interpreter (TRITON_INTERPRET=1); run from the
-repository root (it borrows tests/test_verify_processing.py's input builder).
+On the CPU the Triton backend runs in the interpreter (TRITON_INTERPRET=1). It borrows
+tests/test_verify_processing.py's input builder; tests/test_random_cases.py runs it.
 """
 import random
 import sys
+from pathlib import Path
 
 import torch
 
 from tokenspeed_kernel import ops
 
-sys.path.insert(0, "bench/lab/tools")
-sys.path.insert(0, "tests")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 from fuzz_sampling import to_dev  # noqa: E402
 from test_verify_processing import _proc_inputs  # noqa: E402
 
