@@ -1,8 +1,8 @@
 """Randomized cross-backend check of ops.sample / sample_with_logprobs: small random cases (V from
 1 to 257, 1-5 rows, tokens_per_request 1-2, fp32 / bf16 / fp16, magnitudes 0.01 to 1e30, ties,
 +-inf / NaN entries, -inf rows, every filter with edge values, sometimes a processing input)
-against the reference on the CPU: tokens and valid equal, logprobs to 1e-4. Prints each
-mismatch or raise, and a count.
+against the reference on the CPU: tokens and valid equal, logprobs to 1e-4, and one row sampled
+alone gives the token it got in the batch. Prints each mismatch or raise, and a count.
 
     python bench/lab/tools/fuzz_sampling.py N SEED [backends=triton[,cuda]] [device=cpu|cuda]
 
@@ -103,6 +103,18 @@ def main(N, s0, backends, dev):
                 bad += 1
                 print(i, be, "MISMATCH", desc, "reference", a.tokens.tolist(), a.valid.tolist(),
                       be, b.tokens.tolist(), b.valid.tolist(), flush=True)
+                continue
+            if tpr == 1 and "processing" not in kw and z.shape[0] > 1:
+                # batch invariance: one row alone (another batch size: another launch layout)
+                j = rng.randrange(z.shape[0])
+                kj = {k: v[j:j + 1].to(dev) for k, v in kw.items()}
+                c = ops.sample(z[j:j + 1].to(dev), seed[j:j + 1].to(dev), off[j:j + 1].to(dev),
+                               backend=be, **kj)
+                if (int(c.tokens[0]) != int(a.tokens[j])
+                        or bool(c.valid[0]) != bool(a.valid[j])):
+                    bad += 1
+                    print(i, be, "ROW ALONE DIFFERS", desc, "row", j, "in the batch",
+                          int(a.tokens[j]), "alone", int(c.tokens[0]), flush=True)
         if i % 100 == 0:
             print("progress", i, "bad", bad, flush=True)
     print("done", N, "cases, backends", backends, "bad", bad)

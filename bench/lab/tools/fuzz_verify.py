@@ -1,8 +1,9 @@
 """Randomized cross-backend check of ops.verify / verify_with_logprobs: small random chains (1-3
 requests of 0-4 drafts, V from 2 to 203, fp32 / bf16 / fp16, probabilistic / ngram / strict,
 drafts the target likes or not, NaN / +-inf entries, every filter, sometimes processing) against
-the reference on the CPU: tokens, accept counts and valid equal, logprobs to 1e-4. Prints each
-mismatch or raise, and a count.
+the reference on the CPU: tokens, accept counts and valid equal, logprobs to 1e-4, and one
+request verified alone gives what it got in the batch. Prints each mismatch or raise, and a
+count.
 
     python bench/lab/tools/fuzz_verify.py N SEED [backends=triton[,cuda]] [device=cpu|cuda]
 
@@ -96,6 +97,25 @@ def main(N, s0, backends, dev):
                 bad += 1
                 print(i, be, "MISMATCH", desc, "reference", [x.tolist() for x in a], be,
                       [x.tolist() for x in b], flush=True)
+                continue
+            if "processing" not in kw and len(cu) > 2:
+                # batch invariance: one request alone (its rows, drafts and parameters)
+                q = rng.randrange(len(cu) - 1)
+                c0, c1 = int(cu[q]), int(cu[q + 1])
+                kq = {k: v[q:q + 1].to(dev) for k, v in kw.items()}
+                c = ops.verify(tgt[c0 + q:c1 + q + 1].to(dev), ids[c0:c1].to(dev),
+                               seed[q:q + 1].to(dev), off[q:q + 1].to(dev), backend=be,
+                               cu_num_draft=torch.tensor([0, c1 - c0], device=dev),
+                               draft_logits=(drf[c0:c1].to(dev) if mode == "probabilistic"
+                                             else None), mode=mode, **kq)
+                n = c1 - c0
+                same = (int(c.num_accepted[0]) == int(a.num_accepted[q])
+                        and bool(c.valid[0]) == bool(a.valid[q])
+                        and torch.equal(c.tokens[0, :n + 1].cpu(), a.tokens[q, :n + 1]))
+                if not same:
+                    bad += 1
+                    print(i, be, "REQUEST ALONE DIFFERS", desc, "request", q, "in the batch",
+                          a.tokens[q].tolist(), "alone", c.tokens[0].tolist(), flush=True)
         if i % 100 == 0:
             print("progress", i, "bad", bad, flush=True)
     print("done", N, "cases, backends", backends, "bad", bad)
