@@ -1,10 +1,11 @@
 """Random small cases through every available backend against the reference: the lab's fuzzers
 (bench/lab/tools/fuzz_sampling.py, fuzz_verify.py) with a fixed seed and a few dozen cases, so
-that CI keeps them working and covers their mix of edge inputs (V from 1, half types, ties, a row or request alone = in its batch,
+that CI keeps them working and covers their mix of edge inputs (V from 1, half types, ties,
 +-inf / NaN entries and rows, magnitudes to 1e30, T to 1e-30, k beyond V, top-p 1e-6, min-p 1,
-tokens_per_request 2, processing inputs, logprobs; verify in three modes with 0-4 drafts). The
-Triton backend runs in the interpreter on the CPU; on a GPU the CUDA backend runs too, on CUDA
-tensors. Longer runs: the scripts themselves (bench/lab/README.md)."""
+tokens_per_request 2, processing inputs, logprobs; verify in three modes with 0-4 drafts), and
+that a row or request run alone gives what it got in its batch. The Triton backend runs in the
+interpreter on the CPU; on a GPU the CUDA backend runs too, on CUDA tensors. Longer runs: the
+scripts themselves (bench/lab/README.md)."""
 from __future__ import annotations
 
 import importlib.util
