@@ -31,7 +31,7 @@ export PYTHONUNBUFFERED=1
 P=$ROOT/bench/lab/tools/prof_sampling.py
 echo "--- tree: GPU sampling suite $(el)"
 (cd /tmp/q_tree && PYTHONPATH=python:tests timeout 150 python3 -m pytest -q tests/test_sampling_cuda.py 2>&1 | tail -3)
-(cd /tmp/q_tree && PYTHONPATH=python:tests timeout 120 python3 -m pytest -q tests/test_triton_torch_compile.py 2>&1 | tail -3)
+(cd /tmp/q_tree && PYTHONPATH=python:tests timeout 150 python3 -m pytest -q tests/test_triton_torch_compile.py tests/test_random_cases.py 2>&1 | tail -3)
 PYTHONPATH=/tmp/q_tree/python timeout 60 python3 bench/lab/tools/plain_bits_check.py 0 2>&1 | tail -3
 echo "--- minp: tokens $(el)"
 PYTHONPATH=/tmp/q_minp/python timeout 90 python3 bench/lab/tools/split_minp_check.py 2>&1 | tail -8
