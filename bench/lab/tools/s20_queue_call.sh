@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 t0=$(date +%s); el() { echo "$(( $(date +%s) - t0 )) s"; }
 for v in tree minp pf; do
   d=/tmp/q_$v; rm -rf $d; mkdir -p $d
-  cp -a csrc python setup.py pyproject.toml CMakeLists.txt tools tests $d/
+  cp -a csrc python setup.py pyproject.toml CMakeLists.txt tools tests bench $d/
   case $v in
     minp) (cd $d && git apply $ROOT/bench/lab/patches/s20_split_minp.patch) || echo "APPLY FAIL $v";;
     pf) (cd $d && git apply $ROOT/bench/lab/patches/s20_split_prefetch.patch) || echo "APPLY FAIL $v";;

@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 t0=$(date +%s); el() { echo "$(( $(date +%s) - t0 )) s"; }
 if ! ls /tmp/q_tree/python/tokenspeed_kernel/*.so > /dev/null 2>&1; then
   d=/tmp/q_tree; rm -rf $d; mkdir -p $d
-  cp -a csrc python setup.py pyproject.toml CMakeLists.txt tools tests $d/
+  cp -a csrc python setup.py pyproject.toml CMakeLists.txt tools tests bench $d/
   (cd $d && MAX_JOBS=16 timeout 300 python3 setup.py build_ext --inplace > $OUT/build_tree.log 2>&1
    echo "build tree rc=$? $(el)")
 fi
