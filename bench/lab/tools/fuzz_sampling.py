@@ -121,7 +121,12 @@ def main(N, s0, backends, dev):
     return bad
 
 
+def cli(main_fn) -> int:
+    """``main_fn(N, SEED, backends, device)`` from the command line; exit status 1 on a bad case."""
+    a = sys.argv
+    return 1 if main_fn(int(a[1]), int(a[2]), (a[3] if len(a) > 3 else "triton").split(","),
+                        torch.device(a[4] if len(a) > 4 else "cpu")) else 0
+
+
 if __name__ == "__main__":
-    sys.exit(1 if main(int(sys.argv[1]), int(sys.argv[2]),
-                       (sys.argv[3] if len(sys.argv) > 3 else "triton").split(","),
-                       torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")) else 0)
+    sys.exit(cli(main))

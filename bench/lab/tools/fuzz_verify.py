@@ -20,7 +20,7 @@ from tokenspeed_kernel import ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
-from fuzz_sampling import to_dev  # noqa: E402
+from fuzz_sampling import cli, to_dev  # noqa: E402
 from test_verify_processing import _proc_inputs  # noqa: E402
 
 
@@ -118,11 +118,9 @@ def main(N, s0, backends, dev):
                           a.tokens[q].tolist(), "alone", c.tokens[0].tolist(), flush=True)
         if i % 100 == 0:
             print("progress", i, "bad", bad, flush=True)
-    print("done", N, "cases, backends", backends, "bad", bad)
+    print("done", N, "verify cases, backends", backends, "bad", bad)
     return bad
 
 
 if __name__ == "__main__":
-    sys.exit(1 if main(int(sys.argv[1]), int(sys.argv[2]),
-                       (sys.argv[3] if len(sys.argv) > 3 else "triton").split(","),
-                       torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")) else 0)
+    sys.exit(cli(main))

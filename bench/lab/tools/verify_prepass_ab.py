@@ -1,5 +1,5 @@
 """Verify's processing pre-pass (``triton/verify_processing.process_target``) alone, under launch
-overrides: graph-replay µs (warm L2, 100 replays) of the processed target rows of the verify
+overrides: graph-replay µs (the bench's ``timing.measure``, warm L2) of the processed target rows of the verify
 bench's problems (``bench.verify.Problem``, ``bench.sampling.make_processing`` inputs) against a
 plain fp32 copy of the same rows (read + write: the pass's floor). The verify with processing
 costs 1.9-3.7x the verify without it (fp32, n <= 5; up to 11x for bf16: H100 table at 90f9508);
@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from tokenspeed_kernel.bench import timing
 from tokenspeed_kernel.bench.sampling import make_processing
 from tokenspeed_kernel.bench.verify import Problem
 from tokenspeed_kernel.ops import verify as OV_fn  # noqa: F401  (registers the module)
@@ -28,25 +29,9 @@ VARIANTS = [dict(), dict(num_warps=8), dict(splits=2), dict(splits=4), dict(spli
             dict(splits=4, block=2048, num_warps=8)]
 
 
-def graph_us(fn, reps=100):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / reps
+def graph_us(fn):
+    """Median graph-replay µs of fn (the bench's timing, warm L2)."""
+    return timing.measure([fn], eager=False, host=False, cold_l2=False).graph_us
 
 
 def main():
