@@ -15,9 +15,10 @@ float operations are the sampler's and the reference's, one IEEE float32 operati
 Kernels: ``_prep_rows`` grid (R_t,): row r's keep words (allowed, banned, active stop ids) and
 has-bias words, scratch ``[R_t, ceil(V / 32)]`` int32 each; ``_process_rows`` grid (R_t, splits):
 the processed row, and with logprobs each split's raw (max, exp-sum), which ``_lse_combine``
-(grid (R_t,)) turns into the raw rows' log-sum-exp (the raw logprobs: no second read). A padding row (padded layout, past the request's drafts) and a row of a
-request whose layout is malformed (unvalidated input; that request is invalid in the verify
-kernels, which do not read its rows) are copied unprocessed. Draft ids outside ``[0, V)`` never
+(grid (R_t,)) turns into the raw rows' log-sum-exp (the raw logprobs: no second read). A
+padding row (padded layout, past the request's drafts) and a row of a request whose layout is
+malformed (unvalidated input; that request is invalid in the verify kernels, which do not read
+its rows) are copied unprocessed. Draft ids outside ``[0, V)`` never
 match a token (not counted).
 """
 from __future__ import annotations
