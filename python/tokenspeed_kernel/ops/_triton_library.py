@@ -100,11 +100,9 @@ def triton_verify_process_target(tgt: Tensor, proc: Sequence[Optional[Tensor]],
                                  padded: bool, raw_lse: bool) -> tuple[Tensor, Tensor]:
     """(processed rows, the raw rows' log-sum-exp [R_t], or an empty [0] without raw_lse)."""
     from ..triton import verify_processing as tvp
-    if raw_lse:
-        return tvp.process_target(tgt, _proc_list(proc), allowed_per_row, ids, cu, max_n, padded,
-                                  raw_lse=True)
-    out = tvp.process_target(tgt, _proc_list(proc), allowed_per_row, ids, cu, max_n, padded)
-    return out, tgt.new_empty(0, dtype=torch.float32)
+    res = tvp.process_target(tgt, _proc_list(proc), allowed_per_row, ids, cu, max_n, padded,
+                             raw_lse=raw_lse)
+    return res if raw_lse else (res, tgt.new_empty(0, dtype=torch.float32))
 
 
 @triton_verify_process_target.register_fake

@@ -342,13 +342,11 @@ def _run(plan: _Plan, out_dtype, validate, want_logprobs):
                 tgt, lse = torch.ops.tokenspeed_kernel.triton_verify_process_target(
                     plan.tgt, plan.proc, plan.allowed_per_row, plan.ids, plan.cu, plan.max_n,
                     plan.padded, want_logprobs)
-            elif want_logprobs:
-                tgt, lse = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row,
-                                              plan.ids, plan.cu, plan.max_n, plan.padded,
-                                              raw_lse=True)
             else:
-                tgt = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row, plan.ids,
-                                         plan.cu, plan.max_n, plan.padded)
+                res = tvp.process_target(plan.tgt, plan.proc, plan.allowed_per_row, plan.ids,
+                                         plan.cu, plan.max_n, plan.padded,
+                                         raw_lse=want_logprobs)
+                tgt, lse = res if want_logprobs else (res, None)
             # the kernels of both backends take one dtype for target and drafts (the Triton
             # kernels select one row pointer for either; mixed element types do not compile)
             drf = plan.drf.to(torch.float32) if plan.drf is not None else None
